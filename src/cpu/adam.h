@@ -1,0 +1,54 @@
+// Fused Adam / AdamW over a flat range of a shard (torch.optim semantics).
+// One pass: gradient (fp32/bf16/fp16) in; fp32 master, exp_avg, exp_avg_sq in and out;
+// low-precision weight copy out. The loss-scale unscale, the 1/(ranks*accumulation) average and
+// the clipping coefficient are folded into `grad_scale`.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "zoe/dtype.h"
+
+namespace zoe {
+
+enum class Isa : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* isa_name(Isa isa);
+Isa best_isa();                 // the widest ISA this CPU supports (chosen at run time)
+bool isa_supported(Isa isa);
+
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;    // already 0 for tensors that take no decay
+  bool decoupled = true;        // true: AdamW, false: Adam with L2 added to the gradient
+  int64_t step = 1;             // 1-based step count after this update (bias correction)
+  float grad_scale = 1.0f;      // multiplies every gradient before use
+};
+
+// Element i of each array belongs to the same parameter. `param_out` may be null (fp32 training,
+// where `master` is the weight itself), or alias nothing else.
+struct AdamRange {
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kF32;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  void* param_out = nullptr;
+  DType param_dtype = DType::kBF16;
+  size_t n = 0;
+};
+
+// Steps elements [0, n) of `r` with the given ISA on the calling thread. Lanes whose scaled
+// gradient is not finite keep all their state unchanged; the count of such elements is returned.
+// (The engine checks the global gradient before any rank steps, so a whole step is skipped on
+// overflow; this count is a second line of defence and a report.)
+size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa);
+
+// Steps the whole range with oneTBB over `threads` threads (0 = all), static partition.
+size_t adam_step(const AdamHyper& h, const AdamRange& r, Isa isa, int threads = 0);
+
+// float64 reference of one element's update, for tests.
+void adam_reference_f64(const AdamHyper& h, double g, double& master, double& m, double& v);
+
+}  // namespace zoe
