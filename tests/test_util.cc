@@ -1,0 +1,40 @@
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <sys/wait.h>
+
+namespace zoe::test {
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::string make_temp_dir(const std::string& tag) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / ("zoe-" + tag + "-XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  char* p = mkdtemp(buf.data());
+  return p ? std::string(p) : std::string();
+}
+
+int run_command(const std::string& cmd, std::string* out) {
+  std::string full = cmd + " 2>&1";
+  FILE* f = popen(full.c_str(), "r");
+  if (!f) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0)
+    if (out) out->append(buf.data(), n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+}  // namespace zoe::test

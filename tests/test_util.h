@@ -1,0 +1,16 @@
+// Small helpers shared by the tests.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace zoe::test {
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
+// A fresh empty directory under the system temp dir, unique per call.
+std::string make_temp_dir(const std::string& tag);
+// Runs a shell command, returns its exit status and captures stdout+stderr into *out.
+int run_command(const std::string& cmd, std::string* out);
+
+}  // namespace zoe::test
