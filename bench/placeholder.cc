@@ -1,0 +1,1 @@
+void zoe_bench_placeholder() {}
