@@ -1,7 +1,52 @@
-// zoe: one binary, subcommands (contracts.md). Filled in by the CLI work.
+// zoe: one binary, subcommands (contracts.md).
 #include <cstdio>
-#include "common/version.h"
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+
 int main(int argc, char** argv) {
-  std::printf("zoe %s\n", zoe::version_string());
-  return 0;
+  using namespace zoe::cli;
+  CLI::App app{"zoe - ZeRO Offload Engine: train models larger than accelerator memory"};
+  app.require_subcommand(1);
+
+  TrainArgs ta;
+  auto* train = app.add_subcommand("train", "train a model (multi-rank: mpirun -np N zoe train ...)");
+  train->add_option("--config", ta.config, "JSON config (DeepSpeed key names); default: the embedded demo job");
+  train->add_option("--set", ta.sets, "override one key: key.path=JSON value (repeatable)");
+  train->add_option("--report", ta.report, "write one JSON line per step here (rank 0)");
+  train->add_option("--trace", ta.trace, "write a Chrome trace here");
+  train->add_flag("--quiet", ta.quiet, "no progress output");
+
+  EstimateArgs ea;
+  auto* est = app.add_subcommand("estimate", "per-rank memory of model states for ZeRO stages 0-3");
+  est->add_option("--params", ea.params, "number of parameters (e.g. 1e9)")->required()->check(CLI::PositiveNumber);
+  est->add_option("--ranks", ea.ranks, "data-parallel ranks")->check(CLI::Range(1, 1 << 24));
+  est->add_option("--config", ea.config, "take precision and offload tiers from this config");
+  est->add_flag("--json", ea.json, "machine-readable output");
+
+  BenchArgs ba;
+  auto* bench = app.add_subcommand("bench", "benchmarks: measured figure, in-run baseline and their ratio");
+  bench->add_option("what", ba.what, "adam | comm | nvme | copy | step")->required();
+  bench->add_flag("--json", ba.json, "machine-readable output");
+  bench->add_option("--size", ba.sizes, "problem sizes (bench-specific; repeatable)");
+  bench->add_option("--threads", ba.threads, "thread counts (repeatable)");
+  bench->add_option("--iters", ba.iters, "timed repetitions per case");
+  bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
+  bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
+
+  app.add_subcommand("info", "version, build options, CPU ISA, GPUs, backends");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "zoe: %s (see zoe %s--help)\n", e.what(),
+                 app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
+    return 2;
+  }
+  if (*train) return train_command(ta);
+  if (*est) return estimate_command(ea);
+  if (*bench) return bench_command(ba);
+  return info_command();
 }

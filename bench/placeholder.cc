@@ -1,1 +1,0 @@
-void zoe_bench_placeholder() {}

@@ -1,0 +1,81 @@
+// The engine's unit API: all a model (built-in, or a foreign framework through the coming C API)
+// needs to train under ZeRO. Per micro-step: for each unit, fetch -> compute -> release; in
+// backward, fetch -> compute gradients -> grads_ready -> release. Then step() once per
+// optimizer step (after gradient_accumulation_steps micro-steps).
+//
+// The ZeRO stage only decides what is sharded; the pipeline is the same for every stage:
+//   stage >= 1: optimizer state (fp32 master, exp_avg, exp_avg_sq) covers this rank's shard
+//   stage >= 2: reduced gradients are kept for this rank's shard only
+//   stage >= 3: parameters are kept for this rank's shard only and gathered by fetch()
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zoe/dtype.h"
+#include "zoe/ledger.h"
+#include "zoe/status.h"
+#include "zoe/unit.h"
+
+namespace zoe {
+
+struct Config;
+class Device;
+class Comm;
+
+struct ParamView {
+  const void* data = nullptr;  // numel elements of `dtype`, the unit's full parameters
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+};
+
+struct StepResult {
+  bool applied = false;      // false: skipped because a gradient was not finite
+  double grad_norm = 0;      // global L2 norm of the averaged, unscaled gradient (before clipping)
+  double loss_scale = 1;     // the scale the step's gradients carried
+  double lr = 0;
+  int64_t step = 0;          // optimizer steps applied so far
+  uint64_t nonfinite = 0;    // non-finite gradient elements met by the kernel (0 when skipped early)
+};
+
+// One unit's optimizer-owned state on this rank, for checkpoints: elements [begin, end) of the
+// unit (unit-relative, real elements only) and pointers to their values.
+struct OwnedState {
+  int64_t begin = 0, end = 0;
+  float* master = nullptr;      // the fp32 weights (the parameters themselves in fp32 training)
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  static Result<std::unique_ptr<Engine>> create(const Config& config, Device& device, Comm& comm,
+                                                std::vector<UnitSpec> units);
+
+  virtual int num_units() const = 0;
+  virtual const UnitSpec& unit(int u) const = 0;
+  virtual int64_t params() const = 0;  // P, unpadded
+
+  // Sets unit u's parameters from its full fp32 values (every rank passes the same values).
+  virtual Status set_params(int u, const float* values) = 0;
+  // Makes unit u's full parameters available (gathering them if sharded). Nested calls nest.
+  virtual Result<ParamView> fetch(int u) = 0;
+  virtual Status release(int u) = 0;
+  // Hands over this micro-step's gradient of unit u (numel fp32 values, of the loss multiplied by
+  // loss_scale()). Call at most once per unit per micro-step.
+  virtual Status grads_ready(int u, const float* grad) = 0;
+  // Reduces, clips and applies the accumulated gradients with learning rate `lr`.
+  virtual Result<StepResult> step(double lr) = 0;
+
+  virtual double loss_scale() const = 0;
+  virtual int64_t steps_applied() const = 0;
+  virtual OwnedState owned_state(int u) = 0;
+  // After owned_state() values were changed (checkpoint load): refresh the low-precision weights
+  // and gather them where they are replicated.
+  virtual Status commit_owned_state() = 0;
+  virtual void restore_counters(int64_t steps_applied, double loss_scale, int64_t good_steps, int hysteresis) = 0;
+  virtual void scaler_state(int64_t* good_steps, int* hysteresis) const = 0;
+};
+
+}  // namespace zoe

@@ -1,0 +1,47 @@
+// The subcommands of the `zoe` binary (contracts.md). Each returns the process exit code:
+// 0 success, 2 bad input (one line naming the key/file/flag), 1 runtime failure.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "zoe/status.h"
+
+namespace zoe::cli {
+
+struct TrainArgs {
+  std::string config;               // empty: the embedded default job
+  std::vector<std::string> sets;    // --set key.path=value
+  std::string report, trace;
+  bool quiet = false;
+};
+int train_command(const TrainArgs& a);
+
+struct EstimateArgs {
+  double params = 0;
+  int ranks = 1;
+  std::string config;
+  bool json = false;
+};
+int estimate_command(const EstimateArgs& a);
+
+int info_command();
+
+struct BenchArgs {
+  std::string what;
+  bool json = false;
+  std::vector<std::string> sizes;   // --size, elements or bytes per case (bench-specific)
+  std::vector<int> threads;
+  int iters = 0;
+  bool no_torch = false;
+  std::string python;
+};
+int bench_command(const BenchArgs& a);
+
+int exit_code(const Status& s);
+// Prints "zoe: <message>" to stderr and returns exit_code(s).
+int report_error(const Status& s);
+
+// The embedded default job of `zoe train` without --config.
+std::string default_config_json();
+
+}  // namespace zoe::cli

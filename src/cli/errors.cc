@@ -1,0 +1,17 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace zoe::cli {
+
+int exit_code(const Status& s) {
+  if (s.ok()) return 0;
+  return s.code() == Code::kInvalidInput || s.code() == Code::kUnsupported ? 2 : 1;
+}
+
+int report_error(const Status& s) {
+  std::fprintf(stderr, "zoe: %s\n", s.message().c_str());
+  return exit_code(s);
+}
+
+}  // namespace zoe::cli

@@ -1,0 +1,32 @@
+// `zoe info`: what this binary is and what it finds on this machine.
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "common/version.h"
+#include "cpu/adam.h"
+#ifdef ZOE_HAVE_CUDA
+#include "gpu/gpu_info.h"
+#endif
+
+namespace zoe::cli {
+
+int info_command() {
+  fmt::print("zoe {}\n", version_string());
+  fmt::print("backends compiled: {}\n", fmt::join(backends_compiled(), ", "));
+  fmt::print("cpu: {} threads, best ISA {} (avx512 {}, avx2 {})\n", std::thread::hardware_concurrency(),
+             isa_name(best_isa()), isa_supported(Isa::kAvx512) ? "yes" : "no", isa_supported(Isa::kAvx2) ? "yes" : "no");
+#ifdef ZOE_HAVE_CUDA
+  std::string why;
+  auto gpus = gpu::list_gpus(&why);
+  if (gpus.empty()) fmt::print("gpus: none ({})\n", why);
+  for (auto& g : gpus)
+    fmt::print("gpu {}: {} sm_{}{} {:.1f} GiB\n", g.index, g.name, g.sm_major, g.sm_minor, g.total_bytes / 1073741824.0);
+#else
+  fmt::print("gpus: not looked for (built without CUDA)\n");
+#endif
+  return 0;
+}
+
+}  // namespace zoe::cli

@@ -1,0 +1,66 @@
+// Collectives between ranks, with byte counters. MpiComm runs over OpenMPI between processes;
+// SelfComm is the one-rank case. (NcclComm comes with the CUDA backend.)
+//
+// Reductions are deterministic: reduce_scatter receives every rank's chunk and sums them in rank
+// order 0..N-1 in fp32, so a given element's sum does not depend on message sizes, bucketing or
+// the ZeRO stage. That is what makes stages 0-3 bitwise identical.
+//
+// Byte counters: what this rank puts on the wire under the bandwidth-optimal algorithm, the
+// nccl-tests convention: all_gather and reduce_scatter send (N-1) chunks, all_reduce of a small
+// vector sends (N-1) copies of it (gather-based), broadcast counts the payload at the root.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zoe/dtype.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct CommBytes {
+  uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0;
+  uint64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast; }
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // recv holds size() chunks of `chunk_bytes`; this rank's chunk is `send`. send may alias its
+  // own slot in recv (in place).
+  virtual Status all_gather(const void* send, void* recv, size_t chunk_bytes) = 0;
+  // send holds size() chunks of `chunk_count` elements; recv gets this rank's chunk of the sum.
+  // recv may alias its own chunk inside send.
+  virtual Status reduce_scatter(const void* send, void* recv, size_t chunk_count, DType dtype) = 0;
+  // Element-wise sum over ranks of a small float64 vector, in rank order (identical everywhere).
+  virtual Status all_reduce_sum(double* v, size_t n) = 0;
+  virtual Status broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual Status barrier() = 0;
+  // Gathers `bytes` from every rank to rank 0 (recv ignored elsewhere); not counted as traffic
+  // of the training step (reports and traces only).
+  virtual Status gather_to_root(const void* send, void* recv, size_t bytes) = 0;
+
+  const CommBytes& bytes_sent() const { return bytes_; }
+  void reset_counters() { bytes_ = {}; }
+
+ protected:
+  CommBytes bytes_;
+};
+
+// Sums chunk r of `n` chunks (each `count` elements of `dtype`, stored back to back in `chunks`)
+// into out, in chunk order, accumulating in fp32.
+void sum_chunks_in_order(const void* chunks, int n, size_t count, DType dtype, void* out);
+
+std::unique_ptr<Comm> make_self_comm();
+// Initialises MPI if needed. Fails with a clear Status when MPI cannot start.
+Result<std::unique_ptr<Comm>> make_mpi_comm();
+// True when this process was launched by mpirun (OMPI/PMI environment present).
+bool launched_by_mpirun();
+// Finalizes MPI if it was initialised here; call once before exit.
+void finalize_mpi();
+
+}  // namespace zoe

@@ -1,0 +1,153 @@
+// MpiComm: collectives over OpenMPI. The reduction arithmetic is ours (see comm.h) so it is
+// deterministic and works for bf16/fp16; MPI moves the bytes. The staging buffer grows once and
+// is reused: per-call large allocations cost seconds per GiB on fresh pages here.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/comm.h"
+
+namespace zoe {
+namespace {
+
+bool g_we_initialised = false;
+
+Status check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return Status::Ok();
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return Status::CommError(fmt::format("MPI {} failed: {}", what, std::string(msg, len)));
+}
+
+// MPI counts are int: move large payloads as MPI_BYTE in pieces of at most 1 GiB.
+constexpr size_t kMaxPiece = size_t{1} << 30;
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status all_gather(const void* send, void* recv, size_t chunk_bytes) override {
+    char* r = static_cast<char*>(recv);
+    char* mine = r + rank_ * chunk_bytes;
+    if (send != mine) std::memmove(mine, send, chunk_bytes);
+    for (size_t off = 0; off < chunk_bytes; off += kMaxPiece) {
+      size_t piece = std::min(kMaxPiece, chunk_bytes - off);
+      if (off == 0 && piece == chunk_bytes) {
+        ZOE_RETURN_IF_ERROR(check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, r, static_cast<int>(piece),
+                                                MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
+      } else {  // pieces of every chunk: gather into staging, then scatter into place
+        ZOE_RETURN_IF_ERROR(grow(piece * size_));
+        ZOE_RETURN_IF_ERROR(check(MPI_Allgather(mine + off, static_cast<int>(piece), MPI_BYTE, staging_,
+                                                static_cast<int>(piece), MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
+        for (int k = 0; k < size_; ++k) std::memcpy(r + k * chunk_bytes + off, staging_ + k * piece, piece);
+      }
+    }
+    bytes_.all_gather += (size_ - 1) * chunk_bytes;
+    return Status::Ok();
+  }
+
+  Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
+    size_t esz = dtype_size(dtype), chunk_bytes = count * esz;
+    const char* s = static_cast<const char*>(send);
+    // Every rank sends its chunk k to rank k; we receive our chunk from all ranks, then sum in
+    // rank order. Piecewise for chunks beyond MPI's int counts.
+    size_t piece_elems = std::max<size_t>(1, kMaxPiece / esz / size_);
+    for (size_t e0 = 0; e0 < count; e0 += piece_elems) {
+      size_t pe = std::min(piece_elems, count - e0), pb = pe * esz;
+      ZOE_RETURN_IF_ERROR(grow(2 * pb * size_));
+      char* sendbuf = staging_ + pb * size_;
+      const char* src = s;
+      if (pe != count) {  // gather the pieces of each destination chunk contiguously
+        for (int k = 0; k < size_; ++k) std::memcpy(sendbuf + k * pb, s + k * chunk_bytes + e0 * esz, pb);
+        src = sendbuf;
+      }
+      ZOE_RETURN_IF_ERROR(check(MPI_Alltoall(src, static_cast<int>(pb), MPI_BYTE, staging_, static_cast<int>(pb),
+                                             MPI_BYTE, MPI_COMM_WORLD), "Alltoall"));
+      sum_chunks_in_order(staging_, size_, pe, dtype, static_cast<char*>(recv) + e0 * esz);
+    }
+    bytes_.reduce_scatter += (size_ - 1) * chunk_bytes;
+    return Status::Ok();
+  }
+
+  Status all_reduce_sum(double* v, size_t n) override {
+    std::vector<double> all(n * size_);
+    ZOE_RETURN_IF_ERROR(check(MPI_Allgather(v, static_cast<int>(n), MPI_DOUBLE, all.data(), static_cast<int>(n),
+                                            MPI_DOUBLE, MPI_COMM_WORLD), "Allgather"));
+    for (size_t i = 0; i < n; ++i) {
+      double s = all[i];
+      for (int k = 1; k < size_; ++k) s += all[k * n + i];
+      v[i] = s;
+    }
+    bytes_.all_reduce += (size_ - 1) * n * sizeof(double);
+    return Status::Ok();
+  }
+
+  Status broadcast(void* buf, size_t bytes, int root) override {
+    char* b = static_cast<char*>(buf);
+    for (size_t off = 0; off < bytes; off += kMaxPiece)
+      ZOE_RETURN_IF_ERROR(check(MPI_Bcast(b + off, static_cast<int>(std::min(kMaxPiece, bytes - off)), MPI_BYTE,
+                                          root, MPI_COMM_WORLD), "Bcast"));
+    if (rank_ == root) bytes_.broadcast += bytes;
+    return Status::Ok();
+  }
+
+  Status barrier() override { return check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+
+  Status gather_to_root(const void* send, void* recv, size_t bytes) override {
+    return check(MPI_Gather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, 0,
+                            MPI_COMM_WORLD), "Gather");
+  }
+
+  ~MpiComm() override { std::free(staging_); }
+
+ private:
+  Status grow(size_t bytes) {
+    if (bytes <= staging_bytes_) return Status::Ok();
+    std::free(staging_);
+    staging_ = static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    staging_bytes_ = staging_ ? bytes : 0;
+    if (!staging_) return Status::OutOfMemory(fmt::format("communication staging buffer of {} bytes", bytes));
+    return Status::Ok();
+  }
+
+  int rank_ = 0, size_ = 1;
+  char* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+Result<std::unique_ptr<Comm>> make_mpi_comm() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) return Status::CommError("MPI_Init_thread failed: cannot start MPI");
+    g_we_initialised = true;
+  }
+  return std::unique_ptr<Comm>(new MpiComm());
+}
+
+void finalize_mpi() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (g_we_initialised && !fin) MPI_Finalize();
+  g_we_initialised = false;
+}
+
+}  // namespace zoe

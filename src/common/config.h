@@ -1,0 +1,90 @@
+// The training configuration: DeepSpeed's ds_config key names where the concept is the same,
+// zoe's own under `zoe.` (contracts.md). Unknown keys are errors with the closest known key.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zoe/dtype.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+enum class OffloadDevice : uint8_t { kNone, kCpu, kNvme };
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = false;
+  double ratio = 1.0;
+};
+
+struct Config {
+  // batch
+  int micro_batch = 1;                  // train_micro_batch_size_per_gpu
+  int grad_accum = 1;                   // gradient_accumulation_steps
+  std::optional<int64_t> train_batch;   // train_batch_size (checked against the world)
+  double grad_clip = 0.0;               // gradient_clipping, 0 = off
+  // precision
+  DType dtype = DType::kF32;            // neither bf16 nor fp16 enabled = fp32 training
+  double static_loss_scale = 0.0;       // fp16.loss_scale, 0 = dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+  // optimizer
+  bool adamw = true;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  // scheduler
+  std::string scheduler;                // "", "WarmupLR", "WarmupCosineLR"
+  double warmup_min_lr = 0.0, warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000, total_num_steps = 0;
+  std::string warmup_type = "log";
+  double warmup_min_ratio = 0.0, cos_min_ratio = 1e-4;
+  // zero
+  int stage = 0;
+  int64_t reduce_bucket_size = 500000000, allgather_bucket_size = 500000000;
+  int64_t prefetch_bucket_size = 50000000, max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 1000000000, param_persistence_threshold = 100000;
+  int64_t sub_group_size = 1000000000;
+  OffloadConfig offload_optimizer, offload_param;
+  int64_t aio_block_size = 1 << 20;
+  int aio_queue_depth = 8;
+  int steps_per_print = 10;
+  uint64_t seed = 1234;
+  // zoe
+  std::string device = "cpu";
+  uint64_t device_memory_budget = uint64_t{8} << 30;
+  uint64_t host_memory_budget = uint64_t{16} << 30;
+  std::string model_type = "mlp";
+  int n_layer = 4, n_head = 4, n_embd = 64, vocab_size = 256, n_positions = 256;
+  std::string data_train, data_val, data_format = "bytes";
+  int seq_len = 64;
+  int64_t steps = 10;
+  int64_t eval_every = 0;
+  std::string init_path;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 2;
+  bool activation_checkpointing = false;
+  bool checksums = true;
+
+  bool mixed_precision() const { return dtype != DType::kF32; }
+};
+
+// Parses JSON text (a file's contents), applies --set overrides ("a.b.c=<json or bare string>")
+// in order, rejects unknown keys and bad values. Errors are kInvalidInput and name the key.
+Result<Config> parse_config(const std::string& json_text, const std::vector<std::string>& overrides,
+                            const std::string& source_name);
+Result<Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides);
+// The effective configuration as DeepSpeed-style JSON (for manifests and `--report`).
+nlohmann::json config_to_json(const Config& c);
+// "4GiB", "512MiB", "1e9", 123 -> bytes.
+Result<uint64_t> parse_bytes(const nlohmann::json& v, const std::string& key);
+// All known dotted keys (for suggestions and docs).
+const std::vector<std::string>& known_config_keys();
+
+}  // namespace zoe

@@ -1,0 +1,63 @@
+// Step timing and the Chrome trace. One per process (one rank per process): the engine, comm and
+// models mark spans with ZOE_SPAN(name, cat, bucket); the trainer reads per-step bucket totals for
+// the report and writes the trace at the end.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace zoe {
+
+// Report buckets (contracts.md "time_s").
+enum class Bucket : uint8_t { kForward = 0, kBackward, kOptimizer, kWaitIo, kWaitComm, kNone };
+inline constexpr int kNumBuckets = 5;
+
+struct TraceEvent {
+  std::string name;
+  const char* cat;   // compute, all_gather, reduce_scatter, nvme_read, nvme_write, h2d, d2h, adam
+  double ts_us, dur_us;
+  int tid;
+};
+
+class Profiler {
+ public:
+  static Profiler& get();
+  void enable_trace(bool on) { trace_ = on; }
+  bool tracing() const { return trace_; }
+  double now_us() const;
+  void record(const std::string& name, const char* cat, Bucket b, double start_us, double end_us);
+  // Bucket totals since the last call, in seconds; resets them.
+  std::array<double, kNumBuckets> take_step_times();
+  const std::vector<TraceEvent>& events() const { return events_; }
+
+ private:
+  Profiler();
+  std::chrono::steady_clock::time_point t0_;
+  bool trace_ = false;
+  std::mutex mu_;
+  std::array<double, kNumBuckets> step_{};
+  std::vector<TraceEvent> events_;
+};
+
+class Span {
+ public:
+  Span(std::string name, const char* cat, Bucket b)
+      : name_(std::move(name)), cat_(cat), b_(b), start_(Profiler::get().now_us()) {}
+  ~Span() { Profiler::get().record(name_, cat_, b_, start_, Profiler::get().now_us()); }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  std::string name_;
+  const char* cat_;
+  Bucket b_;
+  double start_;
+};
+
+// Nested spans of the same bucket would be counted twice: mark a bucket once per region.
+#define ZOE_SPAN(name, cat, bucket) ::zoe::Span ZOE_CONCAT(_zoe_span_, __LINE__)(name, cat, bucket)
+
+}  // namespace zoe

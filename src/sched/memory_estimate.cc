@@ -1,0 +1,43 @@
+#include "sched/memory_estimate.h"
+
+namespace zoe {
+
+double StageMemory::total() const {
+  double s = 0;
+  for (double b : by_kind) s += b;
+  return s;
+}
+
+namespace {
+
+// full = elements of a replicated copy, part = elements of one rank's shard.
+StageMemory table(double full, double part, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
+  StageMemory m;
+  m.stage = stage;
+  double w = static_cast<double>(dtype_size(dtype));
+  bool mixed = dtype != DType::kF32;
+  m.by_kind[static_cast<int>(Kind::kParam)] = w * (stage >= 3 ? part : full);
+  m.by_kind[static_cast<int>(Kind::kGrad)] = w * (stage >= 2 ? part : full);
+  double opt_elems = stage >= 1 ? part : full;
+  m.by_kind[static_cast<int>(Kind::kMaster)] = mixed ? 4 * opt_elems : 0;
+  m.by_kind[static_cast<int>(Kind::kExpAvg)] = 4 * opt_elems;
+  m.by_kind[static_cast<int>(Kind::kExpAvgSq)] = 4 * opt_elems;
+  auto tier = [](OffloadDevice d) { return d == OffloadDevice::kNone ? 0 : d == OffloadDevice::kCpu ? 1 : 2; };
+  int opt_t = tier(opt), par_t = (stage >= 3) ? tier(par) : 0;
+  m.by_tier[par_t] += m.by_kind[static_cast<int>(Kind::kParam)];
+  m.by_tier[0] += m.by_kind[static_cast<int>(Kind::kGrad)];
+  for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) m.by_tier[opt_t] += m.by_kind[static_cast<int>(k)];
+  return m;
+}
+
+}  // namespace
+
+StageMemory estimate_stage(double p, int n, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
+  return table(p, p / n, stage, dtype, opt, par);
+}
+
+StageMemory exact_stage(int64_t padded, int64_t shard, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
+  return table(static_cast<double>(padded), static_cast<double>(shard), stage, dtype, opt, par);
+}
+
+}  // namespace zoe

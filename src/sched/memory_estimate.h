@@ -1,0 +1,29 @@
+// The seed's per-rank model-state table: bytes of param, grad, master, exp_avg, exp_avg_sq per
+// rank for stages 0-3 (16P, 4P+12P/N, 2P+14P/N, 16P/N in mixed precision), idealised (no
+// padding), and the exact figure the engine's ledger shows once the padding rule is applied.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "common/config.h"
+#include "zoe/ledger.h"
+
+namespace zoe {
+
+struct StageMemory {
+  int stage = 0;
+  std::array<double, kNumPersistentKinds> by_kind{};  // bytes per rank
+  std::array<double, kNumTiers> by_tier{};            // where they live with the config's offload
+  double total() const;
+};
+
+// Idealised: P elements split exactly N ways. dtype = weight/grad type (fp32: no separate master).
+StageMemory estimate_stage(double params, int ranks, int stage, DType dtype, OffloadDevice optimizer_tier,
+                           OffloadDevice param_tier);
+
+// Exact, for a layout with P_pad = N*S padded elements: the same formula with P -> P_pad and
+// P/N -> S. This is what ZeroEngine allocates, to the byte.
+StageMemory exact_stage(int64_t padded_params, int64_t shard, int stage, DType dtype,
+                        OffloadDevice optimizer_tier, OffloadDevice param_tier);
+
+}  // namespace zoe

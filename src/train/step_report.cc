@@ -1,0 +1,77 @@
+#include "train/step_report.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace zoe {
+
+RankStepFacts RankStepFacts::collect(const LedgerSnapshot& l, const CommBytes& c) {
+  RankStepFacts f{};
+  for (int t = 0; t < kNumTiers; ++t)
+    for (int k = 0; k < kNumPersistentKinds; ++k) f.persistent[t][k] = l.bytes[t][k];
+  f.peak_device = l.peak[static_cast<int>(Tier::kDevice)];
+  f.peak_host = l.peak[static_cast<int>(Tier::kHost)];
+  f.all_gather = c.all_gather;
+  f.reduce_scatter = c.reduce_scatter;
+  f.all_reduce = c.all_reduce;
+  f.broadcast = c.broadcast;
+  return f;
+}
+
+Result<std::vector<RankStepFacts>> gather_facts(Comm& comm, const RankStepFacts& mine) {
+  std::vector<RankStepFacts> all(comm.rank() == 0 ? comm.size() : 1);
+  ZOE_RETURN_IF_ERROR(comm.gather_to_root(&mine, all.data(), sizeof(RankStepFacts)));
+  if (comm.rank() != 0) all.clear();
+  return all;
+}
+
+nlohmann::json ledger_json(const std::vector<RankStepFacts>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    nlohmann::json e;
+    e["rank"] = r;
+    for (int t = 0; t < kNumTiers; ++t) {
+      nlohmann::json kinds;
+      for (int k = 0; k < kNumPersistentKinds; ++k)
+        kinds[std::string(kind_name(static_cast<Kind>(k)))] = ranks[r].persistent[t][k];
+      e[std::string(tier_name(static_cast<Tier>(t)))] = kinds;
+    }
+    e["peak_device_bytes"] = ranks[r].peak_device;
+    e["peak_host_bytes"] = ranks[r].peak_host;
+    out.push_back(e);
+  }
+  return out;
+}
+
+nlohmann::json comm_json(const std::vector<RankStepFacts>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < ranks.size(); ++r)
+    out.push_back({{"rank", r}, {"all_gather", ranks[r].all_gather}, {"reduce_scatter", ranks[r].reduce_scatter},
+                   {"all_reduce", ranks[r].all_reduce}, {"broadcast", ranks[r].broadcast}});
+  return out;
+}
+
+ReportWriter::~ReportWriter() {
+  if (f_) std::fclose(f_);
+}
+
+Status ReportWriter::open(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  path_ = path;
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) return Status::Invalid(fmt::format("--report '{}': cannot be written: {}", path, std::strerror(errno)));
+  return Status::Ok();
+}
+
+Status ReportWriter::write(const nlohmann::json& line) {
+  if (!f_) return Status::Ok();
+  std::string s = line.dump() + "\n";
+  if (std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0)
+    return Status::Io(fmt::format("report '{}': write failed: {}", path_, std::strerror(errno)));
+  return Status::Ok();
+}
+
+}  // namespace zoe

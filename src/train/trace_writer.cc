@@ -1,0 +1,43 @@
+#include "train/trace_writer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/profiler.h"
+
+namespace zoe {
+
+Status write_trace(Comm& comm, const std::string& path) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (const TraceEvent& e : Profiler::get().events())
+    mine.push_back({{"name", e.name}, {"cat", e.cat}, {"ph", "X"}, {"ts", e.ts_us}, {"dur", e.dur_us},
+                    {"pid", comm.rank()}, {"tid", e.tid}});
+  std::string text = mine.dump();
+  // Two gathers of fixed size: the lengths, then every rank's text padded to the longest.
+  uint64_t len = text.size();
+  std::vector<uint64_t> lens(comm.size());
+  ZOE_RETURN_IF_ERROR(comm.gather_to_root(&len, lens.data(), sizeof(len)));
+  uint64_t max_len = len;
+  if (comm.rank() == 0) max_len = *std::max_element(lens.begin(), lens.end());
+  ZOE_RETURN_IF_ERROR(comm.broadcast(&max_len, sizeof(max_len), 0));
+  text.resize(max_len, ' ');
+  std::vector<char> all(comm.rank() == 0 ? max_len * comm.size() : 1);
+  ZOE_RETURN_IF_ERROR(comm.gather_to_root(text.data(), all.data(), max_len));
+  if (comm.rank() != 0) return Status::Ok();
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < comm.size(); ++r) {
+    auto part = nlohmann::json::parse(all.begin() + r * max_len, all.begin() + r * max_len + lens[r]);
+    for (auto& e : part) events.push_back(std::move(e));
+  }
+  std::ofstream f(path);
+  if (!f) return Status::Invalid(fmt::format("--trace '{}': cannot be written", path));
+  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!f) return Status::Io(fmt::format("trace '{}': write failed", path));
+  return Status::Ok();
+}
+
+}  // namespace zoe

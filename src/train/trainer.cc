@@ -1,0 +1,144 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/profiler.h"
+#include "cpu/cpu_device.h"
+#include "model/mlp_model.h"
+#include "train/batch_source.h"
+#include "train/lr_schedule.h"
+#include "train/progress.h"
+#include "train/step_report.h"
+#include "train/trace_writer.h"
+#include "zoe/engine.h"
+
+namespace zoe {
+
+Status validate_for_world(const Config& c, int world) {
+  int64_t global = int64_t{c.micro_batch} * c.grad_accum * world;
+  if (c.train_batch && *c.train_batch != global)
+    return Status::Invalid(fmt::format(
+        "config key 'train_batch_size': {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
+        "world size {} = {} (mpirun -np does not match the config)",
+        *c.train_batch, c.micro_batch, c.grad_accum, world, global));
+  if (c.device == "cuda")
+    return Status::Invalid("config key 'zoe.device': \"cuda\" is not available yet (the CUDA device backend is a "
+                           "coming issue); use \"cpu\"");
+  if (c.offload_param.device != OffloadDevice::kNone && c.stage < 3)
+    return Status::Invalid(fmt::format(
+        "config key 'zero_optimization.offload_param.device': offloading parameters needs stage 3 (stage is {})",
+        c.stage));
+  for (const OffloadConfig* o : {&c.offload_optimizer, &c.offload_param})
+    if (o->device == OffloadDevice::kNvme)
+      return Status::Unsupported(fmt::format(
+          "offload to nvme ('{}') is not available yet in this build: the io_uring tier is a coming issue; use "
+          "\"cpu\"", o->nvme_path));
+  return Status::Ok();
+}
+
+namespace {
+
+Result<std::unique_ptr<Model>> make_model(const Config& c) {
+  if (c.model_type == "mlp") return std::unique_ptr<Model>(new MlpModel(c.n_layer, c.n_embd, c.seed + 1));
+  return Status::Invalid(fmt::format("config key 'zoe.model.type': \"{}\" is not available yet", c.model_type));
+}
+
+class TrainJob {
+ public:
+  TrainJob(const Config& c, Comm& comm, const TrainOptions& o) : c_(c), comm_(comm), o_(o) {}
+
+  Result<TrainSummary> run() {
+    ZOE_RETURN_IF_ERROR(setup());
+    TrainSummary sum;
+    Progress progress(c_.steps, comm_.rank() == 0 && !o_.quiet, c_.steps_per_print);
+    for (int64_t s = engine_->steps_applied() + skipped_; s < c_.steps; ++s) {
+      ZOE_ASSIGN_OR_RETURN(double loss, one_step(s, progress));
+      sum.final_loss = loss;
+      sum.steps = s + 1;
+    }
+    progress.finish();
+    ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
+                                       {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)}}));
+    if (!o_.trace_path.empty()) ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
+    return sum;
+  }
+
+ private:
+  Status setup() {
+    ZOE_RETURN_IF_ERROR(validate_for_world(c_, comm_.size()));
+    if (comm_.rank() == 0) ZOE_RETURN_IF_ERROR(report_.open(o_.report_path));
+    Profiler::get().enable_trace(!o_.trace_path.empty());
+    dev_ = std::make_unique<CpuDevice>(c_.device_memory_budget, c_.host_memory_budget);
+    ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
+    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, comm_, model_->units()));
+    std::vector<float> buf;
+    for (int u = 0; u < engine_->num_units(); ++u) {
+      buf.resize(engine_->unit(u).numel);
+      model_->init_unit(u, c_.seed, buf.data());
+      ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
+    }
+    source_ = make_synthetic_source(c_.micro_batch, comm_.rank(), comm_.size());
+    return Status::Ok();
+  }
+
+  Result<double> one_step(int64_t s, Progress& progress) {
+    auto t0 = std::chrono::steady_clock::now();
+    comm_.reset_counters();
+    dev_->ledger().reset_peaks();
+    Profiler::get().take_step_times();
+    double local[2] = {0, 0};  // loss sum, tokens
+    for (int m = 0; m < c_.grad_accum; ++m) {
+      ZOE_ASSIGN_OR_RETURN(Batch b, source_->next());
+      ZOE_ASSIGN_OR_RETURN(double loss, model_->train_micro_step(*engine_, b, static_cast<float>(engine_->loss_scale())));
+      local[0] += loss;
+      local[1] += static_cast<double>(model_->tokens_per_batch(b));
+    }
+    double lr = lr_at(c_, engine_->steps_applied());
+    ZOE_ASSIGN_OR_RETURN(StepResult r, engine_->step(lr));
+    if (!r.applied) ++skipped_;
+    ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(local, 2));
+    double loss = local[0] / (comm_.size() * c_.grad_accum);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto times = Profiler::get().take_step_times();
+    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), comm_.bytes_sent())));
+    if (comm_.rank() != 0) return loss;
+    nlohmann::json line = {
+        {"step", s + 1}, {"loss", loss}, {"val_loss", nullptr}, {"lr", lr},
+        {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
+        {"loss_scale", c_.dtype == DType::kF16 ? nlohmann::json(r.loss_scale) : nlohmann::json()},
+        {"skipped", !r.applied}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
+        {"params", engine_->params()}, {"ranks", comm_.size()}, {"stage", c_.stage},
+        {"ledger", ledger_json(facts)}, {"comm_bytes", comm_json(facts)},
+        {"time_s", {{"forward", times[0]}, {"backward", times[1]}, {"optimizer", times[2]}, {"wait_io", times[3]},
+                    {"wait_comm", times[4]}}}};
+    ZOE_RETURN_IF_ERROR(report_.write(line));
+    progress.update(s + 1, loss, local[1] / secs, secs, facts[0]);
+    return loss;
+  }
+
+  Config c_;
+  Comm& comm_;
+  TrainOptions o_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<BatchSource> source_;
+  ReportWriter report_;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace
+
+Result<TrainSummary> run_training(const Config& c, Comm& comm, const TrainOptions& o) {
+  TrainJob job(c, comm, o);
+  return job.run();
+}
+
+}  // namespace zoe
