@@ -25,7 +25,9 @@
 //
 // Recover(final) (also run by Create) puts such a leftover state right: when <final> is absent
 // and exactly one "<final>.old.<n>" exists, renames it to <final>; then deletes every
-// "<final>.tmp.<n>" and "<final>.old.<n>". It assumes no other process is writing <final>.
+// "<final>.tmp.<n>" and "<final>.old.<n>". It assumes no other process is writing <final>: in a
+// multi-rank job one process owns the AtomicDir and the others write their files into its path()
+// before it commits (commit() fsyncs their files too).
 #pragma once
 #include <functional>
 #include <string>

@@ -8,8 +8,8 @@
 //      inputs = the first B*T, targets = the last B*T (inputs shifted by one);
 //   3. position += G.
 // So the ranks read disjoint, adjacent slices of each global batch and change shard together; a
-// batch never spans two shards, and the tail of a shard after its last whole global batch (all
-// but its first token) is not used. This is exactly llm.c's rule "advance when
+// batch never spans two shards, and the tokens of a shard after the last global batch's final
+// target are not used. This is exactly llm.c's rule "advance when
 // current_sample_idx >= (ntok - 1) / G", with position = current_sample_idx * G.
 // Every shard must hold at least G + 1 tokens.
 // The state is the same on every rank and does not depend on rank, so a checkpoint stores it
