@@ -17,7 +17,8 @@ std::vector<UnitSpec> MlpModel::units() const {
   std::vector<UnitSpec> u;
   for (int l = 0; l < L_; ++l)
     u.push_back(make_unit(fmt::format("layers.{}", l), {{fmt::format("layers.{}.weight", l), {D_, D_}},
-                                                        {fmt::format("layers.{}.bias", l), {D_}}}));
+                                                        {fmt::format("layers.{}.bias", l), {D_}},
+                                                        {fmt::format("layers.{}.gain", l), {1}}}));
   return u;
 }
 
@@ -27,6 +28,7 @@ void MlpModel::init_unit(int u, uint64_t seed, float* out) const {
   double std = 1.0 / std::sqrt(static_cast<double>(D_));
   for (int64_t i = 0; i < int64_t{D_} * D_; ++i) out[i] = static_cast<float>(std * counter_normal(seed, u, i));
   for (int i = 0; i < D_; ++i) out[int64_t{D_} * D_ + i] = static_cast<float>(0.01 * counter_normal(seed, u + 1000003, i));
+  out[int64_t{D_} * D_ + D_] = 1.0f;
 }
 
 void MlpModel::sample(int64_t s, float* x, float* y) const {
@@ -36,7 +38,7 @@ void MlpModel::sample(int64_t s, float* x, float* y) const {
 
 Status MlpModel::forward(Engine& e, const Batch& b, std::vector<std::vector<float>>& acts) {
   acts.assign(L_ + 1, std::vector<float>(size_t(b.B) * D_));
-  std::vector<float> y(D_), w(size_t(D_) * D_ + D_);
+  std::vector<float> y(D_), w(size_t(D_) * D_ + D_ + 1);
   for (int i = 0; i < b.B; ++i) sample(b.first_sample + i, &acts[0][size_t(i) * D_], y.data());
   for (int l = 0; l < L_; ++l) {
     ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(l));
@@ -44,11 +46,12 @@ Status MlpModel::forward(Engine& e, const Batch& b, std::vector<std::vector<floa
     ZOE_RETURN_IF_ERROR(e.release(l));
     ZOE_SPAN("forward " + std::to_string(l), "compute", Bucket::kForward);
     float* out = acts[l + 1].data();
-    for (int i = 0; i < b.B; ++i) std::copy(w.end() - D_, w.end(), out + size_t(i) * D_);
+    const float* bias = w.data() + size_t(D_) * D_;
+    float gain = bias[D_];
+    for (int i = 0; i < b.B; ++i) std::copy(bias, bias + D_, out + size_t(i) * D_);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b.B, D_, D_, 1.0f, acts[l].data(), D_, w.data(), D_, 1.0f,
                 out, D_);
-    if (l + 1 < L_)
-      for (auto& v : acts[l + 1]) v = std::tanh(v);
+    for (auto& v : acts[l + 1]) v = l + 1 < L_ ? std::tanh(gain * v) : gain * v;
   }
   return Status::Ok();
 }
@@ -72,16 +75,28 @@ double MlpModel::loss_and_grad(const Batch& b, const std::vector<float>& out, fl
 Result<double> MlpModel::train_micro_step(Engine& e, const Batch& b, float loss_scale) {
   std::vector<std::vector<float>> acts;
   ZOE_RETURN_IF_ERROR(forward(e, b, acts));
-  std::vector<float> dout, din(size_t(b.B) * D_), w(size_t(D_) * D_ + D_), grad(size_t(D_) * D_ + D_);
+  std::vector<float> dout, din(size_t(b.B) * D_), w(size_t(D_) * D_ + D_ + 1), grad(size_t(D_) * D_ + D_ + 1);
   double loss = loss_and_grad(b, acts[L_], loss_scale, &dout);
   for (int l = L_ - 1; l >= 0; --l) {
-    if (l + 1 < L_)  // through tanh: d/dz tanh(z) = 1 - tanh^2
+    if (l + 1 < L_)  // through tanh: d/du tanh(u) = 1 - tanh^2
       for (size_t k = 0; k < dout.size(); ++k) dout[k] *= 1.0f - acts[l + 1][k] * acts[l + 1][k];
     ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(l));
     weights_to_f32(p.data, p.dtype, p.numel, w.data());
     {
       ZOE_SPAN("backward " + std::to_string(l), "compute", Bucket::kBackward);
-      // dW = x^T dout, db = sum_i dout_i, dx = dout W^T
+      // y = g*z with z = xW + b: dg = sum(dy*z), dz = g*dy; then dW = x^T dz, db = sum_i dz_i, dx = dz W^T
+      const float* bias = w.data() + size_t(D_) * D_;
+      float gain = bias[D_];
+      double dg = 0;
+      std::vector<float> z(size_t(b.B) * D_);
+      for (int i = 0; i < b.B; ++i) std::copy(bias, bias + D_, z.begin() + size_t(i) * D_);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b.B, D_, D_, 1.0f, acts[l].data(), D_, w.data(), D_, 1.0f,
+                  z.data(), D_);
+      for (size_t k = 0; k < z.size(); ++k) {
+        dg += double(dout[k]) * z[k];
+        dout[k] *= gain;
+      }
+      grad[size_t(D_) * D_ + D_] = static_cast<float>(dg);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D_, D_, b.B, 1.0f, acts[l].data(), D_, dout.data(), D_, 0.0f,
                   grad.data(), D_);
       for (int j = 0; j < D_; ++j) {

@@ -1,4 +1,5 @@
-// The test model: a stack of n_layer square linear layers of width n_embd (tanh between layers,
+// The test model: a stack of n_layer square linear layers of width n_embd, each with a scalar
+// gain (y = g * (xW + b); tanh between layers,
 // one unit per layer) regressing a fixed teacher function of synthetic inputs. Small, exact and
 // cheap, so the ZeRO pipeline can be checked end to end at every stage and rank count.
 #pragma once

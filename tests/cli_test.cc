@@ -1,0 +1,115 @@
+// The zoe binary as a user meets it: exit codes, one-line errors, estimate output.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace zoe::test {
+namespace {
+
+const std::string kZoe = ZOE_BINARY;
+const std::string kMpirun =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
+
+std::string write_config(const std::string& dir, const std::string& name, const std::string& text) {
+  std::string p = dir + "/" + name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
+  std::string dir = make_temp_dir("cli");
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"train --config " + write_config(dir, "a.json", R"({"zero_optimization": {"stagee": 2}})"), "stagee"},
+      {"train --config " + write_config(dir, "b.json", R"({"zero_optimization": {"stage": 4}})"),
+       "zero_optimization.stage"},
+      {"train --config " + write_config(dir, "c.json", R"({"optimizer": {"params": {"lr": -1}}})"),
+       "optimizer.params.lr"},
+      {"train --config " + write_config(dir, "d.json", R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})"),
+       "nvme_path"},
+      {"train --config " + dir + "/missing.json", "missing.json"},
+      {"train --set zero_optimization.stage=7", "zero_optimization.stage"},
+      {"train --bogus-flag", "bogus-flag"},
+      {"estimate --params -5", "params"},
+      {"bench frobnicate", "frobnicate"},
+  };
+  for (auto& c : cases) {
+    std::string out;
+    int rc = run_command(kZoe + " " + c.args, &out);
+    EXPECT_EQ(rc, 2) << c.args << "\n" << out;
+    EXPECT_EQ(lines(out), 1) << c.args << "\n" << out;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << c.args << "\n" << out;
+    EXPECT_EQ(out.find("terminate"), std::string::npos) << "crashed: " << out;
+  }
+}
+
+TEST(Cli, MismatchedMpirunWorldExitsTwo) {
+  std::string dir = make_temp_dir("cli");
+  // train_batch_size fits one rank (16 x 1 x 1); launched with two ranks.
+  std::string cfg = write_config(dir, "w.json", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16})");
+  std::string out;
+  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --config " + cfg, &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("train_batch_size"), std::string::npos) << out;
+  EXPECT_NE(out.find("world size 2"), std::string::npos) << out;
+}
+
+TEST(Cli, EstimateJsonIsTheSeedTable) {
+  std::string out;
+  ASSERT_EQ(run_command(kZoe + " estimate --params 1e9 --ranks 4 --json", &out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["ranks"], 4);
+  double expected[] = {16e9, 7e9, 5.5e9, 4e9};
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(j["stages"][s]["stage"], s);
+    EXPECT_DOUBLE_EQ(j["stages"][s]["bytes_per_rank"].get<double>(), expected[s]);
+  }
+  EXPECT_DOUBLE_EQ(j["stages"][1]["by_kind"]["master"].get<double>(), 1e9);
+  ASSERT_EQ(run_command(kZoe + " estimate --params 1e9 --ranks 4", &out), 0);
+  EXPECT_NE(out.find("16.000 GB"), std::string::npos) << out;
+  EXPECT_NE(out.find("come on top"), std::string::npos) << out;
+}
+
+TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
+  std::string dir = make_temp_dir("cli");
+  std::string out;
+  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --quiet --set zoe.steps=4 --report " + dir +
+                           "/r.jsonl --trace " + dir + "/t.json",
+                       &out);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream f(dir + "/r.jsonl");
+  std::string line;
+  int steps = 0;
+  nlohmann::json last;
+  while (std::getline(f, line)) {
+    last = nlohmann::json::parse(line);
+    if (last.contains("step")) {
+      ++steps;
+      EXPECT_EQ(last["ranks"], 2);
+      EXPECT_EQ(last["ledger"].size(), 2u);
+      EXPECT_EQ(last["comm_bytes"].size(), 2u);
+      EXPECT_GT(last["comm_bytes"][1]["all_gather"].get<double>(), 0);
+      EXPECT_TRUE(last["loss"].is_number());
+    }
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_TRUE(last["done"].get<bool>());
+  auto trace = nlohmann::json::parse(std::ifstream(dir + "/t.json"));
+  bool saw_rank1 = false;
+  for (auto& e : trace["traceEvents"]) saw_rank1 |= e["pid"] == 1 && e["ph"] == "X";
+  EXPECT_TRUE(saw_rank1);
+}
+
+}  // namespace
+}  // namespace zoe::test

@@ -1,0 +1,90 @@
+#include <gtest/gtest.h>
+
+#include "common/config.h"
+
+#include <nlohmann/json.hpp>
+
+namespace zoe {
+namespace {
+
+Status parse_error(const std::string& text, std::vector<std::string> sets = {}) {
+  auto r = parse_config(text, sets, "test.json");
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+TEST(Config, DeepSpeedKeysParse) {
+  auto r = parse_config(R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.95],
+    "eps": 1e-6, "weight_decay": 0.1}}, "zero_optimization": {"stage": 3, "overlap_comm": true,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true}}, "zoe": {"device_memory_budget": "2GiB"}})",
+                        {}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->micro_batch, 8);
+  EXPECT_EQ(r->grad_accum, 2);
+  EXPECT_EQ(r->dtype, DType::kBF16);
+  EXPECT_DOUBLE_EQ(r->beta2, 0.95);
+  EXPECT_EQ(r->stage, 3);
+  EXPECT_EQ(r->offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(r->device_memory_budget, uint64_t{2} << 30);
+}
+
+TEST(Config, NeitherPrecisionEnabledIsFp32) {
+  auto r = parse_config("{}", {}, "t");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->dtype, DType::kF32);
+}
+
+TEST(Config, UnknownKeyNamesTheClosestKnownOne) {
+  Status s = parse_error(R"({"zero_optimization": {"stagee": 2}})");
+  EXPECT_EQ(s.code(), Code::kInvalidInput);
+  EXPECT_NE(s.message().find("'zero_optimization.stagee'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("did you mean 'zero_optimization.stage'"), std::string::npos) << s.message();
+  s = parse_error(R"({"lr": 0.1})");
+  EXPECT_NE(s.message().find("optimizer.params.lr"), std::string::npos) << s.message();
+}
+
+TEST(Config, BadValuesNameTheKey) {
+  struct Case {
+    const char* json;
+    const char* needle;
+  } cases[] = {
+      {R"({"zero_optimization": {"stage": 4}})", "'zero_optimization.stage'"},
+      {R"({"optimizer": {"params": {"lr": -0.1}}})", "'optimizer.params.lr'"},
+      {R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})", "nvme_path"},
+      {R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", "at most one"},
+      {R"({"optimizer": {"params": {"betas": [0.9]}}})", "betas"},
+      {R"({"train_micro_batch_size_per_gpu": "auto"})", "auto"},
+      {R"({"zoe": {"device_memory_budget": "lots"}})", "zoe.device_memory_budget"},
+      {R"({"zoe": {"model": {"type": "gpt2", "n_embd": 10, "n_head": 3}}})", "n_head"},
+      {R"({"zoe": {"model": {"type": "gpt2", "n_positions": 8}, "data": {"seq_len": 16}}})", "zoe.data.seq_len"},
+      {"{not json", "not valid JSON"},
+  };
+  for (auto& c : cases) {
+    Status s = parse_error(c.json);
+    EXPECT_EQ(s.code(), Code::kInvalidInput) << c.json;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << c.json << " -> " << s.message();
+  }
+}
+
+TEST(Config, SetOverridesApplyAfterTheFile) {
+  auto r = parse_config(R"({"zero_optimization": {"stage": 1}})",
+                        {"zero_optimization.stage=3", "zoe.device=cpu", "optimizer.params.betas=[0.5,0.6]"}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->stage, 3);
+  EXPECT_DOUBLE_EQ(r->beta1, 0.5);
+  Status s = parse_error("{}", {"zero_optimization.stage"});
+  EXPECT_NE(s.message().find("--set"), std::string::npos);
+  s = parse_error("{}", {"zero_optimisation.stage=2"});
+  EXPECT_NE(s.message().find("did you mean 'zero_optimization.stage'"), std::string::npos) << s.message();
+}
+
+TEST(Config, BytesAcceptUnits) {
+  EXPECT_EQ(parse_bytes(nlohmann::json("512MiB"), "k").value(), uint64_t{512} << 20);
+  EXPECT_EQ(parse_bytes(nlohmann::json("1.5GB"), "k").value(), uint64_t{1500000000});
+  EXPECT_EQ(parse_bytes(nlohmann::json(4096), "k").value(), 4096u);
+  EXPECT_FALSE(parse_bytes(nlohmann::json(-1), "k").ok());
+  EXPECT_FALSE(parse_bytes(nlohmann::json("3 parsecs"), "k").ok());
+}
+
+}  // namespace
+}  // namespace zoe

@@ -1,0 +1,41 @@
+// Drives the engine with the MLP test model directly (no CLI), for the ZeRO tests.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "cpu/cpu_device.h"
+#include "model/mlp_model.h"
+#include "train/batch_source.h"
+#include "zoe/engine.h"
+
+namespace zoe::test {
+
+struct MlpRun {
+  std::vector<float> params;      // every unit's full parameters after training, fp32
+  std::vector<double> losses;     // this rank's micro-batch loss sum per step
+  std::vector<CommBytes> comm;    // bytes this rank sent, per step
+  LedgerSnapshot ledger;
+  int64_t padded = 0, shard = 0;
+};
+
+inline Config mlp_config(int stage, DType dtype, int layers = 3, int width = 36) {
+  Config c;
+  c.stage = stage;
+  c.dtype = dtype;
+  c.n_layer = layers;
+  c.n_embd = width;  // 36*36+36+1 = 1333 = 31*43 per unit: no N in 2..4 divides it
+  c.micro_batch = 4;
+  c.lr = 1e-2;
+  c.weight_decay = 0.1;
+  c.grad_clip = 1.0;
+  c.device_memory_budget = 64 << 20;
+  c.host_memory_budget = 64 << 20;
+  return c;
+}
+
+// Trains `steps` optimizer steps; on failure returns the Status.
+Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);
+
+}  // namespace zoe::test

@@ -1,0 +1,245 @@
+// The ZeRO core on one rank: shard layout and padding, ledger, loss scaling and overflow, the MLP
+// test model's gradients, learning-rate schedules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/rng.h"
+#include "engine_harness.h"
+#include "sched/loss_scaler.h"
+#include "sched/shard_layout.h"
+#include "sched/zero_engine.h"
+#include "train/lr_schedule.h"
+
+namespace zoe::test {
+namespace {
+
+TEST(ShardLayout, PadsEachUnitToAMultipleOfN) {
+  std::vector<UnitSpec> units = {make_unit("a", {{"w", {7, 3}}, {"b", {3}}}), make_unit("b", {{"x", {5}}})};
+  for (int n = 1; n <= 7; ++n) {
+    ShardLayout l(units, n);
+    EXPECT_EQ(l.params(), 29);
+    int64_t c0 = (24 + n - 1) / n, c1 = (5 + n - 1) / n;
+    EXPECT_EQ(l.shard_size(), c0 + c1);
+    EXPECT_EQ(l.padded_params(), n * (c0 + c1));
+    EXPECT_LE(l.padded_params() - l.params(), 2 * (n - 1));
+    int64_t owned = 0;
+    for (int r = 0; r < n; ++r) owned += l.owned_real(0, r) + l.owned_real(1, r);
+    EXPECT_EQ(owned, 29) << "every real element has exactly one owner, n=" << n;
+  }
+}
+
+TEST(ShardLayout, SegmentsSplitAtTensorsAndCarryDecay) {
+  ShardLayout l({make_unit("a", {{"w", {4, 2}}, {"b", {2}}, {"g", {1}}})}, 3);  // 11 -> chunks of 4
+  auto seg = l.segments(0, 4, 8);  // elements 4..7 of w (ends at 8)
+  ASSERT_EQ(seg.size(), 1u);
+  EXPECT_TRUE(seg[0].decay);
+  seg = l.segments(0, 8, 12);  // b (8,9), g (10); 11 is padding
+  ASSERT_EQ(seg.size(), 2u);
+  EXPECT_EQ(seg[0].begin, 0);
+  EXPECT_EQ(seg[0].end, 2);
+  EXPECT_FALSE(seg[0].decay);
+  EXPECT_EQ(seg[1].begin, 2);
+  EXPECT_EQ(seg[1].end, 3);
+}
+
+TEST(ZeroOneRank, LedgerIsSixteenBytesPerParameterAtEveryStage) {
+  auto self = make_self_comm();
+  for (int stage = 0; stage <= 3; ++stage) {
+    Config c = mlp_config(stage, DType::kBF16);
+    auto run = run_mlp(c, *self, 1);
+    ASSERT_TRUE(run.ok()) << run.status().message();
+    int64_t P = c.n_layer * (int64_t{c.n_embd} * c.n_embd + c.n_embd + 1);
+    EXPECT_EQ(run->padded, P);  // N = 1: no padding
+    EXPECT_EQ(run->ledger.persistent(Tier::kDevice), uint64_t(16 * P)) << "stage " << stage;
+    EXPECT_EQ(run->comm.back().total(), 0u);
+  }
+}
+
+TEST(ZeroOneRank, DeviceBudgetIsEnforcedWithAClearError) {
+  auto self = make_self_comm();
+  Config c = mlp_config(0, DType::kBF16);
+  c.device_memory_budget = 4096;
+  auto run = run_mlp(c, *self, 1);
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), Code::kOutOfMemory);
+  EXPECT_NE(run.status().message().find("zoe.device_memory_budget"), std::string::npos);
+}
+
+// A unit of 10 elements, driven by hand, to see exactly what a step does with a bad gradient.
+struct TinyEngine {
+  Config c;
+  CpuDevice dev{1 << 20, 1 << 20};
+  std::unique_ptr<Comm> comm = make_self_comm();
+  std::unique_ptr<ZeroEngine> e;
+  explicit TinyEngine(DType dt, int stage = 3) {
+    c.dtype = dt;
+    c.stage = stage;
+    e = std::make_unique<ZeroEngine>(c, dev, *comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
+    EXPECT_TRUE(e->allocate().ok());
+    std::vector<float> v(10);
+    for (int i = 0; i < 10; ++i) v[i] = 0.1f * (i + 1);
+    EXPECT_TRUE(e->set_params(0, v.data()).ok());
+  }
+  std::vector<float> state() {
+    OwnedState o = e->owned_state(0);
+    std::vector<float> s;
+    for (float* p : {o.master, o.exp_avg, o.exp_avg_sq}) s.insert(s.end(), p, p + (o.end - o.begin));
+    return s;
+  }
+};
+
+TEST(ZeroOneRank, Fp16OverflowSkipsTheStepLowersTheScaleAndTouchesNothing) {
+  TinyEngine t(DType::kF16);
+  EXPECT_EQ(t.e->loss_scale(), 65536.0);  // 2^initial_scale_power (16)
+  std::vector<float> g(10, 1.0f);
+  ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+  ASSERT_TRUE(t.e->step(1e-3).ok());  // one good step so the state is not all zeros
+  auto before = t.state();
+  g[3] = std::numeric_limits<float>::infinity();
+  // hysteresis 2: the first overflow is absorbed, the second halves the scale
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+    auto r = t.e->step(1e-3);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->applied);
+    EXPECT_EQ(r->step, 1);
+  }
+  EXPECT_EQ(t.e->loss_scale(), 32768.0);
+  EXPECT_EQ(before, t.state());
+  EXPECT_EQ(t.e->steps_applied(), 1);
+}
+
+TEST(ZeroOneRank, Bf16NaNGradientSkipsTheStep) {
+  TinyEngine t(DType::kBF16, 0);
+  std::vector<float> g(10, 1.0f);
+  g[9] = std::numeric_limits<float>::quiet_NaN();
+  auto before = t.state();
+  ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+  auto r = t.e->step(1e-3);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->applied);
+  EXPECT_EQ(before, t.state());
+  EXPECT_EQ(t.e->loss_scale(), 1.0);
+}
+
+TEST(ZeroOneRank, ClippingScalesGradientsToTheMaxNorm) {
+  // Adam's first moment after one step is (1 - beta1) * g: it shows the gradient actually used.
+  for (double clip : {0.0, 1.0}) {
+    TinyEngine t(DType::kF32, 2);
+    t.e.reset();
+    t.c.grad_clip = clip;
+    t.e = std::make_unique<ZeroEngine>(t.c, t.dev, *t.comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
+    ASSERT_TRUE(t.e->allocate().ok());
+    std::vector<float> g(10, 3.0f);
+    ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+    auto r = t.e->step(1e-3);
+    ASSERT_TRUE(r.ok());
+    double norm = 3.0 * std::sqrt(10.0);
+    EXPECT_NEAR(r->grad_norm, norm, 1e-9);
+    double used = clip > 0 ? 3.0 * clip / (norm + 1e-6) : 3.0;
+    EXPECT_NEAR(t.e->owned_state(0).exp_avg[4], 0.1 * used, 1e-7) << "clip " << clip;
+  }
+}
+
+TEST(LossScaler, GrowsAfterAWindowOfGoodSteps) {
+  LossScaler s = LossScaler::dynamic(4, 3, 1, 1.0);
+  EXPECT_EQ(s.scale(), 16.0);
+  s.update(false);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 16.0);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 32.0);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 16.0);
+  for (int i = 0; i < 10; ++i) s.update(true);
+  EXPECT_EQ(s.scale(), 1.0);  // min_loss_scale
+}
+
+// An Engine that keeps full fp32 parameters and records gradients: lets the model's backward be
+// checked against finite differences of its forward without any sharding in the way.
+class CaptureEngine final : public Engine {
+ public:
+  explicit CaptureEngine(std::vector<UnitSpec> u) : units_(std::move(u)) {
+    for (auto& s : units_) params_.emplace_back(s.numel), grads_.emplace_back(s.numel);
+  }
+  int num_units() const override { return static_cast<int>(units_.size()); }
+  const UnitSpec& unit(int u) const override { return units_[u]; }
+  int64_t params() const override { return 0; }
+  Status set_params(int u, const float* v) override {
+    std::copy(v, v + units_[u].numel, params_[u].begin());
+    return Status::Ok();
+  }
+  Result<ParamView> fetch(int u) override { return ParamView{params_[u].data(), DType::kF32, units_[u].numel}; }
+  Status release(int) override { return Status::Ok(); }
+  Status grads_ready(int u, const float* g) override {
+    std::copy(g, g + units_[u].numel, grads_[u].begin());
+    return Status::Ok();
+  }
+  Result<StepResult> step(double) override { return StepResult{}; }
+  double loss_scale() const override { return 1; }
+  int64_t steps_applied() const override { return 0; }
+  OwnedState owned_state(int) override { return {}; }
+  Status commit_owned_state() override { return Status::Ok(); }
+  void restore_counters(int64_t, double, int64_t, int) override {}
+  void scaler_state(int64_t*, int*) const override {}
+  std::vector<std::vector<float>> params_, grads_;
+
+ private:
+  std::vector<UnitSpec> units_;
+};
+
+TEST(MlpModel, BackwardMatchesFiniteDifferences) {
+  MlpModel m(3, 6, 5);
+  CaptureEngine e(m.units());
+  for (int u = 0; u < e.num_units(); ++u) {
+    std::vector<float> v(e.unit(u).numel);
+    m.init_unit(u, 7, v.data());
+    ASSERT_TRUE(e.set_params(u, v.data()).ok());
+  }
+  Batch b;
+  b.B = 3;
+  b.first_sample = 11;
+  ASSERT_TRUE(m.train_micro_step(e, b, 1.0f).ok());
+  for (int u = 0; u < e.num_units(); ++u) {
+    for (int64_t i = 0; i < e.unit(u).numel; i += 5) {
+      float keep = e.params_[u][i];
+      const float h = 1e-2f;
+      e.params_[u][i] = keep + h;
+      double lp = m.eval_loss(e, b).value();
+      e.params_[u][i] = keep - h;
+      double lm = m.eval_loss(e, b).value();
+      e.params_[u][i] = keep;
+      double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(e.grads_[u][i], fd, 2e-4 + 2e-2 * std::abs(fd)) << "unit " << u << " element " << i;
+    }
+  }
+}
+
+TEST(LrSchedule, WarmupAndCosineFollowDeepSpeed) {
+  Config c;
+  c.lr = 0.1;
+  c.scheduler = "WarmupLR";
+  c.warmup_min_lr = 0.0;
+  c.warmup_max_lr = 0.1;
+  c.warmup_num_steps = 10;
+  c.warmup_type = "linear";
+  EXPECT_DOUBLE_EQ(lr_at(c, 0), 0.0);
+  EXPECT_DOUBLE_EQ(lr_at(c, 5), 0.05);
+  EXPECT_DOUBLE_EQ(lr_at(c, 50), 0.1);
+  c.warmup_type = "log";
+  EXPECT_DOUBLE_EQ(lr_at(c, 4), 0.1 * std::log(5.0) / std::log(10.0));
+  c.scheduler = "WarmupCosineLR";
+  c.total_num_steps = 110;
+  c.warmup_min_ratio = 0.0;
+  c.cos_min_ratio = 0.1;
+  c.warmup_type = "linear";
+  EXPECT_DOUBLE_EQ(lr_at(c, 10), 0.1);
+  EXPECT_NEAR(lr_at(c, 60), 0.1 * (0.1 + 0.9 * 0.5), 1e-12);
+  EXPECT_NEAR(lr_at(c, 110), 0.01, 1e-12);
+}
+
+}  // namespace
+}  // namespace zoe::test
