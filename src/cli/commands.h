@@ -26,6 +26,11 @@ int estimate_command(const EstimateArgs& a);
 
 int info_command();
 
+struct ExportArgs {
+  std::string checkpoint, out;
+};
+int export_command(const ExportArgs& a);
+
 struct BenchArgs {
   std::string what;
   bool json = false;

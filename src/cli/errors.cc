@@ -6,7 +6,9 @@ namespace zoe::cli {
 
 int exit_code(const Status& s) {
   if (s.ok()) return 0;
-  return s.code() == Code::kInvalidInput || s.code() == Code::kUnsupported ? 2 : 1;
+  // A corrupt checkpoint or data file is bad input too: the user must point at another one.
+  bool input = s.code() == Code::kInvalidInput || s.code() == Code::kUnsupported || s.code() == Code::kCorrupt;
+  return input ? 2 : 1;
 }
 
 int report_error(const Status& s) {

@@ -35,6 +35,12 @@ int main(int argc, char** argv) {
   bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
 
+  ExportArgs xa;
+  auto* exp = app.add_subcommand("export", "consolidated fp32 weights of a checkpoint as safetensors");
+  exp->add_option("--checkpoint", xa.checkpoint, "a checkpoint directory, or zoe.checkpoint.dir for its newest")
+      ->required();
+  exp->add_option("--out", xa.out, "the .safetensors file to write")->required();
+
   app.add_subcommand("info", "version, build options, CPU ISA, GPUs, backends");
 
   try {
@@ -48,5 +54,6 @@ int main(int argc, char** argv) {
   if (*train) return train_command(ta);
   if (*est) return estimate_command(ea);
   if (*bench) return bench_command(ba);
+  if (*exp) return export_command(xa);
   return info_command();
 }

@@ -34,7 +34,7 @@ int train_command(const TrainArgs& a) {
   if (!st.ok()) {
     // Input errors are found identically on every rank: one line from rank 0. A runtime failure
     // may hit one rank while the others wait in a collective: say which, and abort them all.
-    if (root || st.code() != Code::kInvalidInput)
+    if (root || exit_code(st) != 2)
       std::fprintf(stderr, "zoe: %s%s\n", comm->size() > 1 && !root ? fmt::format("rank {}: ", comm->rank()).c_str() : "",
                    st.message().c_str());
     int code = exit_code(st);

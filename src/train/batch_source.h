@@ -14,11 +14,13 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual Result<Batch> next() = 0;
-  virtual int64_t position() const = 0;           // micro-batches consumed by this rank
-  virtual Status seek(int64_t position) = 0;      // resume after `position` micro-batches
+  // Where the next global micro-batch round starts; the same value on every rank, so it resumes on
+  // any rank count.
+  virtual int64_t position() const = 0;
+  virtual Status seek(int64_t position) = 0;
 };
 
-// The MLP task's synthetic samples: micro-batch k of rank r covers samples (k*N + r)*B ... +B-1.
+// The MLP task's synthetic samples: round k of rank r covers samples (k*N + r)*B ... +B-1.
 std::unique_ptr<BatchSource> make_synthetic_source(int micro_batch, int rank, int world);
 
 }  // namespace zoe

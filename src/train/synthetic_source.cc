@@ -3,6 +3,8 @@
 namespace zoe {
 namespace {
 
+// The position is the global index of the next micro-batch round's first sample: the same on
+// every rank, so a checkpoint resumes on any rank count.
 class SyntheticSource final : public BatchSource {
  public:
   SyntheticSource(int b, int rank, int world) : b_(b), rank_(rank), world_(world) {}
@@ -10,19 +12,19 @@ class SyntheticSource final : public BatchSource {
     Batch out;
     out.B = b_;
     out.T = 1;
-    out.first_sample = (k_ * world_ + rank_) * b_;
-    ++k_;
+    out.first_sample = next_ + int64_t{rank_} * b_;
+    next_ += int64_t{world_} * b_;
     return out;
   }
-  int64_t position() const override { return k_; }
+  int64_t position() const override { return next_; }
   Status seek(int64_t p) override {
-    k_ = p;
+    next_ = p;
     return Status::Ok();
   }
 
  private:
   int b_, rank_, world_;
-  int64_t k_ = 0;
+  int64_t next_ = 0;
 };
 
 }  // namespace

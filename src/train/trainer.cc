@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
+#include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
 #include "cpu/cpu_device.h"
 #include "model/mlp_model.h"
@@ -57,11 +59,17 @@ class TrainJob {
   Result<TrainSummary> run() {
     ZOE_RETURN_IF_ERROR(setup());
     TrainSummary sum;
+    sum.final_loss = state_.last_loss;
+    sum.steps = state_.steps_done;
     Progress progress(c_.steps, comm_.rank() == 0 && !o_.quiet, c_.steps_per_print);
-    for (int64_t s = engine_->steps_applied() + skipped_; s < c_.steps; ++s) {
+    for (int64_t s = state_.steps_done; s < c_.steps; ++s) {
       ZOE_ASSIGN_OR_RETURN(double loss, one_step(s, progress));
       sum.final_loss = loss;
       sum.steps = s + 1;
+      bool last = s + 1 == c_.steps, due = c_.checkpoint_every > 0 && (s + 1) % c_.checkpoint_every == 0;
+      if (!c_.checkpoint_dir.empty() && (due || last)) {
+        ZOE_ASSIGN_OR_RETURN(sum.checkpoint, save());
+      }
     }
     progress.finish();
     ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
@@ -78,14 +86,59 @@ class TrainJob {
     dev_ = std::make_unique<CpuDevice>(c_.device_memory_budget, c_.host_memory_budget);
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, comm_, model_->units()));
+    source_ = make_synthetic_source(c_.micro_batch, comm_.rank(), comm_.size());
+    std::string resume;
+    if (!c_.checkpoint_dir.empty()) {
+      ZOE_ASSIGN_OR_RETURN(resume, latest_checkpoint(c_.checkpoint_dir));
+    }
+    if (!resume.empty()) {
+      ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checksums, &state_));
+      ZOE_RETURN_IF_ERROR(source_->seek(state_.data_position));
+      if (comm_.rank() == 0 && !o_.quiet) fmt::print("resuming from {} (step {})\n", resume, state_.steps_done);
+      return Status::Ok();
+    }
+    return c_.init_path.empty() ? init_default() : init_from_file(c_.init_path);
+  }
+
+  Status init_default() {
     std::vector<float> buf;
     for (int u = 0; u < engine_->num_units(); ++u) {
       buf.resize(engine_->unit(u).numel);
       model_->init_unit(u, c_.seed, buf.data());
       ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
     }
-    source_ = make_synthetic_source(c_.micro_batch, comm_.rank(), comm_.size());
     return Status::Ok();
+  }
+
+  // Starts from a safetensors file with the model's tensor names (a "transformer." prefix is
+  // accepted, as in Hugging Face GPT-2 files). Every tensor must be present with its shape.
+  Status init_from_file(const std::string& path) {
+    auto file = SafetensorsReader::Open(path);
+    if (!file.ok()) return Status::Invalid(fmt::format("config key 'zoe.init': {}", file.status().message()));
+    std::vector<float> buf;
+    for (int u = 0; u < engine_->num_units(); ++u) {
+      buf.resize(engine_->unit(u).numel);
+      for (const TensorSpec& t : engine_->unit(u).tensors) {
+        const StTensorInfo* info = file->find(t.name);
+        if (!info) info = file->find("transformer." + t.name);
+        if (!info) return Status::Invalid(fmt::format("zoe.init '{}': tensor '{}' is missing", path, t.name));
+        if (info->shape != t.shape)
+          return Status::Invalid(fmt::format("zoe.init '{}': tensor '{}' has shape [{}], the model needs [{}]", path,
+                                             t.name, fmt::join(info->shape, ", "), fmt::join(t.shape, ", ")));
+        Status st = file->read_f32(info->name, buf.data() + t.offset, t.numel);
+        if (!st.ok()) return Status::Invalid(fmt::format("config key 'zoe.init': {}", st.message()));
+      }
+      ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
+    }
+    return Status::Ok();
+  }
+
+  Result<std::string> save() {
+    state_.steps_applied = engine_->steps_applied();
+    state_.loss_scale = engine_->loss_scale();
+    engine_->scaler_state(&state_.scaler_good_steps, &state_.scaler_hysteresis);
+    state_.data_position = source_->position();
+    return save_checkpoint(c_.checkpoint_dir, *engine_, comm_, config_to_json(c_), c_.stage, state_, c_.checkpoint_keep);
   }
 
   Result<double> one_step(int64_t s, Progress& progress) {
@@ -102,9 +155,10 @@ class TrainJob {
     }
     double lr = lr_at(c_, engine_->steps_applied());
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine_->step(lr));
-    if (!r.applied) ++skipped_;
     ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(local, 2));
     double loss = local[0] / (comm_.size() * c_.grad_accum);
+    state_.steps_done = s + 1;
+    state_.last_loss = loss;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto times = Profiler::get().take_step_times();
     ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), comm_.bytes_sent())));
@@ -131,7 +185,7 @@ class TrainJob {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<BatchSource> source_;
   ReportWriter report_;
-  int64_t skipped_ = 0;
+  TrainState state_;
 };
 
 }  // namespace
