@@ -71,12 +71,18 @@ nlohmann::json units_json(const Engine& e) {
   return units;
 }
 
+// Keeps the newest `keep` checkpoints, and removes temporary directories that saves killed
+// mid-way left behind (one writer per root: ours has been renamed into place already).
 Status prune(const std::string& root, int keep) {
   std::vector<std::string> dirs;
   std::error_code ec;
-  static const std::regex kName("step_[0-9]{8}");
-  for (auto& d : fs::directory_iterator(root, ec))
-    if (d.is_directory() && std::regex_match(d.path().filename().string(), kName)) dirs.push_back(d.path().string());
+  static const std::regex kName("step_[0-9]{8}"), kTmp("step_[0-9]{8}\\.tmp\\.[0-9]+");
+  for (auto& d : fs::directory_iterator(root, ec)) {
+    std::string name = d.path().filename().string();
+    if (!d.is_directory()) continue;
+    if (std::regex_match(name, kName)) dirs.push_back(d.path().string());
+    else if (std::regex_match(name, kTmp)) fs::remove_all(d.path(), ec);
+  }
   std::sort(dirs.begin(), dirs.end());
   for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i], ec);
   return Status::Ok();

@@ -1,0 +1,172 @@
+// Checkpoints through the zoe binary: exact resume, resume on another rank count, refusal of
+// damaged checkpoints, and survival of a kill -9 during save.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/safetensors_reader.h"
+#include "test_util.h"
+
+namespace zoe::test {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kZoe = ZOE_BINARY;
+const std::string kMpirun =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
+
+// fp32 so that "bitwise" is meaningful; small MLP.
+const std::string kBase =
+    " train --quiet --set bf16.enabled=false --set zoe.model.n_layer=3 --set zoe.model.n_embd=48"
+    " --set train_micro_batch_size_per_gpu=4";
+
+std::string run_ok(const std::string& cmd) {
+  std::string out;
+  int rc = run_command(cmd, &out);
+  EXPECT_EQ(rc, 0) << cmd << "\n" << out;
+  return out;
+}
+
+std::vector<double> losses(const std::string& report) {
+  std::vector<double> l;
+  std::ifstream f(report);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+  }
+  return l;
+}
+
+std::vector<char> exported_bytes(const std::string& ckpt_root, const std::string& out) {
+  run_ok(kZoe + " export --checkpoint " + ckpt_root + " --out " + out);
+  auto r = SafetensorsReader::Open(out);
+  EXPECT_TRUE(r.ok());
+  std::vector<char> all;
+  for (auto& t : r->tensors()) {
+    const char* p = reinterpret_cast<const char*>(r->data(t));
+    all.insert(all.end(), p, p + t.nbytes());
+  }
+  return all;
+}
+
+class CheckpointTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CheckpointTest, TenStepsEqualFivePlusResumePlusFiveBitwise) {
+  int stage = GetParam();
+  std::string d = make_temp_dir("ckpt");
+  std::string common = kBase + " --set zero_optimization.stage=" + std::to_string(stage);
+  std::string np2 = kMpirun + "-np 2 " + kZoe;
+  run_ok(np2 + common + " --set zoe.steps=10 --set zoe.checkpoint.dir='\"" + d + "/a\"' --report " + d + "/a.jsonl");
+  run_ok(np2 + common + " --set zoe.steps=5 --set zoe.checkpoint.dir='\"" + d + "/b\"' --report " + d + "/b1.jsonl");
+  std::string out = run_ok(np2 + " train --set zoe.steps=10" + common.substr(6) + " --set zoe.checkpoint.dir='\"" + d +
+                           "/b\"' --report " + d + "/b2.jsonl");
+  auto a = losses(d + "/a.jsonl"), b1 = losses(d + "/b1.jsonl"), b2 = losses(d + "/b2.jsonl");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b1.size(), 5u);
+  ASSERT_EQ(b2.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a[i], b1[i]) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a[5 + i], b2[i]) << "step " << 6 + i;
+  EXPECT_EQ(exported_bytes(d + "/a", d + "/a.st"), exported_bytes(d + "/b", d + "/b.st"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CheckpointTest, ::testing::Values(0, 3));
+
+TEST(Checkpoint, SavedWithTwoRanksResumesWithThree) {
+  // The same global batch (6 micro-batches a step) split 2x3 and 3x2.
+  std::string d = make_temp_dir("ckpt");
+  std::string two = kMpirun + "-np 2 " + kZoe + kBase + " --set gradient_accumulation_steps=3";
+  std::string three = kMpirun + "-np 3 " + kZoe + kBase + " --set gradient_accumulation_steps=2";
+  run_ok(two + " --set zero_optimization.stage=2 --set zoe.steps=8 --report " + d + "/ref.jsonl");
+  run_ok(two + " --set zero_optimization.stage=2 --set zoe.steps=4 --set zoe.checkpoint.dir='\"" + d + "/c\"'");
+  run_ok(three + " --set zero_optimization.stage=3 --set zoe.steps=8 --set zoe.checkpoint.dir='\"" + d +
+         "/c\"' --report " + d + "/resumed.jsonl");
+  auto ref = losses(d + "/ref.jsonl"), res = losses(d + "/resumed.jsonl");
+  ASSERT_EQ(ref.size(), 8u);
+  ASSERT_EQ(res.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(res[i], ref[4 + i], 1e-6 * std::abs(ref[4 + i])) << "step " << 5 + i;
+}
+
+void flip_byte(const std::string& path, size_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x10;
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
+  std::string d = make_temp_dir("ckpt");
+  std::string cmd = kZoe + kBase + " --set zoe.checkpoint.dir='\"" + d + "/c\"'";
+  run_ok(cmd + " --set zoe.steps=2");
+  std::string ck = d + "/c/step_00000002";
+  fs::copy(ck, d + "/pristine", fs::copy_options::recursive);
+  struct Case {
+    std::function<void()> damage;
+    std::string needle;
+  } cases[] = {
+      {[&] { flip_byte(ck + "/rank_00000.bin", 100); }, "checksum"},
+      {[&] { fs::resize_file(ck + "/rank_00000.bin", 64); }, "truncated"},
+      {[&] { fs::remove(ck + "/rank_00000.bin"); }, "missing"},
+      {[&] { fs::remove(ck + "/manifest.json"); }, "manifest.json is missing"},
+      {[&] { std::ofstream(ck + "/manifest.json") << "{\"format_version\": 1"; }, "manifest.json"},
+  };
+  for (auto& c : cases) {
+    fs::remove_all(ck);
+    fs::copy(d + "/pristine", ck, fs::copy_options::recursive);
+    c.damage();
+    std::string out;
+    int rc = run_command(cmd + " --set zoe.steps=3", &out);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << out;
+    EXPECT_NE(out.find("step_00000002"), std::string::npos) << out;
+  }
+}
+
+TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
+  std::string d = make_temp_dir("ckpt");
+  // A larger model so a save takes long enough to be hit; a checkpoint every step.
+  std::string cmd = kZoe + " train --quiet --set zoe.model.n_layer=4 --set zoe.model.n_embd=640"
+                           " --set zoe.checkpoint.every=1 --set zoe.checkpoint.keep=2 --set zoe.checkpoint.dir='\"" +
+                    d + "/c\"'";
+  run_ok(cmd + " --set zoe.steps=1");
+  for (int delay_ms : {150, 300, 450, 600, 750}) {
+    pid_t pid = fork();
+    if (pid == 0) {  // zoe itself, no shell in between, so the kill hits the writer
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      dup2(null, 2);
+      std::string dir = "zoe.checkpoint.dir=\"" + d + "/c\"";
+      execl(kZoe.c_str(), "zoe", "train", "--quiet", "--set", "zoe.model.n_layer=4", "--set", "zoe.model.n_embd=640",
+            "--set", "zoe.checkpoint.every=1", "--set", "zoe.checkpoint.keep=2", "--set", dir.c_str(), "--set",
+            "zoe.steps=1000", nullptr);
+      _exit(127);
+    }
+    usleep(delay_ms * 1000);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFSIGNALED(st)) << "zoe ended before the kill";
+    auto latest = latest_checkpoint(d + "/c");
+    ASSERT_TRUE(latest.ok());
+    auto m = read_manifest(latest.value());
+    EXPECT_TRUE(m.ok()) << "after kill at " << delay_ms << " ms: " << m.status().message();
+    // and it really loads: one more step from it succeeds
+    int64_t step = m.ok() ? m.value()["step"].get<int64_t>() : 0;
+    run_ok(cmd + " --set zoe.steps=" + std::to_string(step + 1));
+  }
+}
+
+}  // namespace
+}  // namespace zoe::test
