@@ -1,0 +1,45 @@
+// Fused softmax + cross-entropy over the vocabulary.
+#include <cmath>
+#include <vector>
+
+#include "model/gpt2_ops.h"
+#include "model/gpt2_ops_util.h"
+
+namespace zoe::gpt2 {
+
+// One position: returns its loss; writes (softmax - onehot) * dscale into d when non-null.
+// d may alias l: each element is read before it is written.
+static double crossentropy_row(float* d, const float* l, int32_t target, int V, float dscale) {
+  float maxv = l[0];
+  for (int v = 1; v < V; v++) maxv = std::max(maxv, l[v]);
+  const float lt = l[target];
+  double sum = 0.0;
+  for (int v = 0; v < V; v++) {
+    float e = std::exp(l[v] - maxv);
+    sum += e;
+    if (d) d[v] = e;  // keep exp for the gradient pass: one exp per logit, not two
+  }
+  if (d) {
+    const float k = static_cast<float>(dscale / sum);
+    for (int v = 0; v < V; v++) d[v] *= k;
+    d[target] -= dscale;
+  }
+  return std::log(sum) + maxv - lt;
+}
+
+float crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
+                                    const int32_t* targets, int N, int V, float dscale) {
+  std::vector<double> row_loss(N);
+  detail::parallel_range(N, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      float* d = dlogits ? dlogits + r * V : nullptr;
+      row_loss[r] = crossentropy_row(d, logits + r * V, targets[r], V, dscale);
+      if (losses) losses[r] = static_cast<float>(row_loss[r]);
+    }
+  });
+  double total = 0.0;  // in row order: the mean is the same for any thread count
+  for (int r = 0; r < N; r++) total += row_loss[r];
+  return N > 0 ? static_cast<float>(total / N) : 0.f;
+}
+
+}  // namespace zoe::gpt2
