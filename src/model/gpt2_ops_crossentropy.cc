@@ -9,16 +9,12 @@ namespace zoe::gpt2 {
 
 // One position: returns its loss; writes (softmax - onehot) * dscale into d when non-null.
 // d may alias l: each element is read before it is written.
-static double crossentropy_row(float* d, const float* l, int32_t target, int V, float dscale) {
-  float maxv = l[0];
-  for (int v = 1; v < V; v++) maxv = std::max(maxv, l[v]);
+ZOE_SIMD_CLONES static double crossentropy_row(float* d, const float* l, int32_t target, int V,
+                                               float dscale) {
+  const float maxv = detail::max_of(l, V);
   const float lt = l[target];
-  double sum = 0.0;
-  for (int v = 0; v < V; v++) {
-    float e = std::exp(l[v] - maxv);
-    sum += e;
-    if (d) d[v] = e;  // keep exp for the gradient pass: one exp per logit, not two
-  }
+  // With d, the exps are kept in d for the gradient pass: one exp per logit, not two.
+  const double sum = detail::exp_shift_sum(d, l, maxv, V);
   if (d) {
     const float k = static_cast<float>(dscale / sum);
     for (int v = 0; v < V; v++) d[v] *= k;
