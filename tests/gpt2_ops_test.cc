@@ -12,6 +12,7 @@
 #include "model/gpt2_config.h"
 #include "model/gpt2_ops.h"
 #include "model/gpt2_ops_ref.h"
+#include "model/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 namespace {
@@ -71,6 +72,33 @@ void expect_fd(const char* what, Vd& x, const Vd& analytic, const std::function<
 
 constexpr double kFwdTol = 1e-5;  // fp32 forward vs f64
 constexpr double kBwdTol = 1e-4;  // fp32 backward vs f64 analytic
+
+// ---- vector exp -----------------------------------------------------------------------------
+
+TEST(Gpt2Ops, ExpApprox) {
+  std::vector<float> x, y(20001);
+  for (int i = 0; i <= 20000; i++) x.push_back(-87.f + 175.f * i / 20000);
+  detail::exp_shift_sum(y.data(), x.data(), 0.f, x.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    const double want = std::exp(double(x[i]));
+    worst = std::max(worst, std::fabs(y[i] - want) / want);
+  }
+  EXPECT_LT(worst, 5e-7);
+  // The sum, as softmax uses it: shifted by the max, 1003 terms (not a multiple of 8).
+  const float sum = detail::exp_shift_sum(nullptr, x.data() + 8000, x[9002], 1003);
+  double want_sum = 0;
+  for (int i = 8000; i < 9003; i++) want_sum += std::exp(double(x[i]) - x[9002]);
+  EXPECT_NEAR(sum / want_sum, 1.0, 1e-6);
+  // Outside [-87, 88] the argument is clamped: tiny or large, never 0 * inf or NaN.
+  const float far[3] = {-1000.f, 1000.f, 3.f};
+  float e[3];
+  detail::exp_shift_sum(e, far, 0.f, 3);
+  EXPECT_LT(e[0], 1e-37f);
+  EXPECT_TRUE(std::isfinite(e[1]) && e[1] > 1e38f);
+  EXPECT_NEAR(e[2], std::exp(3.0), 1e-5);
+  EXPECT_EQ(detail::max_of(x.data(), x.size()), 88.f);
+}
 
 // ---- encoder --------------------------------------------------------------------------------
 
