@@ -1,0 +1,81 @@
+// One GPT-2 transformer block on the CPU, forward and backward, fp32:
+//   res1 = inp + c_proj(attn(c_attn(ln_1(inp))))
+//   out  = res1 + mlp.c_proj(gelu(mlp.c_fc(ln_2(res1))))
+// Parameters and gradients are the block unit's flat buffer (layout in gpt2_config.h).
+// Independent of the engine: the caller owns every buffer.
+//
+// Activation checkpointing: keep only the block input; give every layer the same scratch
+// BlockActs in forward, and call block_backward with recompute = true: it first re-runs the
+// forward (up to the GELU, all backward needs) from inp into that scratch.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace zoe::gpt2 {
+
+struct BlockDims {
+  int B, T, C, NH;
+};
+
+// The 12 tensors of a block inside its flat buffer, in unit order. P is a pointer type
+// (float*, const float*, or double* for the float64 reference in the tests).
+template <class P>
+struct BlockTensors {
+  P ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
+      fcproj_b;
+};
+template <class P>
+BlockTensors<P> block_tensors(P flat, int C) {
+  const int64_t c = C;
+  BlockTensors<P> t;
+  P* order[] = {&t.ln1_w, &t.ln1_b, &t.qkv_w, &t.qkv_b, &t.attproj_w, &t.attproj_b,
+                &t.ln2_w, &t.ln2_b, &t.fc_w,  &t.fc_b,  &t.fcproj_w,  &t.fcproj_b};
+  const int64_t sizes[] = {c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * 4 * c, 4 * c, 4 * c * c, c};
+  for (int i = 0; i < 12; i++) {
+    *order[i] = flat;
+    flat += sizes[i];
+  }
+  return t;
+}
+inline int64_t block_numel(int C) { return 12 * int64_t{C} * C + 13 * int64_t{C}; }
+
+// What backward needs from forward (all overwritten by forward). BT = B*T.
+struct BlockActs {
+  float* ln1;       // [BT,C]   ln_1 output
+  float* ln1_mean;  // [BT]
+  float* ln1_rstd;  // [BT]
+  float* qkv;       // [BT,3C]  c_attn output
+  float* atty;      // [BT,C]   attention output, heads concatenated (c_proj input)
+  float* att_lse;   // [B,NH,T] attention log-sum-exp per query
+  float* res1;      // [BT,C]   inp + attention branch
+  float* ln2;       // [BT,C]
+  float* ln2_mean;  // [BT]
+  float* ln2_rstd;  // [BT]
+  float* fc;        // [BT,4C]  mlp.c_fc output (GELU input)
+  float* fc_gelu;   // [BT,4C]  GELU output (mlp.c_proj input)
+};
+int64_t block_acts_numel(const BlockDims& d);
+BlockActs block_acts_bind(float* base, const BlockDims& d);  // base: block_acts_numel floats
+
+// Floats of scratch block_backward needs.
+int64_t block_scratch_numel(const BlockDims& d);
+
+// out[B,T,C] = block(inp[B,T,C]); fills acts. out must not alias inp or acts.
+void block_forward(float* out, const BlockActs& acts, const float* params, const float* inp,
+                   const BlockDims& d);
+
+// dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); dparams (the block's
+// flat grad buffer) is ACCUMULATED. acts must hold this block's forward state, or any memory
+// of the right size when recompute is true. scratch: block_scratch_numel floats.
+void block_backward(float* dinp, float* dparams, const float* dout, const BlockActs& acts,
+                    const float* params, const float* inp, const BlockDims& d, float* scratch,
+                    bool recompute);
+
+// Owns one BlockActs and one backward scratch: a convenience for tests and simple callers.
+struct BlockBuffers {
+  explicit BlockBuffers(const BlockDims& d);
+  std::vector<float> acts_mem, scratch;
+  BlockActs acts;
+};
+
+}  // namespace zoe::gpt2

@@ -1,0 +1,41 @@
+// Fused softmax + cross-entropy over the vocabulary.
+#include <cmath>
+#include <vector>
+
+#include "model/gpt2_ops.h"
+#include "model/gpt2_ops_util.h"
+
+namespace zoe::gpt2 {
+
+// One position: returns its loss; writes (softmax - onehot) * dscale into d when non-null.
+// d may alias l: each element is read before it is written.
+ZOE_SIMD_CLONES static double crossentropy_row(float* d, const float* l, int32_t target, int V,
+                                               float dscale) {
+  const float maxv = detail::max_of(l, V);
+  const float lt = l[target];
+  // With d, the exps are kept in d for the gradient pass: one exp per logit, not two.
+  const double sum = detail::exp_shift_sum(d, l, maxv, V);
+  if (d) {
+    const float k = static_cast<float>(dscale / sum);
+    for (int v = 0; v < V; v++) d[v] *= k;
+    d[target] -= dscale;
+  }
+  return std::log(sum) + maxv - lt;
+}
+
+float crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
+                                    const int32_t* targets, int N, int V, float dscale) {
+  std::vector<double> row_loss(N);
+  detail::parallel_range(N, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      float* d = dlogits ? dlogits + r * V : nullptr;
+      row_loss[r] = crossentropy_row(d, logits + r * V, targets[r], V, dscale);
+      if (losses) losses[r] = static_cast<float>(row_loss[r]);
+    }
+  });
+  double total = 0.0;  // in row order: the mean is the same for any thread count
+  for (int r = 0; r < N; r++) total += row_loss[r];
+  return N > 0 ? static_cast<float>(total / N) : 0.f;
+}
+
+}  // namespace zoe::gpt2

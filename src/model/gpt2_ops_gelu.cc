@@ -1,0 +1,56 @@
+// GELU, tanh approximation (GPT-2's "gelu_new").
+#include "model/gpt2_ops.h"
+#include "model/gpt2_ops_util.h"
+
+namespace zoe::gpt2 {
+
+namespace {
+
+using detail::v8f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+constexpr int64_t kGrain = 16384;
+
+ZOE_INLINE v8f gelu8(v8f x) {
+  return 0.5f * x * (1.f + detail::tanh8(kGeluScale * (x + kGeluCube * x * x * x)));
+}
+
+ZOE_INLINE v8f gelu_grad8(v8f x) {
+  const v8f th = detail::tanh8(kGeluScale * (x + kGeluCube * x * x * x));
+  // d/dx tanh(u) = (1 - tanh^2(u)) du/dx: no cosh, which would overflow for large u.
+  const v8f dth = (1.f - th * th) * kGeluScale * (1.f + 3.f * kGeluCube * x * x);
+  return 0.5f * (1.f + th) + 0.5f * x * dth;
+}
+
+ZOE_SIMD_CLONES void gelu_forward_range(float* out, const float* inp, int64_t i0, int64_t i1) {
+  using namespace detail;
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) store8(out + i, gelu8(load8(inp + i)));
+  if (i < i1) store8n(out + i, gelu8(load8n(inp + i, i1 - i)), i1 - i);
+}
+
+ZOE_SIMD_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout,
+                                         int64_t i0, int64_t i1) {
+  using namespace detail;
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8)
+    store8(dinp + i, load8(dinp + i) + gelu_grad8(load8(inp + i)) * load8(dout + i));
+  const int64_t n = i1 - i;
+  if (n > 0)
+    store8n(dinp + i, load8n(dinp + i, n) + gelu_grad8(load8n(inp + i, n)) * load8n(dout + i, n), n);
+}
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t N) {
+  detail::parallel_range(N, kGrain,
+                         [&](int64_t i0, int64_t i1) { gelu_forward_range(out, inp, i0, i1); });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  detail::parallel_range(N, kGrain, [&](int64_t i0, int64_t i1) {
+    gelu_backward_range(dinp, inp, dout, i0, i1);
+  });
+}
+
+}  // namespace zoe::gpt2

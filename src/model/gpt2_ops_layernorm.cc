@@ -1,0 +1,83 @@
+// LayerNorm over the channel axis, eps 1e-5.
+#include <cmath>
+#include <vector>
+
+#include "model/gpt2_ops.h"
+#include "model/gpt2_ops_util.h"
+
+namespace zoe::gpt2 {
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C) {
+  detail::parallel_range(N, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* x = inp + r * C;
+      // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
+      float m = 0.f;
+      for (int c = 0; c < C; c++) m += x[c];
+      m /= C;
+      float v = 0.f;
+      for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+      float s = 1.f / std::sqrt(v / C + 1e-5f);
+      float* o = out + r * C;
+      for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+}
+
+// dinp for rows [r0, r1); dw/db partials of those rows added into pw/pb (if non-null).
+static void layernorm_backward_rows(float* dinp, float* pw, float* pb, const float* dout,
+                                    const float* inp, const float* w, const float* mean,
+                                    const float* rstd, int64_t r0, int64_t r1, int C) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    const float* d = dout + r * C;
+    const float m = mean[r], s = rstd[r];
+    // dx = s * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
+    float dn_mean = 0.f, dn_xhat_mean = 0.f;
+    for (int c = 0; c < C; c++) {
+      float xhat = (x[c] - m) * s, dn = d[c] * w[c];
+      dn_mean += dn;
+      dn_xhat_mean += dn * xhat;
+      if (pw) pw[c] += d[c] * xhat;
+      if (pb) pb[c] += d[c];
+    }
+    dn_mean /= C;
+    dn_xhat_mean /= C;
+    if (!dinp) continue;
+    float* g = dinp + r * C;
+    for (int c = 0; c < C; c++) {
+      float xhat = (x[c] - m) * s;
+      g[c] += s * (d[c] * w[c] - dn_mean - xhat * dn_xhat_mean);
+    }
+  }
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  const int64_t chunks = detail::num_reduce_chunks(N);
+  std::vector<float> part(dw || db ? chunks * 2 * C : 0, 0.f);
+  detail::parallel_range(chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; k++) {
+      float* pw = dw ? part.data() + k * 2 * C : nullptr;
+      float* pb = db ? part.data() + k * 2 * C + C : nullptr;
+      int64_t r0 = k * detail::kReduceChunkRows;
+      int64_t r1 = std::min<int64_t>(N, r0 + detail::kReduceChunkRows);
+      layernorm_backward_rows(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);
+    }
+  });
+  if (!dw && !db) return;
+  detail::parallel_range(C, 256, [&](int64_t c0, int64_t c1) {
+    for (int64_t k = 0; k < chunks; k++) {
+      const float* p = part.data() + k * 2 * C;
+      for (int64_t c = c0; c < c1; c++) {
+        if (dw) dw[c] += p[c];
+        if (db) db[c] += p[C + c];
+      }
+    }
+  });
+}
+
+}  // namespace zoe::gpt2
