@@ -1,25 +1,33 @@
-// The job `zoe train` runs without --config: the README's first command.
+// The job `zoe train` runs without --config (the README's first command): a small GPT-2 learning
+// the embedded public-domain corpus byte by byte, bf16, ZeRO stage 3.
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 
 namespace zoe::cli {
 
 std::string default_config_json() {
-  return R"({
-  "train_micro_batch_size_per_gpu": 16,
+  return fmt::format(R"({{
+  "train_micro_batch_size_per_gpu": 8,
   "gradient_accumulation_steps": 1,
   "gradient_clipping": 1.0,
-  "bf16": {"enabled": true},
-  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
-  "zero_optimization": {"stage": 3},
-  "steps_per_print": 20,
+  "bf16": {{"enabled": true}},
+  "optimizer": {{"type": "AdamW", "params": {{"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}}},
+  "scheduler": {{"type": "WarmupCosineLR", "params": {{"total_num_steps": 500, "warmup_num_steps": 10,
+                "warmup_type": "linear", "cos_min_ratio": 0.1}}}},
+  "zero_optimization": {{"stage": 3}},
+  "steps_per_print": 10,
   "seed": 1234,
-  "zoe": {
+  "zoe": {{
     "device": "cpu",
     "device_memory_budget": "1GiB",
-    "model": {"type": "mlp", "n_layer": 6, "n_embd": 128},
-    "steps": 200
-  }
-})";
+    "model": {{"type": "gpt2", "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "n_positions": 128}},
+    "data": {{"train": "{}/data/corpus.txt", "format": "bytes", "seq_len": 128}},
+    "steps": 500,
+    "checkpoint": {{"dir": "out/checkpoints", "every": 100, "keep": 2}}
+  }}
+}})",
+                     ZOE_SOURCE_DIR);
 }
 
 }  // namespace zoe::cli

@@ -7,7 +7,7 @@ namespace {
 // every rank, so a checkpoint resumes on any rank count.
 class SyntheticSource final : public BatchSource {
  public:
-  SyntheticSource(int b, int rank, int world) : b_(b), rank_(rank), world_(world) {}
+  SyntheticSource(int b, int rank, int world, int64_t first) : b_(b), rank_(rank), world_(world), next_(first) {}
   Result<Batch> next() override {
     Batch out;
     out.B = b_;
@@ -16,21 +16,21 @@ class SyntheticSource final : public BatchSource {
     next_ += int64_t{world_} * b_;
     return out;
   }
-  int64_t position() const override { return next_; }
-  Status seek(int64_t p) override {
-    next_ = p;
+  DataPosition position() const override { return {0, next_}; }
+  Status seek(const DataPosition& p) override {
+    next_ = p.offset;
     return Status::Ok();
   }
 
  private:
   int b_, rank_, world_;
-  int64_t next_ = 0;
+  int64_t next_;
 };
 
 }  // namespace
 
-std::unique_ptr<BatchSource> make_synthetic_source(int micro_batch, int rank, int world) {
-  return std::make_unique<SyntheticSource>(micro_batch, rank, world);
+std::unique_ptr<BatchSource> make_synthetic_source(int micro_batch, int rank, int world, int64_t first_sample) {
+  return std::make_unique<SyntheticSource>(micro_batch, rank, world, first_sample);
 }
 
 }  // namespace zoe

@@ -2,7 +2,12 @@
 
 #include <unistd.h>
 
+#include <cblas.h>
+#include <tbb/global_control.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <cmath>
 #include <vector>
 
@@ -13,6 +18,7 @@
 #include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
 #include "cpu/cpu_device.h"
+#include "model/gpt2_model.h"
 #include "model/mlp_model.h"
 #include "train/batch_source.h"
 #include "train/lr_schedule.h"
@@ -49,7 +55,20 @@ namespace {
 
 Result<std::unique_ptr<Model>> make_model(const Config& c) {
   if (c.model_type == "mlp") return std::unique_ptr<Model>(new MlpModel(c.n_layer, c.n_embd, c.seed + 1));
-  return Status::Invalid(fmt::format("config key 'zoe.model.type': \"{}\" is not available yet", c.model_type));
+  gpt2::Gpt2Shape s{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  Status ok = gpt2::validate_shape(s);
+  if (!ok.ok()) return Status::Invalid("config key 'zoe.model': " + ok.message());
+  return std::unique_ptr<Model>(new Gpt2Model(s, c.activation_checkpointing));
+}
+
+// Micro-batches per rank in one validation pass.
+constexpr int kValBatches = 4;
+
+Result<std::unique_ptr<BatchSource>> make_source(const Config& c, const std::string& path, int rank, int world,
+                                                 bool val) {
+  if (c.model_type == "mlp")  // validation samples start far past anything training reaches
+    return make_synthetic_source(c.micro_batch, rank, world, val ? int64_t{1} << 50 : 0);
+  return make_token_source(path, c.data_format, c.vocab_size, c.micro_batch, c.seq_len, rank, world);
 }
 
 class TrainJob {
@@ -79,21 +98,37 @@ class TrainJob {
   }
 
  private:
+  // Ranks on one machine share its cores: each takes its share, so oneTBB and OpenBLAS do not
+  // oversubscribe them (OMPI sets the local rank count).
+  void limit_threads() {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+    int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+    threads_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, threads);
+    openblas_set_num_threads(threads);
+  }
+
   Status setup() {
     ZOE_RETURN_IF_ERROR(validate_for_world(c_, comm_.size()));
+    limit_threads();
     if (comm_.rank() == 0) ZOE_RETURN_IF_ERROR(report_.open(o_.report_path));
     Profiler::get().enable_trace(!o_.trace_path.empty());
     dev_ = std::make_unique<CpuDevice>(c_.device_memory_budget, c_.host_memory_budget);
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, comm_, model_->units()));
-    source_ = make_synthetic_source(c_.micro_batch, comm_.rank(), comm_.size());
+    ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
+    if (c_.eval_every > 0) {
+      if (c_.model_type == "gpt2" && c_.data_val.empty())
+        return Status::Invalid("config key 'zoe.data.val': required when zoe.eval_every > 0");
+      ZOE_ASSIGN_OR_RETURN(val_, make_source(c_, c_.data_val, comm_.rank(), comm_.size(), true));
+    }
     std::string resume;
     if (!c_.checkpoint_dir.empty()) {
       ZOE_ASSIGN_OR_RETURN(resume, latest_checkpoint(c_.checkpoint_dir));
     }
     if (!resume.empty()) {
       ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checksums, &state_));
-      ZOE_RETURN_IF_ERROR(source_->seek(state_.data_position));
+      ZOE_RETURN_IF_ERROR(source_->seek({state_.data_shard, state_.data_position}));
       if (comm_.rank() == 0 && !o_.quiet) fmt::print("resuming from {} (step {})\n", resume, state_.steps_done);
       return Status::Ok();
     }
@@ -137,8 +172,22 @@ class TrainJob {
     state_.steps_applied = engine_->steps_applied();
     state_.loss_scale = engine_->loss_scale();
     engine_->scaler_state(&state_.scaler_good_steps, &state_.scaler_hysteresis);
-    state_.data_position = source_->position();
+    state_.data_shard = source_->position().shard;
+    state_.data_position = source_->position().offset;
     return save_checkpoint(c_.checkpoint_dir, *engine_, comm_, config_to_json(c_), c_.stage, state_, c_.checkpoint_keep);
+  }
+
+  // Mean loss over kValBatches micro-batches per rank, always the same ones.
+  Result<double> validate() {
+    ZOE_RETURN_IF_ERROR(val_->seek({}));
+    double sum = 0;
+    for (int i = 0; i < kValBatches; ++i) {
+      ZOE_ASSIGN_OR_RETURN(Batch b, val_->next());
+      ZOE_ASSIGN_OR_RETURN(double l, model_->eval_loss(*engine_, b));
+      sum += l;
+    }
+    ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(&sum, 1));
+    return sum / (kValBatches * comm_.size());
   }
 
   Result<double> one_step(int64_t s, Progress& progress) {
@@ -159,12 +208,17 @@ class TrainJob {
     double loss = local[0] / (comm_.size() * c_.grad_accum);
     state_.steps_done = s + 1;
     state_.last_loss = loss;
+    nlohmann::json val_loss;
+    if (val_ && ((s + 1) % c_.eval_every == 0 || s + 1 == c_.steps)) {
+      ZOE_ASSIGN_OR_RETURN(double v, validate());
+      val_loss = v;
+    }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto times = Profiler::get().take_step_times();
     ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), comm_.bytes_sent())));
     if (comm_.rank() != 0) return loss;
     nlohmann::json line = {
-        {"step", s + 1}, {"loss", loss}, {"val_loss", nullptr}, {"lr", lr},
+        {"step", s + 1}, {"loss", loss}, {"val_loss", val_loss}, {"lr", lr},
         {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
         {"loss_scale", c_.dtype == DType::kF16 ? nlohmann::json(r.loss_scale) : nlohmann::json()},
         {"skipped", !r.applied}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
@@ -183,9 +237,10 @@ class TrainJob {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<BatchSource> source_;
+  std::unique_ptr<BatchSource> source_, val_;
   ReportWriter report_;
   TrainState state_;
+  std::unique_ptr<tbb::global_control> threads_;
 };
 
 }  // namespace
