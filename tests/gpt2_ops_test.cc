@@ -257,6 +257,7 @@ TEST(Gpt2Ops, Attention) {
   check_attention(1, 7, 12, 3);   // odd T, 3 heads of size 4
   check_attention(3, 4, 10, 5);   // head size 2
   check_attention(1, 1, 6, 1);    // one position attends only to itself
+  check_attention(1, 19, 48, 2);  // tiles of 16 keys / head dims, then a tail of 8
 }
 
 // A query whose score is far above the rest: softmax must not overflow and backward must

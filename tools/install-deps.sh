@@ -4,17 +4,30 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
       libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev)
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if [ "${ZOE_SKIP_PYTHON:-0}" != 1 ]; then
   python3 -m pip install -q --disable-pip-version-check safetensors numpy >/dev/null 2>&1 ||
     echo "note: pip install safetensors numpy failed; the Python cross-check tests will skip"
+  # The GPT-2 parity test and `zoe bench step` compare against PyTorch: Debian's CPU build
+  # (no multi-GB wheel), and beside it transformers 4.40.2, a version checked to run with torch 1.13.
+  if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+    echo "installing: python3-torch"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch >/dev/null; } ||
+      echo "note: apt-get install python3-torch failed; the PyTorch parity test will skip"
+  fi
+  if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 &&
+     ! /usr/bin/python3 -c 'from transformers import GPT2LMHeadModel' >/dev/null 2>&1; then
+    echo "installing: transformers==4.40.2 (pip, beside Debian's torch)"
+    /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages 'transformers==4.40.2' \
+      >/dev/null 2>&1 || echo "note: pip install transformers failed; the parity test uses its plain-torch GPT-2"
+  fi
 fi

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "comm_bench.h"
+#include "step_bench.h"
 
 namespace zoe::cli {
 
@@ -18,7 +19,14 @@ int bench_command(const BenchArgs& a) {
     for (auto& s : a.sizes) o.sizes.push_back(std::stoull(s));
     if (a.iters > 0) o.iters = a.iters;
     st = bench_comm(o, &out, human);
-  } else if (a.what == "adam" || a.what == "nvme" || a.what == "copy" || a.what == "step") {
+  } else if (a.what == "step") {
+    StepBenchOptions o;
+    o.threads = a.threads;
+    if (a.iters > 0) o.iters = a.iters;
+    o.torch = !a.no_torch;
+    o.python = a.python;
+    st = bench_step(o, &out, human);
+  } else if (a.what == "adam" || a.what == "nvme" || a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
     st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, nvme, copy, step", a.what));

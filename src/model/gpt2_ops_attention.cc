@@ -35,43 +35,57 @@ struct HeadDims {
         ld(3 * int64_t{C}), scale(1.f / std::sqrt(static_cast<float>(hs))) {}
 };
 
+// S[r][j0, j0 + 8W) = sum_d A[r][d] * Bt[d][j] for the kRows rows of A: kRows x W vector
+// accumulators, so that enough independent FMA chains are in flight.
+template <int W>
+ZOE_INLINE void tile_a_bt_cols(float* S, int lds, const float* A, int lda, const float* Bt, int ldb,
+                               int hs, int j0) {
+  v8f acc[kRows][W] = {};
+  for (int d = 0; d < hs; d++) {
+    v8f b[W];
+    for (int w = 0; w < W; w++) b[w] = load8(Bt + int64_t{d} * ldb + j0 + 8 * w);
+    for (int r = 0; r < kRows; r++) {
+      const float a = A[r * lda + d];
+      for (int w = 0; w < W; w++) acc[r][w] += a * b[w];
+    }
+  }
+  for (int r = 0; r < kRows; r++)
+    for (int w = 0; w < W; w++) store8(S + r * lds + j0 + 8 * w, acc[r][w]);
+}
+
 // S[r][j] = sum_d A[r][d] * Bt[d][j] for the kRows rows of A and j < n8 (a multiple of 8).
 ZOE_INLINE void tile_a_bt(float* S, int lds, const float* A, int lda, const float* Bt, int ldb,
                           int hs, int n8) {
-  for (int j = 0; j < n8; j += 8) {
-    v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    for (int d = 0; d < hs; d++) {
-      const v8f b = load8(Bt + int64_t{d} * ldb + j);
-      a0 += A[d] * b;
-      a1 += A[lda + d] * b;
-      a2 += A[2 * lda + d] * b;
-      a3 += A[3 * lda + d] * b;
+  int j = 0;
+  for (; j + 16 <= n8; j += 16) tile_a_bt_cols<2>(S, lds, A, lda, Bt, ldb, hs, j);
+  if (j < n8) tile_a_bt_cols<1>(S, lds, A, lda, Bt, ldb, hs, j);
+}
+
+// O[r][d0, d0 + 8W) += sum_{j<n} P[r][j] * M[j][d] for the kRows rows of P.
+template <int W>
+ZOE_INLINE void tile_p_m_cols(float* O, int ldo, const float* P, int ldp, const float* M, int ldm,
+                              int n, int d0) {
+  v8f acc[kRows][W];
+  for (int r = 0; r < kRows; r++)
+    for (int w = 0; w < W; w++) acc[r][w] = load8(O + r * ldo + d0 + 8 * w);
+  for (int j = 0; j < n; j++) {
+    v8f m[W];
+    for (int w = 0; w < W; w++) m[w] = load8(M + int64_t{j} * ldm + d0 + 8 * w);
+    for (int r = 0; r < kRows; r++) {
+      const float p = P[r * ldp + j];
+      for (int w = 0; w < W; w++) acc[r][w] += p * m[w];
     }
-    store8(S + j, a0);
-    store8(S + lds + j, a1);
-    store8(S + 2 * lds + j, a2);
-    store8(S + 3 * lds + j, a3);
   }
+  for (int r = 0; r < kRows; r++)
+    for (int w = 0; w < W; w++) store8(O + r * ldo + d0 + 8 * w, acc[r][w]);
 }
 
 // O[r][0, hsp) += sum_{j<n} P[r][j] * M[j][0, hsp) for the kRows rows of P.
 ZOE_INLINE void tile_p_m(float* O, int ldo, const float* P, int ldp, const float* M, int ldm, int n,
                          int hsp) {
-  for (int d = 0; d < hsp; d += 8) {
-    v8f a0 = load8(O + d), a1 = load8(O + ldo + d), a2 = load8(O + 2 * ldo + d),
-        a3 = load8(O + 3 * ldo + d);
-    for (int j = 0; j < n; j++) {
-      const v8f m = load8(M + int64_t{j} * ldm + d);
-      a0 += P[j] * m;
-      a1 += P[ldp + j] * m;
-      a2 += P[2 * ldp + j] * m;
-      a3 += P[3 * ldp + j] * m;
-    }
-    store8(O + d, a0);
-    store8(O + ldo + d, a1);
-    store8(O + 2 * ldo + d, a2);
-    store8(O + 3 * ldo + d, a3);
-  }
+  int d = 0;
+  for (; d + 16 <= hsp; d += 16) tile_p_m_cols<2>(O, ldo, P, ldp, M, ldm, n, d);
+  if (d < hsp) tile_p_m_cols<1>(O, ldo, P, ldp, M, ldm, n, d);
 }
 
 // D[j][0, hsp) += sum_r P[r][j] * A[r][0, hsp) for j < n: the transposed product, kRows rows.

@@ -1,0 +1,219 @@
+#include "step_bench.h"
+
+#include <cblas.h>
+#include <sys/wait.h>
+#include <tbb/global_control.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
+#include "common/profiler.h"
+#include "comm/comm.h"
+#include "cpu/cpu_device.h"
+#include "model/gpt2_model.h"
+#include "train/batch_source.h"
+#include "zoe/engine.h"
+
+namespace zoe {
+namespace {
+
+// Both sides train on the embedded corpus (one token per byte, llm.c order) with these AdamW
+// settings (nanoGPT's usual values).
+const std::string kCorpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
+constexpr double kLr = 3e-4, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
+
+// Step seconds: the best of the timed steps (what other processes on the machine add is never
+// negative, as in bench comm) and their median.
+struct Timing {
+  double step_s = 0, median_s = 0;
+  double forward = 0, backward = 0, optimizer = 0;  // mean seconds per step
+  double first_loss = 0, last_loss = 0;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+Result<Timing> time_zoe(const StepBenchOptions& o, int threads) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+  openblas_set_num_threads(threads);
+  Config c;
+  c.stage = o.stage;
+  c.dtype = DType::kF32;
+  c.micro_batch = o.B;
+  c.lr = kLr, c.beta1 = kBeta1, c.beta2 = kBeta2, c.eps = kEps, c.weight_decay = kWeightDecay;
+  c.grad_clip = kClip;
+  c.device_memory_budget = c.host_memory_budget = uint64_t{16} << 30;
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
+  auto comm = make_self_comm();
+  Gpt2Model model(o.shape, /*activation_checkpointing=*/false);
+  ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
+  std::vector<float> buf;
+  for (int u = 0; u < engine->num_units(); ++u) {
+    buf.resize(engine->unit(u).numel);
+    model.init_unit(u, c.seed, buf.data());
+    ZOE_RETURN_IF_ERROR(engine->set_params(u, buf.data()));
+  }
+  ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
+  Timing t;
+  std::vector<double> secs;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    ZOE_ASSIGN_OR_RETURN(Batch b, source->next());
+    Profiler::get().take_step_times();
+    auto t0 = std::chrono::steady_clock::now();
+    ZOE_ASSIGN_OR_RETURN(double loss, model.train_micro_step(*engine, b, 1.0f));
+    ZOE_ASSIGN_OR_RETURN(StepResult r, engine->step(kLr));
+    (void)r;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto buckets = Profiler::get().take_step_times();
+    if (i == 0) t.first_loss = loss;
+    t.last_loss = loss;
+    if (i < o.warmup) continue;
+    secs.push_back(s);
+    t.forward += buckets[int(Bucket::kForward)] / o.iters;
+    t.backward += buckets[int(Bucket::kBackward)] / o.iters;
+    t.optimizer += buckets[int(Bucket::kOptimizer)] / o.iters;
+  }
+  t.step_s = *std::min_element(secs.begin(), secs.end());
+  t.median_s = median_of(secs);
+  return t;
+}
+
+// Runs cmd, returns its stdout (stderr passes through).
+Result<std::string> capture(const std::string& cmd, int* rc) {
+  std::FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return Status::Io("cannot run: " + cmd);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  int st = pclose(f);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return out;
+}
+
+Result<std::string> find_python(const StepBenchOptions& o) {
+  if (!o.python.empty()) return o.python;
+  for (const char* py : {"python3", "/usr/bin/python3"}) {
+    int rc = 0;
+    auto out = capture(fmt::format("{} -c 'import torch' 2>/dev/null", py), &rc);
+    if (out.ok() && rc == 0) return std::string(py);
+  }
+  return Status::Unsupported("bench step: no python3 that imports torch (install Debian's python3-torch, "
+                             "or pass --python PATH, or --no-torch)");
+}
+
+// The same model trained by PyTorch (bench/torch_gpt2_step.py prints one JSON line last). Its
+// OpenMP and OpenBLAS pools get the same thread count as zoe's; OpenMP waits passively, since
+// spinning workers on a shared machine made torch's optimizer step 20x slower here.
+Result<nlohmann::json> time_torch(const StepBenchOptions& o, const std::string& py, int threads) {
+  const auto& s = o.shape;
+  std::string cmd = fmt::format(
+      "OMP_NUM_THREADS={0} OPENBLAS_NUM_THREADS={0} OMP_WAIT_POLICY=PASSIVE {1} {2}/bench/torch_gpt2_step.py "
+      "--n_layer {3} --n_head {4} --n_embd {5} --vocab_size {6} --n_positions {7} --B {8} --T {9} "
+      "--threads {0} --warmup {10} --iters {11} --lr {12} --beta1 {13} --beta2 {14} --eps {15} --weight_decay {16} "
+      "--clip {17} --data {18}",
+      threads, py, ZOE_SOURCE_DIR, s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.n_positions, o.B, o.T, o.warmup,
+      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kCorpus);
+  int rc = 0;
+  ZOE_ASSIGN_OR_RETURN(std::string out, capture(cmd, &rc));
+  size_t at = out.rfind("\n{");
+  at = at == std::string::npos ? out.find('{') : at + 1;
+  if (rc != 0 || at == std::string::npos)
+    return Status::Runtime(fmt::format("bench step: the PyTorch side failed (exit {}): {}\n{}", rc, cmd, out));
+  auto j = nlohmann::json::parse(out.substr(at), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Runtime("bench step: the PyTorch side printed no JSON:\n" + out);
+  return j;
+}
+
+}  // namespace
+
+namespace {
+
+void print_header(std::FILE* human, const StepBenchOptions& o, const std::string& model) {
+  std::fprintf(human,
+               "# %s, %.1fM params, fp32, 1 rank, ZeRO stage %d, AdamW; best of %d steps after %d warm-up\n"
+               "# baseline: %s\n"
+               "%7s %12s %12s %7s   %-24s %-24s\n",
+               model.c_str(), gpt2::total_numel(o.shape) / 1e6, o.stage, o.iters, o.warmup,
+               o.torch ? "PyTorch training the same model (bench/torch_gpt2_step.py, OMP_WAIT_POLICY=PASSIVE)"
+                       : "none (--no-torch)",
+               "threads", "zoe tok/s",
+               "torch tok/s", "ratio", "zoe fwd/bwd/opt ms", "torch fwd/bwd/opt ms");
+}
+
+// One case of the contract's "results": measured = zoe's tokens/s, baseline = torch's (null
+// without torch), ratio = measured / baseline.
+nlohmann::json result_row(const std::string& model, int threads, double tokens, const Timing& z,
+                          const nlohmann::json& torch) {
+  double measured = tokens / z.step_s;
+  nlohmann::json baseline, ratio;
+  if (!torch.is_null()) {
+    baseline = tokens / torch["step_s"].get<double>();
+    ratio = measured / baseline.get<double>();
+  }
+  return {{"case", fmt::format("{} threads {}", model, threads)}, {"threads", threads}, {"measured", measured},
+          {"baseline", baseline}, {"ratio", ratio}, {"unit", "tokens/s"}, {"step_s", z.step_s},
+          {"median_step_s", z.median_s},
+          {"time_s", {{"forward", z.forward}, {"backward", z.backward}, {"optimizer", z.optimizer}}},
+          {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}};
+}
+
+void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
+  const auto& t = r["torch"];
+  bool base = !t.is_null();
+  std::string zb = fmt::format("{:.1f}/{:.1f}/{:.1f}", z.forward * 1e3, z.backward * 1e3, z.optimizer * 1e3);
+  std::string tb = base ? fmt::format("{:.1f}/{:.1f}/{:.1f}", t["forward_s"].get<double>() * 1e3,
+                                      t["backward_s"].get<double>() * 1e3, t["optimizer_s"].get<double>() * 1e3)
+                        : "-";
+  std::string bs = base ? fmt::format("{:.0f}", r["baseline"].get<double>()) : "-";
+  std::string rs = base ? fmt::format("{:.2f}", r["ratio"].get<double>()) : "-";
+  std::fprintf(human, "%7d %12.0f %12s %7s   %-24s %-24s\n", r["threads"].get<int>(), r["measured"].get<double>(),
+               bs.c_str(), rs.c_str(), zb.c_str(), tb.c_str());
+}
+
+}  // namespace
+
+Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* human) {
+  ZOE_RETURN_IF_ERROR(gpt2::validate_shape(o.shape));
+  if (o.T > o.shape.n_positions || o.B < 1 || o.iters < 1 || o.warmup < 0)
+    return Status::Invalid("bench step: need 1 <= T <= n_positions, B >= 1, iters >= 1");
+  std::vector<int> threads = o.threads;
+  if (threads.empty()) threads = {static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+  if (*std::min_element(threads.begin(), threads.end()) < 1) return Status::Invalid("--threads: expected >= 1");
+  std::string py;
+  if (o.torch) {
+    ZOE_ASSIGN_OR_RETURN(py, find_python(o));
+  }
+  const auto& s = o.shape;
+  std::string model = fmt::format("gpt2 L{} C{} H{} V{} T{} B{}", s.n_layer, s.n_embd, s.n_head, s.vocab_size,
+                                  o.T, o.B);
+  if (human) print_header(human, o, model);
+  nlohmann::json results = nlohmann::json::array();
+  for (int n : threads) {
+    ZOE_ASSIGN_OR_RETURN(Timing z, time_zoe(o, n));
+    nlohmann::json torch;
+    if (o.torch) {
+      ZOE_ASSIGN_OR_RETURN(torch, time_torch(o, py, n));
+    }
+    results.push_back(result_row(model, n, double(o.B) * o.T, z, torch));
+    if (human) print_row(human, results.back(), z);
+  }
+  if (out)
+    *out = {{"bench", "step"},
+            {"model", {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_embd", s.n_embd}, {"vocab_size", s.vocab_size},
+                       {"n_positions", s.n_positions}, {"B", o.B}, {"T", o.T}}},
+            {"params", gpt2::total_numel(s)}, {"stage", o.stage}, {"dtype", "fp32"}, {"ranks", 1},
+            {"warmup", o.warmup}, {"iters", o.iters}, {"results", results}};
+  return Status::Ok();
+}
+
+}  // namespace zoe
