@@ -20,9 +20,6 @@ namespace zoe::test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kZoe = ZOE_BINARY;
-const std::string kMpirun =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
 // fp32 so that "bitwise" is meaningful; small MLP.
 const std::string kBase =

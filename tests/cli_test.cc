@@ -11,9 +11,6 @@
 namespace zoe::test {
 namespace {
 
-const std::string kZoe = ZOE_BINARY;
-const std::string kMpirun =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
 std::string write_config(const std::string& dir, const std::string& name, const std::string& text) {
   std::string p = dir + "/" + name;
