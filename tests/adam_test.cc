@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -306,6 +307,33 @@ TEST_P(AdamIsa, MatchesTorchGolden) {
         EXPECT_TRUE(near_rel(v[i], want_v[i], 1e-6, 1e-3)) << "tensor " << t << " exp_avg_sq[" << i << "]";
       }
     }
+  }
+}
+
+// Large ranges with a 64-byte aligned weight copy take the streaming-store path of the vector
+// kernels: same bits as the scalar path, including lanes skipped for non-finite gradients.
+TEST_P(AdamIsa, StreamedWeightCopyEqualsScalar) {
+  const Isa isa = GetParam();
+  const size_t n = 2 * 64 * 1024 + 13;
+  for (DType pd : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(describe(isa, DType::kBF16, pd, true, n));
+    const size_t bytes = (n * dtype_size(pd) + 63) / 64 * 64;
+    std::unique_ptr<uint8_t, decltype(&std::free)> a_out(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)), &std::free);
+    std::unique_ptr<uint8_t, decltype(&std::free)> b_out(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)), &std::free);
+    ASSERT_TRUE(a_out && b_out);
+    std::memset(a_out.get(), 0x5a, bytes);
+    std::memset(b_out.get(), 0x5a, bytes);
+    Tensor a(n, DType::kBF16, pd, 21);
+    a.fill_grads(22);
+    for (size_t i = 100; i < n; i += 9973) a.set_grad(i, std::numeric_limits<float>::infinity());
+    Tensor b = a;
+    AdamRange ra = a.range(), rb = b.range();
+    ra.param_out = a_out.get();
+    rb.param_out = b_out.get();
+    const AdamHyper h = hyper(true, 4);
+    ASSERT_EQ(adam_step_range(h, ra, isa), adam_step_range(h, rb, Isa::kScalar));
+    EXPECT_TRUE(a.bitwise_equal(b));
+    EXPECT_EQ(std::memcmp(a_out.get(), b_out.get(), bytes), 0);
   }
 }
 

@@ -55,18 +55,27 @@ inline __m128i to_f16(__m256 x) {
   return h;
 }
 
+// `stream`: non-temporal store (see kStreamCopyMinElems); the address is then aligned.
 template <Out P>
-inline void store_out(void* out, size_t i, __m256 p) {
-  if constexpr (P == Out::kF32) _mm256_storeu_ps(static_cast<float*>(out) + i, p);
-  if constexpr (P == Out::kBF16) _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i), to_bf16(p));
-  if constexpr (P == Out::kF16) _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i), to_f16(p));
+inline void store_out(void* out, size_t i, __m256 p, bool stream) {
+  if constexpr (P == Out::kF32) {
+    float* dst = static_cast<float*>(out) + i;
+    if (stream) _mm256_stream_ps(dst, p);
+    else _mm256_storeu_ps(dst, p);
+  }
+  if constexpr (P == Out::kBF16 || P == Out::kF16) {
+    __m128i* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i);
+    const __m128i h = P == Out::kBF16 ? to_bf16(p) : to_f16(p);
+    if (stream) _mm_stream_si128(dst, h);
+    else _mm_storeu_si128(dst, h);
+  }
 }
 
 // Rare path: some lanes were not finite; write the weight copy of the finite lanes only.
 template <Out P>
 inline void store_out_lanes(void* out, size_t i, __m256 p, int finite_bits) {
   alignas(32) uint8_t lanes[kLanes * 4];
-  store_out<P>(lanes, 0, p);
+  store_out<P>(lanes, 0, p, false);
   constexpr size_t w = kOutBytes<P>;
   for (size_t l = 0; l < kLanes; ++l)
     if (finite_bits & (1 << l)) std::memcpy(static_cast<uint8_t*>(out) + (i + l) * w, lanes + l * w, w);
@@ -84,6 +93,7 @@ size_t adam_body(const AdamConsts& c, const void* grad, float* master, float* m,
   const __m256 eps = _mm256_set1_ps(c.eps);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 inf = _mm256_set1_ps(__builtin_inff());
+  const bool stream = P != Out::kNone && n >= kStreamCopyMinElems && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
   size_t nonfinite = 0;
   for (size_t i = 0; i < n; i += kLanes) {
     __m256 g = _mm256_mul_ps(load_grad<G>(grad, i), scale);
@@ -106,12 +116,13 @@ size_t adam_body(const AdamConsts& c, const void* grad, float* master, float* m,
     _mm256_storeu_ps(v + i, vn);
     const int finite_bits = _mm256_movemask_ps(finite);
     if (__builtin_expect(finite_bits == 0xff, 1)) {
-      store_out<P>(out, i, p);
+      store_out<P>(out, i, p, stream);
     } else {
       nonfinite += kLanes - static_cast<size_t>(__builtin_popcount(finite_bits));
       if constexpr (P != Out::kNone) store_out_lanes<P>(out, i, p, finite_bits);
     }
   }
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: visible before we return
   return nonfinite;
 }
 

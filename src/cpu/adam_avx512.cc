@@ -72,10 +72,20 @@ inline __m256i to_half(__m512 p) {
   return to_f16(p);
 }
 
+// `stream`: non-temporal store (see kStreamCopyMinElems); the address is then aligned.
 template <Out P>
-inline void store_out(void* out, size_t i, __m512 p) {
-  if constexpr (P == Out::kF32) _mm512_storeu_ps(static_cast<float*>(out) + i, p);
-  if constexpr (kOutBytes<P> == 2) _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), to_half<P>(p));
+inline void store_out(void* out, size_t i, __m512 p, bool stream) {
+  if constexpr (P == Out::kF32) {
+    float* dst = static_cast<float*>(out) + i;
+    if (stream) _mm512_stream_ps(dst, p);
+    else _mm512_storeu_ps(dst, p);
+  }
+  if constexpr (kOutBytes<P> == 2) {
+    __m256i* dst = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i);
+    const __m256i h = to_half<P>(p);
+    if (stream) _mm256_stream_si256(dst, h);
+    else _mm256_storeu_si256(dst, h);
+  }
 }
 
 // Rare path: some lanes were not finite; write the weight copy of the finite lanes only.
@@ -96,6 +106,7 @@ size_t adam_body(const AdamConsts& c, const void* grad, float* master, float* m,
   const __m512 neg_step = _mm512_set1_ps(c.neg_step_size), isb2 = _mm512_set1_ps(c.inv_sqrt_bc2);
   const __m512 eps = _mm512_set1_ps(c.eps);
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  const bool stream = P != Out::kNone && n >= kStreamCopyMinElems && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
   size_t nonfinite = 0;
   for (size_t i = 0; i < n; i += kLanes) {
     __m512 g = _mm512_mul_ps(load_grad<G>(grad, i), scale);
@@ -117,12 +128,13 @@ size_t adam_body(const AdamConsts& c, const void* grad, float* master, float* m,
     _mm512_storeu_ps(m + i, mn);
     _mm512_storeu_ps(v + i, vn);
     if (__builtin_expect(finite == 0xffff, 1)) {
-      store_out<P>(out, i, p);
+      store_out<P>(out, i, p, stream);
     } else {
       nonfinite += kLanes - static_cast<size_t>(__builtin_popcount(finite));
       if constexpr (P != Out::kNone) store_out_lanes<P>(out, i, p, finite);
     }
   }
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: visible before we return
   return nonfinite;
 }
 

@@ -20,6 +20,12 @@
 
 namespace zoe {
 
+// The vector paths write the weight copy with non-temporal (streaming) stores when the range
+// has at least this many elements and param_out is 64-byte aligned: the copy is write-only, so
+// a normal store would first read each line for ownership (2 of every 30 bytes moved), and a
+// large copy does not stay in cache anyway. The values are the same either way.
+inline constexpr size_t kStreamCopyMinElems = 64 * 1024;
+
 size_t adam_range_scalar(const AdamConsts& c, const AdamRange& r);
 size_t adam_range_avx2(const AdamConsts& c, const AdamRange& r);
 // native_bf16: use AVX512-BF16's vcvtneps2bf16 for the weight copy (the CPU must have it).
