@@ -4,6 +4,7 @@
 #include "adam_bench.h"
 
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -176,11 +177,13 @@ TorchResult run_torch(const BenchAdamOptions& o, size_t n, int threads) {
   while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) output.append(buf, got);
   const int status = pclose(f);
   // The script's last line is its JSON answer, also when torch is missing.
-  const size_t line = output.rfind('{');
-  const nlohmann::json j = line == std::string::npos ? nlohmann::json()
-                                                      : nlohmann::json::parse(output.substr(line), nullptr, false);
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  const size_t nl = output.rfind('\n');
+  const std::string last = output.substr(nl == std::string::npos ? 0 : nl + 1);
+  const nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
   if (!j.is_object()) {
-    res.why = "torch_adam.py exited with status " + std::to_string(status) + ": " + output.substr(0, 300);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    res.why = "torch_adam.py exited with code " + std::to_string(code) + ": " + output.substr(0, 300);
     return res;
   }
   if (!j.value("ok", false)) {

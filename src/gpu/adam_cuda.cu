@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(const __grid_constant__ 
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-Status launch(const LaunchArgs& a, int blocks_per_sm_limit, cudaStream_t stream, unsigned long long* nonfinite) {
+Status launch(const LaunchArgs& a, int max_blocks, cudaStream_t stream, unsigned long long* nonfinite) {
   if (a.count == 0) return Status::Ok();
-  const uint64_t blocks = a.total_tiles < uint64_t(blocks_per_sm_limit) ? a.total_tiles : uint64_t(blocks_per_sm_limit);
+  const uint64_t blocks = a.total_tiles < uint64_t(max_blocks) ? a.total_tiles : uint64_t(max_blocks);
   adam_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, nonfinite);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status::Runtime(std::string("adam_step_cuda: launch failed: ") + cudaGetErrorString(e));
@@ -211,11 +211,13 @@ Status adam_step_cuda(const AdamHyper& h, const AdamRange* ranges, size_t count,
     if (uint8_t(r.grad_dtype) > 2 || (r.param_out && uint8_t(r.param_dtype) > 2))
       return Status::Invalid("adam_step_cuda: range " + std::to_string(i) + " has an unknown dtype");
   }
-  int device = 0, sms = 0;
+  // One wave of resident blocks; they walk the rest of the tiles grid-stride.
+  int device = 0, sms = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adam_kernel, kThreads, 0);
   if (e != cudaSuccess) return Status::Runtime(std::string("adam_step_cuda: ") + cudaGetErrorString(e));
-  const int max_blocks = sms * 8;  // 8 blocks of 256 threads fill an SM; the rest walk grid-stride
+  const int max_blocks = sms * (per_sm > 0 ? per_sm : 1);
 
   LaunchArgs a{};
   a.c = adam_consts(h);
