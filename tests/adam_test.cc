@@ -2,6 +2,7 @@
 // paths against each other bit for bit, non-finite gradients, and threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -162,11 +163,6 @@ TEST_P(AdamIsa, NonFiniteGradientsKeepState) {
         }
         for (size_t i = 0; i < t.out.size(); ++i) t.out[i] = static_cast<uint8_t>(0xa5 ^ i);
         const Tensor before = t;
-        Tensor expect = t;  // the scalar rule applied element by element
-        for (size_t i = 0; i < t.n(); ++i) {
-          double pm = expect.master[i], mm = expect.m[i], vv = expect.v[i];
-          adam_reference_f64(h, expect.grad_at(i), pm, mm, vv);
-        }
         EXPECT_EQ(adam_step_range(h, t.range(), isa), bad.size());
         for (size_t i = 0; i < t.n(); ++i) {
           const bool is_bad = std::find(bad.begin(), bad.end(), i) != bad.end();
@@ -177,12 +173,15 @@ TEST_P(AdamIsa, NonFiniteGradientsKeepState) {
                             (w == 0 || std::memcmp(&t.out[i * w], &before.out[i * w], w) == 0);
           if (is_bad) {
             EXPECT_TRUE(same) << "element " << i << " has a non-finite gradient but changed";
-          } else {
-            EXPECT_NE(std::bit_cast<uint32_t>(t.m[i]), std::bit_cast<uint32_t>(before.m[i])) << i;
-            EXPECT_TRUE(std::isfinite(t.master[i]) && std::isfinite(t.m[i]) && std::isfinite(t.v[i])) << i;
+          } else {  // updated as if the bad elements were not there
+            double p = before.master[i], m = before.m[i], v = before.v[i];
+            adam_reference_f64(h, before.grad_at(i), p, m, v);
+            EXPECT_TRUE(near_rel(t.master[i], p, 1e-6, 1.0)) << "master[" << i << "]";
+            EXPECT_TRUE(near_rel(t.m[i], m, 1e-6, 0.1)) << "exp_avg[" << i << "]";
+            EXPECT_TRUE(near_rel(t.v[i], v, 1e-6, 1e-3)) << "exp_avg_sq[" << i << "]";
           }
         }
-        // The finite elements match the scalar path run alone on them.
+        // And every path gives the scalar path's bits here too.
         Tensor scalar = before;
         EXPECT_EQ(adam_step_range(h, scalar.range(), Isa::kScalar), bad.size());
         EXPECT_TRUE(t.bitwise_equal(scalar));
