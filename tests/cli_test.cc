@@ -116,7 +116,7 @@ TEST(Cli, EstimateJsonIsTheSeedTable) {
 TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
   std::string dir = make_temp_dir("cli");
   std::string out;
-  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --quiet --set zoe.steps=4 --report " + dir +
+  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --quiet --set zoe.steps=4 --set zoe.checkpoint.dir='\"\"' --report " + dir +
                            "/r.jsonl --trace " + dir + "/t.json",
                        &out);
   ASSERT_EQ(rc, 0) << out;

@@ -145,10 +145,10 @@ Result<double> ZeroEngine::owned_grad_sumsq() {
 
 Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite) {
   AdamHyper h;
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(cfg_.beta1);
-  h.beta2 = static_cast<float>(cfg_.beta2);
-  h.eps = static_cast<float>(cfg_.eps);
+  h.lr = lr;
+  h.beta1 = cfg_.beta1;
+  h.beta2 = cfg_.beta2;
+  h.eps = cfg_.eps;
   h.decoupled = cfg_.adamw;
   h.step = steps_applied_;
   h.grad_scale = static_cast<float>(grad_scale);
@@ -163,7 +163,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
     float* v = exp_avg_sq_.as<float>() + opt_offset(u);
     float* master = cfg_.mixed_precision() ? master_.as<float>() + opt_offset(u) : reinterpret_cast<float*>(w);
     for (const Segment& seg : layout_.segments(u, lo, hi)) {
-      h.weight_decay = seg.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+      h.weight_decay = seg.decay ? cfg_.weight_decay : 0.0;
       AdamRange r;
       r.grad = g + seg.begin * wsize_;
       r.grad_dtype = dtype_;
