@@ -27,7 +27,14 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
   grads_seen_.assign(layout_.num_units(), 0);
 }
 
+void ZeroEngine::set_activation_bytes(uint64_t bytes) {
+  dev_.ledger().sub(Tier::kDevice, Kind::kActivation, activation_bytes_);
+  dev_.ledger().add(Tier::kDevice, Kind::kActivation, bytes);
+  activation_bytes_ = bytes;
+}
+
 ZeroEngine::~ZeroEngine() {
+  set_activation_bytes(0);
   for (auto& g : gathered_) dev_.free(g.buf);
   for (Buffer* b : {&param_, &grad_, &master_, &exp_avg_, &exp_avg_sq_}) dev_.free(*b);
 }
