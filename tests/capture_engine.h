@@ -28,6 +28,7 @@ class CaptureEngine final : public Engine {
     return Status::Ok();
   }
   Result<StepResult> step(double) override { return StepResult{}; }
+  void set_activation_bytes(uint64_t) override {}
   double loss_scale() const override { return 1; }
   int64_t steps_applied() const override { return 0; }
   OwnedState owned_state(int) override { return {}; }

@@ -20,14 +20,11 @@ namespace zoe::test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kZoe = ZOE_BINARY;
-const std::string kMpirun =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
-// fp32 so that "bitwise" is meaningful; small MLP.
+// fp32 so that "bitwise" is meaningful; a small MLP.
 const std::string kBase =
-    " train --quiet --set bf16.enabled=false --set zoe.model.n_layer=3 --set zoe.model.n_embd=48"
-    " --set train_micro_batch_size_per_gpu=4";
+    " train --quiet --set zoe.model.type=mlp --set bf16.enabled=false --set zoe.model.n_layer=3 --set zoe.model.n_embd=48"
+    " --set train_micro_batch_size_per_gpu=4 --set zoe.checkpoint.dir='\"\"'";  // none unless a test sets one
 
 std::string run_ok(const std::string& cmd) {
   std::string out;
@@ -137,7 +134,7 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
 TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
   std::string d = make_temp_dir("ckpt");
   // A larger model so a save takes long enough to be hit; a checkpoint every step.
-  std::string cmd = kZoe + " train --quiet --set zoe.model.n_layer=4 --set zoe.model.n_embd=640"
+  std::string cmd = kZoe + " train --quiet --set zoe.model.type=mlp --set zoe.model.n_layer=4 --set zoe.model.n_embd=640"
                            " --set zoe.checkpoint.every=1 --set zoe.checkpoint.keep=2 --set zoe.checkpoint.dir='\"" +
                     d + "/c\"'";
   run_ok(cmd + " --set zoe.steps=1");
@@ -148,7 +145,7 @@ TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
       dup2(null, 1);
       dup2(null, 2);
       std::string dir = "zoe.checkpoint.dir=\"" + d + "/c\"";
-      execl(kZoe.c_str(), "zoe", "train", "--quiet", "--set", "zoe.model.n_layer=4", "--set", "zoe.model.n_embd=640",
+      execl(kZoe.c_str(), "zoe", "train", "--quiet", "--set", "zoe.model.type=mlp", "--set", "zoe.model.n_layer=4", "--set", "zoe.model.n_embd=640",
             "--set", "zoe.checkpoint.every=1", "--set", "zoe.checkpoint.keep=2", "--set", dir.c_str(), "--set",
             "zoe.steps=1000", nullptr);
       _exit(127);

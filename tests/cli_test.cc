@@ -1,6 +1,7 @@
 // The zoe binary as a user meets it: exit codes, one-line errors, estimate output.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -10,9 +11,6 @@
 namespace zoe::test {
 namespace {
 
-const std::string kZoe = ZOE_BINARY;
-const std::string kMpirun =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
 std::string write_config(const std::string& dir, const std::string& name, const std::string& text) {
   std::string p = dir + "/" + name;
@@ -54,6 +52,40 @@ TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
   }
 }
 
+TEST(Cli, BadTrainingDataExitsTwoNamingTheFile) {
+  std::string dir = make_temp_dir("data");
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+    return dir + "/" + name;
+  };
+  std::string header(1024, '\0');
+  int32_t h[3] = {20240521, 1, 4};  // wrong magic
+  std::memcpy(header.data(), h, sizeof(h));
+  std::string bad_magic = write("magic.bin", header + std::string(8, '\1'));
+  h[0] = 20240520;
+  std::memcpy(header.data(), h, sizeof(h));
+  std::string short_file = write("short.bin", header + std::string(6, '\1'));  // 3 of 4 tokens
+  std::string empty = write("empty.txt", "");
+  std::string gpt = kZoe + " train --set zoe.model.type=gpt2 --set zoe.model.n_layer=1 --set zoe.model.n_embd=16"
+                           " --set zoe.model.n_head=2 --set zoe.model.n_positions=16 --set zoe.data.seq_len=8";
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {gpt + " --set zoe.data.format=llmc --set zoe.data.train='\"" + bad_magic + "\"'", "magic"},
+      {gpt + " --set zoe.data.format=llmc --set zoe.data.train='\"" + short_file + "\"'", "short.bin"},
+      {gpt + " --set zoe.data.train='\"" + empty + "\"'", "empty"},
+      {gpt + " --set zoe.data.train='\"" + dir + "/nothing*.bin\"'", "nothing"},
+      {gpt + " --set zoe.data.train='\"" + dir + "\"' --set zoe.data.seq_len=32", "n_positions"},
+  };
+  for (auto& c : cases) {
+    std::string out;
+    int rc = run_command(c.args, &out);
+    EXPECT_EQ(rc, 2) << c.args << "\n" << out;
+    EXPECT_EQ(lines(out), 1) << out;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
 TEST(Cli, MismatchedMpirunWorldExitsTwo) {
   std::string dir = make_temp_dir("cli");
   // train_batch_size fits one rank (16 x 1 x 1); launched with two ranks.
@@ -84,7 +116,7 @@ TEST(Cli, EstimateJsonIsTheSeedTable) {
 TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
   std::string dir = make_temp_dir("cli");
   std::string out;
-  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --quiet --set zoe.steps=4 --report " + dir +
+  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --quiet --set zoe.steps=4 --set zoe.checkpoint.dir='\"\"' --report " + dir +
                            "/r.jsonl --trace " + dir + "/t.json",
                        &out);
   ASSERT_EQ(rc, 0) << out;

@@ -5,8 +5,13 @@
 namespace zoe::test {
 
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps) {
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
   MlpModel model(c.n_layer, c.n_embd, 99);
+  auto source = make_synthetic_source(c.micro_batch, comm.rank(), comm.size());
+  return run_model(c, comm, steps, model, *source);
+}
+
+Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source) {
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
   auto units = model.units();
   ZeroEngine engine(c, dev, comm, units);
   ZOE_RETURN_IF_ERROR(engine.allocate());
@@ -16,7 +21,6 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps) {
     model.init_unit(u, c.seed, buf.data());
     ZOE_RETURN_IF_ERROR(engine.set_params(u, buf.data()));
   }
-  auto source = make_synthetic_source(c.micro_batch, comm.rank(), comm.size());
   MlpRun run;
   run.padded = engine.layout().padded_params();
   run.shard = engine.layout().shard_size();
@@ -24,7 +28,7 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps) {
     comm.reset_counters();
     double loss = 0;
     for (int m = 0; m < c.grad_accum; ++m) {
-      ZOE_ASSIGN_OR_RETURN(Batch b, source->next());
+      ZOE_ASSIGN_OR_RETURN(Batch b, source.next());
       ZOE_ASSIGN_OR_RETURN(double l, model.train_micro_step(engine, b, static_cast<float>(engine.loss_scale())));
       loss += l;
     }

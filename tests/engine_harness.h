@@ -35,7 +35,8 @@ inline Config mlp_config(int stage, DType dtype, int layers = 3, int width = 36)
   return c;
 }
 
-// Trains `steps` optimizer steps; on failure returns the Status.
+// Trains `steps` optimizer steps of any model from its default init; on failure returns the Status.
+Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source);
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);
 
 }  // namespace zoe::test

@@ -26,6 +26,9 @@ TEST(Gpt2Config, UnitNamesShapesOffsets) {
   EXPECT_EQ(unit_name(s, 1), "h.0");
   EXPECT_EQ(unit_name(s, 3), "h.2");
   EXPECT_EQ(unit_name(s, 4), "ln_f");
+  EXPECT_EQ(unit_name(s, 5), "");
+  EXPECT_TRUE(unit_tensors(s, -1).empty());
+  EXPECT_EQ(unit_numel(s, 5), 0);
   const auto block = unit_tensors(s, 3);
   const std::vector<std::pair<std::string, std::vector<int64_t>>> want = {
       {"h.2.ln_1.weight", {8}},         {"h.2.ln_1.bias", {8}},

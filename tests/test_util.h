@@ -7,6 +7,11 @@
 
 namespace zoe::test {
 
+// The zoe binary under test, and mpirun as root on a 2-core machine (prefix "-np N <cmd>").
+inline const std::string kZoe = ZOE_BINARY;
+inline const std::string kMpirun =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
+
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
 // A fresh empty directory under the system temp dir, unique per call.
 std::string make_temp_dir(const std::string& tag);

@@ -68,6 +68,10 @@ class Engine {
   // Reduces, clips and applies the accumulated gradients with learning rate `lr`.
   virtual Result<StepResult> step(double lr) = 0;
 
+  // The model's activation memory on this rank right now (bytes): booked in the ledger as
+  // transient device memory, so peak_device_bytes covers it.
+  virtual void set_activation_bytes(uint64_t bytes) = 0;
+
   virtual double loss_scale() const = 0;
   virtual int64_t steps_applied() const = 0;
   virtual OwnedState owned_state(int u) = 0;

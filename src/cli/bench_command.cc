@@ -5,20 +5,52 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "adam_bench.h"
 #include "comm_bench.h"
 #include "step_bench.h"
 
 namespace zoe::cli {
 
+namespace {
+Result<std::vector<size_t>> parse_sizes(const std::vector<std::string>& in) {
+  std::vector<size_t> out;
+  for (const auto& s : in) {
+    size_t pos = 0;
+    double v = 0;
+    try {
+      v = std::stod(s, &pos);
+    } catch (...) {
+      pos = 0;
+    }
+    if (pos != s.size() || !(v >= 1)) return Status::Invalid(fmt::format("--size '{}': expected a positive number", s));
+    out.push_back(static_cast<size_t>(v));
+  }
+  return out;
+}
+}  // namespace
+
 int bench_command(const BenchArgs& a) {
+  auto sizes = parse_sizes(a.sizes);
+  if (!sizes.ok()) return report_error(sizes.status());
   nlohmann::json out;
   Status st;
   std::FILE* human = a.json ? nullptr : stdout;
   if (a.what == "comm") {
     CommBenchOptions o;
-    for (auto& s : a.sizes) o.sizes.push_back(std::stoull(s));
+    o.sizes = sizes.value();
     if (a.iters > 0) o.iters = a.iters;
     st = bench_comm(o, &out, human);
+  } else if (a.what == "adam") {
+    BenchAdamOptions o;
+    if (!a.sizes.empty()) {
+      o.sizes.clear();
+      o.sizes = sizes.value();
+    }
+    if (!a.threads.empty()) o.threads = a.threads;
+    if (a.iters > 0) o.iterations = a.iters;
+    o.torch = !a.no_torch;
+    if (!a.python.empty()) o.python = a.python;
+    st = bench_adam(o, &out, human);
   } else if (a.what == "step") {
     StepBenchOptions o;
     o.threads = a.threads;
@@ -26,7 +58,7 @@ int bench_command(const BenchArgs& a) {
     o.torch = !a.no_torch;
     o.python = a.python;
     st = bench_step(o, &out, human);
-  } else if (a.what == "adam" || a.what == "nvme" || a.what == "copy") {
+  } else if (a.what == "nvme" || a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
     st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, nvme, copy, step", a.what));

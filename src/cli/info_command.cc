@@ -15,6 +15,8 @@ namespace zoe::cli {
 int info_command() {
   fmt::print("zoe {}\n", version_string());
   fmt::print("backends compiled: {}\n", fmt::join(backends_compiled(), ", "));
+  fmt::print("build: {} {}, {}, comm: MPI + single rank, BLAS: OpenBLAS, threads: oneTBB\n", ZOE_COMPILER,
+             __VERSION__, ZOE_BUILD_TYPE);
   fmt::print("cpu: {} threads, best ISA {} (avx512 {}, avx2 {})\n", std::thread::hardware_concurrency(),
              isa_name(best_isa()), isa_supported(Isa::kAvx512) ? "yes" : "no", isa_supported(Isa::kAvx2) ? "yes" : "no");
 #ifdef ZOE_HAVE_CUDA

@@ -14,13 +14,16 @@ enum class Isa : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* isa_name(Isa isa);
 Isa best_isa();                 // the widest ISA this CPU supports (chosen at run time)
 bool isa_supported(Isa isa);
+bool isa_has_avx512bf16();     // AVX512-BF16 (vcvtneps2bf16) on top of kAvx512
 
+// Hyperparameters are doubles, as torch's Python floats are: 1 - beta2 of the float 0.999f is
+// 1e-6 away (relative) from torch's float(1 - 0.999), which a test at 1e-6 sees.
 struct AdamHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;    // already 0 for tensors that take no decay
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;    // already 0 for tensors that take no decay
   bool decoupled = true;        // true: AdamW, false: Adam with L2 added to the gradient
   int64_t step = 1;             // 1-based step count after this update (bias correction)
   float grad_scale = 1.0f;      // multiplies every gradient before use
@@ -43,6 +46,8 @@ struct AdamRange {
 // gradient is not finite keep all their state unchanged; the count of such elements is returned.
 // (The engine checks the global gradient before any rank steps, so a whole step is skipped on
 // overflow; this count is a second line of defence and a report.)
+// An ISA the CPU lacks falls back to the next narrower one. All ISAs give bitwise-identical
+// results (see cpu/adam_kernels.h), and so does any thread count in adam_step.
 size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa);
 
 // Steps the whole range with oneTBB over `threads` threads (0 = all), static partition.

@@ -18,9 +18,15 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      // The AVX2 kernel converts fp16 with F16C too.
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     default: return true;
   }
+}
+
+bool isa_has_avx512bf16() {
+  return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
 }
 
 Isa best_isa() {

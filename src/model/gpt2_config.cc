@@ -21,12 +21,14 @@ Status validate_shape(const Gpt2Shape& s) {
 int num_units(const Gpt2Shape& s) { return s.n_layer + 2; }
 
 std::string unit_name(const Gpt2Shape& s, int unit) {
+  if (unit < 0 || unit >= num_units(s)) return "";
   if (unit == 0) return "embed";
   if (unit == s.n_layer + 1) return "ln_f";
   return "h." + std::to_string(unit - 1);
 }
 
 std::vector<TensorSpec> unit_tensors(const Gpt2Shape& s, int unit) {
+  if (unit < 0 || unit >= num_units(s)) return {};
   const int64_t C = s.n_embd;
   std::vector<std::pair<std::string, std::vector<int64_t>>> list;
   if (unit == 0) {
@@ -54,8 +56,8 @@ std::vector<TensorSpec> unit_tensors(const Gpt2Shape& s, int unit) {
 }
 
 int64_t unit_numel(const Gpt2Shape& s, int unit) {
-  auto t = unit_tensors(s, unit);
-  return t.back().offset + t.back().numel;
+  const auto t = unit_tensors(s, unit);
+  return t.empty() ? 0 : t.back().offset + t.back().numel;
 }
 
 int64_t total_numel(const Gpt2Shape& s) {

@@ -38,7 +38,9 @@ struct TensorSpec {
   bool weight_decay = false;   // true for tensors with 2+ dims (matrices and embeddings)
 };
 
-int num_units(const Gpt2Shape& s);                // n_layer + 2
+// Units are numbered [0, num_units); for a unit outside that range unit_name is "",
+// unit_tensors is empty and unit_numel is 0.
+int num_units(const Gpt2Shape& s);                    // n_layer + 2
 std::string unit_name(const Gpt2Shape& s, int unit);  // "embed", "h.{i}", "ln_f"
 std::vector<TensorSpec> unit_tensors(const Gpt2Shape& s, int unit);
 int64_t unit_numel(const Gpt2Shape& s, int unit);

@@ -39,6 +39,14 @@ void Gpt2Model::size_buffers(const Batch& b) {
   dlnf_.resize(BT * C);
 }
 
+uint64_t Gpt2Model::activation_bytes() const {
+  uint64_t n = lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + scratch_.size() + dx_.size() +
+               dlnf_.size() + params_.capacity() + grad_.capacity() + embed_grad_.capacity();
+  for (auto& v : x_) n += v.size();
+  for (auto& v : acts_mem_) n += v.size();
+  return n * sizeof(float);
+}
+
 Status Gpt2Model::fetch_f32(Engine& e, int u, std::vector<float>& out) {
   ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(u));
   out.resize(p.numel);
@@ -49,6 +57,7 @@ Status Gpt2Model::fetch_f32(Engine& e, int u, std::vector<float>& out) {
 Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   if (b.T > s_.n_positions) return Status::Invalid("sequence length exceeds n_positions");
   size_buffers(b);
+  e.set_activation_bytes(activation_bytes());
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
   ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
   {

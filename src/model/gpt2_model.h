@@ -27,6 +27,7 @@ class Gpt2Model final : public Model {
   Result<double> forward(Engine& e, const Batch& b, float dscale);
   Status fetch_f32(Engine& e, int u, std::vector<float>& out);
   void size_buffers(const Batch& b);
+  uint64_t activation_bytes() const;  // every buffer above: activations, fp32 unit copies, gradients
 
   gpt2::Gpt2Shape s_;
   bool ckpt_;

@@ -9,7 +9,7 @@
 //   - forward outputs (and saved state such as mean/rstd/lse) are overwritten;
 //   - every backward output d* is ACCUMULATED (+=): the caller zeroes it first. This lets
 //     residual branches and the tied wte (encoder + LM head) sum their gradients in place.
-//   - a null d* pointer skips that gradient.
+//   - where a backward has several d* outputs, a null one is skipped.
 // Unless stated, outputs must not alias inputs.
 //
 // Threads: GEMMs run on the BLAS library's threads, everything else on oneTBB. Results do not

@@ -42,7 +42,11 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #pragma GCC diagnostic ignored "-Wpsabi"  // v8f never crosses a call: every helper is inlined
 
 #define ZOE_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__)
 #define ZOE_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ZOE_SIMD_CLONES
+#endif
 
 ZOE_INLINE v8f bcast(float s) { return v8f{} + s; }
 ZOE_INLINE v8f load8(const float* p) {

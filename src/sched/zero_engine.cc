@@ -27,7 +27,14 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
   grads_seen_.assign(layout_.num_units(), 0);
 }
 
+void ZeroEngine::set_activation_bytes(uint64_t bytes) {
+  dev_.ledger().sub(Tier::kDevice, Kind::kActivation, activation_bytes_);
+  dev_.ledger().add(Tier::kDevice, Kind::kActivation, bytes);
+  activation_bytes_ = bytes;
+}
+
 ZeroEngine::~ZeroEngine() {
+  set_activation_bytes(0);
   for (auto& g : gathered_) dev_.free(g.buf);
   for (Buffer* b : {&param_, &grad_, &master_, &exp_avg_, &exp_avg_sq_}) dev_.free(*b);
 }
@@ -145,10 +152,10 @@ Result<double> ZeroEngine::owned_grad_sumsq() {
 
 Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite) {
   AdamHyper h;
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(cfg_.beta1);
-  h.beta2 = static_cast<float>(cfg_.beta2);
-  h.eps = static_cast<float>(cfg_.eps);
+  h.lr = lr;
+  h.beta1 = cfg_.beta1;
+  h.beta2 = cfg_.beta2;
+  h.eps = cfg_.eps;
   h.decoupled = cfg_.adamw;
   h.step = steps_applied_;
   h.grad_scale = static_cast<float>(grad_scale);
@@ -163,7 +170,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
     float* v = exp_avg_sq_.as<float>() + opt_offset(u);
     float* master = cfg_.mixed_precision() ? master_.as<float>() + opt_offset(u) : reinterpret_cast<float*>(w);
     for (const Segment& seg : layout_.segments(u, lo, hi)) {
-      h.weight_decay = seg.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+      h.weight_decay = seg.decay ? cfg_.weight_decay : 0.0;
       AdamRange r;
       r.grad = g + seg.begin * wsize_;
       r.grad_dtype = dtype_;

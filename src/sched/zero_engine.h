@@ -41,6 +41,7 @@ class ZeroEngine final : public Engine {
   Status grads_ready(int u, const float* grad) override;
   Result<StepResult> step(double lr) override;
 
+  void set_activation_bytes(uint64_t bytes) override;
   double loss_scale() const override { return scaler_.scale(); }
   int64_t steps_applied() const override { return steps_applied_; }
   OwnedState owned_state(int u) override;
@@ -79,6 +80,7 @@ class ZeroEngine final : public Engine {
   std::vector<Gathered> gathered_;
   std::vector<int> grads_seen_;    // micro-steps whose gradient unit u received this step
   int64_t steps_applied_ = 0;
+  uint64_t activation_bytes_ = 0;
 };
 
 }  // namespace zoe

@@ -1,0 +1,34 @@
+// The per-ISA Adam kernels behind adam_step_range (internal to src/cpu).
+//
+// All three compute, per element and in this order (F = fused multiply-add, one rounding):
+//   g  = grad * grad_scale;            lane skipped (state kept) when g is not finite
+//   g  = F(l2, master, g)              Adam's L2 term, only if l2 != 0 (never for AdamW)
+//   p  = master * decay                AdamW's decoupled decay (decay = 1 for Adam)
+//   m  = F(beta1, m, (1 - beta1) * g)
+//   v  = F(beta2, v, ((1 - beta2) * g) * g)
+//   d  = F(sqrt(v), 1 / sqrt(bc2), eps)
+//   master = F(-lr / bc1, m / d, p)
+// Every step is a correctly rounded IEEE operation (mul, fma, sqrt, div) and the format
+// conversions are exact or round-to-nearest-even, so the scalar path (std::fma), the AVX2 path
+// and the AVX-512 path give bitwise-identical master, m, v and weight copy. The one exception:
+// the payload of a NaN that is already in the state may travel differently.
+#pragma once
+#include <cstddef>
+
+#include "cpu/adam.h"
+#include "cpu/adam_consts.h"
+
+namespace zoe {
+
+// The vector paths write the weight copy with non-temporal (streaming) stores when the range
+// has at least this many elements and param_out is 64-byte aligned: the copy is write-only, so
+// a normal store would first read each line for ownership (2 of every 30 bytes moved), and a
+// large copy does not stay in cache anyway. The values are the same either way.
+inline constexpr size_t kStreamCopyMinElems = 64 * 1024;
+
+size_t adam_range_scalar(const AdamConsts& c, const AdamRange& r);
+size_t adam_range_avx2(const AdamConsts& c, const AdamRange& r);
+// native_bf16: use AVX512-BF16's vcvtneps2bf16 for the weight copy (the CPU must have it).
+size_t adam_range_avx512(const AdamConsts& c, const AdamRange& r, bool native_bf16);
+
+}  // namespace zoe
