@@ -19,9 +19,10 @@ if [ "${ZOE_SKIP_PYTHON:-0}" != 1 ]; then
     echo "note: pip install safetensors numpy failed; the Python cross-check tests will skip"
   # The GPT-2 parity test and `zoe bench step` compare against PyTorch: Debian's CPU build
   # (no multi-GB wheel), and beside it transformers 4.40.2, a version checked to run with torch 1.13.
-  if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
-    echo "installing: python3-torch"
-    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch >/dev/null; } ||
+  if ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || ! /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+    echo "installing: python3-torch python3-pip"
+    { $SUDO apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-pip >/dev/null; } ||
       echo "note: apt-get install python3-torch failed; the PyTorch parity test will skip"
   fi
   if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 &&
