@@ -21,14 +21,8 @@ namespace zoe {
 namespace {
 
 namespace fs = std::filesystem;
+using test::slurp;
 using Step = AtomicDir::Step;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // A toy checkpoint: shard files plus a manifest of their checksums, written last. A directory
 // is "complete" when its manifest exists and every checksum verifies (the reader's rule).

@@ -22,13 +22,7 @@ namespace zoe {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 std::string pattern_bytes(size_t n, uint8_t seed) {
   std::string s(n, '\0');

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <sys/wait.h>
 
 namespace zoe::test {
@@ -23,6 +25,13 @@ std::string make_temp_dir(const std::string& tag) {
   buf.push_back('\0');
   char* p = mkdtemp(buf.data());
   return p ? std::string(p) : std::string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 int run_command(const std::string& cmd, std::string* out) {

@@ -15,6 +15,8 @@ inline const std::string kMpirun =
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
 // A fresh empty directory under the system temp dir, unique per call.
 std::string make_temp_dir(const std::string& tag);
+// A whole file's bytes ("" when it cannot be read).
+std::string slurp(const std::string& path);
 // Runs a shell command, returns its exit status and captures stdout+stderr into *out.
 int run_command(const std::string& cmd, std::string* out);
 
