@@ -91,8 +91,9 @@ TEST(Cli, MismatchedMpirunWorldExitsTwo) {
   // train_batch_size fits one rank (16 x 1 x 1); launched with two ranks.
   std::string cfg = write_config(dir, "w.json", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16})");
   std::string out;
-  int rc = run_command(kMpirun + "-np 2 " + kZoe + " train --config " + cfg, &out);
+  int rc = run_command(kMpirun + "-q -np 2 " + kZoe + " train --config " + cfg, &out);
   EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(lines(out), 1) << "rank 0 alone reports an input error\n" << out;
   EXPECT_NE(out.find("train_batch_size"), std::string::npos) << out;
   EXPECT_NE(out.find("world size 2"), std::string::npos) << out;
 }
