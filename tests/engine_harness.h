@@ -20,12 +20,12 @@ struct MlpRun {
   int64_t padded = 0, shard = 0;
 };
 
-inline Config mlp_config(int stage, DType dtype, int layers = 3, int width = 36) {
+inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36) {
   Config c;
   c.stage = stage;
   c.dtype = dtype;
   c.n_layer = layers;
-  c.n_embd = width;  // 36*36+36+1 = 1333 = 31*43 per unit: no N in 2..4 divides it
+  c.n_embd = width;  // 36*36+36+1 = 1333 = 31*43 per unit, P = 5*1333: no N in 2..4 divides either
   c.micro_batch = 4;
   c.lr = 1e-2;
   c.weight_decay = 0.1;

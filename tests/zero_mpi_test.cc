@@ -31,6 +31,7 @@ TEST(ZeroMpi, LedgerMatchesSeedFormulaPlusPaddingExactly) {
       // The padding rule: each unit of n elements padded to N*ceil(n/N).
       int64_t unit = int64_t{c.n_embd} * c.n_embd + c.n_embd + 1, chunk = (unit + N - 1) / N;
       ASSERT_NE(unit % N, 0) << "pick a width no N divides";
+      ASSERT_NE(c.n_layer * unit % N, 0) << "pick a P no N divides";
       EXPECT_EQ(run->shard, c.n_layer * chunk);
       EXPECT_EQ(run->padded, N * run->shard);
       double Pp = static_cast<double>(run->padded), S = static_cast<double>(run->shard);
