@@ -49,6 +49,9 @@ class Device {
   // Copies bytes between any two buffers, in order on `stream`.
   virtual Status copy_async(const Buffer& dst, size_t dst_off, const Buffer& src, size_t src_off,
                             size_t bytes, Stream stream) = 0;
+  // Host memory -> device-owned memory, synchronous (initial values, checkpoint loads).
+  virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status zero(void* dst, size_t bytes) = 0;
   virtual Event record(Stream stream) = 0;
   virtual Status wait(Event e) = 0;           // the host waits
   virtual Status synchronize() = 0;           // every stream drained

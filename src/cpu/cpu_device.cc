@@ -112,6 +112,16 @@ Status CpuDevice::copy_async(const Buffer& dst, size_t dst_off, const Buffer& sr
   return Status::Ok();
 }
 
+Status CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
+  std::memcpy(dst, host_src, bytes);
+  return Status::Ok();
+}
+
+Status CpuDevice::zero(void* dst, size_t bytes) {
+  std::memset(dst, 0, bytes);
+  return Status::Ok();
+}
+
 Event CpuDevice::record(Stream stream) {
   Queue& q = *queues_[static_cast<int>(stream)];
   std::lock_guard<std::mutex> l(q.mu);

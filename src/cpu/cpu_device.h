@@ -24,6 +24,8 @@ class CpuDevice final : public Device {
   void free(Buffer& b) override;
   Status copy_async(const Buffer& dst, size_t dst_off, const Buffer& src, size_t src_off, size_t bytes,
                     Stream stream) override;
+  Status upload(void* dst, const void* host_src, size_t bytes) override;
+  Status zero(void* dst, size_t bytes) override;
   Event record(Stream stream) override;
   Status wait(Event e) override;
   Status synchronize() override;

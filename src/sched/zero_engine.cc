@@ -1,7 +1,7 @@
 #include "sched/zero_engine.h"
 
 #include <cmath>
-#include <cstring>
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -46,8 +46,7 @@ Status ZeroEngine::allocate() {
   int64_t opt_elems = plan_.shard_optimizer ? S : P;
   auto make = [&](Buffer& b, int64_t elems, size_t esize, Tier t, Kind k) -> Status {
     ZOE_ASSIGN_OR_RETURN(b, dev_.alloc(elems * esize, t, k));
-    std::memset(b.data, 0, b.bytes);  // padding must be zero; also takes the first-touch cost now
-    return Status::Ok();
+    return dev_.zero(b.data, b.bytes);  // padding must be zero; also takes the first-touch cost now
   };
   ZOE_RETURN_IF_ERROR(make(param_, plan_.shard_params ? S : P, wsize_, param_tier, Kind::kParam));
   ZOE_RETURN_IF_ERROR(make(grad_, plan_.shard_grads ? S : P, wsize_, Tier::kDevice, Kind::kGrad));
@@ -82,10 +81,18 @@ Status ZeroEngine::set_params(int u, const float* values) {
   // Replicated params hold the whole unit; sharded ones only this rank's chunk.
   int64_t lo = plan_.shard_params ? comm_.rank() * s.chunk : 0;
   int64_t hi = plan_.shard_params ? lo + layout_.owned_real(u, comm_.rank()) : s.numel;
-  ZOE_RETURN_IF_ERROR(dev_.accumulate(param_ptr(param_offset(u)), dtype_, values + lo, DType::kF32, hi - lo, false));
-  if (cfg_.mixed_precision())
-    std::memcpy(master_.as<float>() + opt_offset(u), values + opt_begin(u), (opt_end(u) - opt_begin(u)) * 4);
-  return Status::Ok();
+  // The host values this rank keeps go to device memory first (only those: a sharded rank
+  // stages one chunk); the device converts them to the weight dtype.
+  int64_t a = std::min(lo, opt_begin(u)), b = std::max(hi, opt_end(u));
+  ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(std::max<int64_t>(b - a, 1) * 4, Tier::kDevice, Kind::kStaging));
+  Status st = dev_.upload(staging.data, values + a, (b - a) * 4);
+  const float* v = staging.as<float>() - a;  // indexed by unit element
+  if (st.ok()) st = dev_.accumulate(param_ptr(param_offset(u)), dtype_, v + lo, DType::kF32, hi - lo, false);
+  if (st.ok() && cfg_.mixed_precision())
+    st = dev_.accumulate(master_.as<float>() + opt_offset(u), DType::kF32, v + opt_begin(u), DType::kF32,
+                         opt_end(u) - opt_begin(u), false);
+  dev_.free(staging);
+  return st;
 }
 
 Result<ParamView> ZeroEngine::fetch(int u) {
@@ -130,7 +137,7 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   // Sharded gradients: reduce this micro-step's gradient now, keep only our chunk.
   ZOE_ASSIGN_OR_RETURN(Buffer buf, dev_.alloc(s.full_size * wsize_, Tier::kDevice, Kind::kComm));
   Status st = dev_.accumulate(buf.data, dtype_, grad, DType::kF32, s.numel, false);
-  if (st.ok()) std::memset(buf.as<char>() + s.numel * wsize_, 0, (s.full_size - s.numel) * wsize_);
+  if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * wsize_, (s.full_size - s.numel) * wsize_);
   char* own = buf.as<char>() + comm_.rank() * s.chunk * wsize_;
   ZOE_SPAN("reduce_scatter " + unit(u).name, "reduce_scatter", Bucket::kWaitComm);
   if (st.ok()) st = comm_.reduce_scatter(buf.data, first ? grad_ptr(grad_owned_offset(u)) : own, s.chunk, dtype_);
@@ -205,8 +212,8 @@ Result<StepResult> ZeroEngine::step(double lr) {
   for (int u = 0; u < num_units(); ++u) {
     const UnitSlot& s = layout_.slot(u);
     if (grads_seen_[u] == 0)  // a unit without gradient this step contributes zeros
-      std::memset(grad_ptr(plan_.shard_grads ? s.shard_offset : s.full_offset), 0,
-                  (plan_.shard_grads ? s.chunk : s.full_size) * wsize_);
+      ZOE_RETURN_IF_ERROR(dev_.zero(grad_ptr(plan_.shard_grads ? s.shard_offset : s.full_offset),
+                                    (plan_.shard_grads ? s.chunk : s.full_size) * wsize_));
     if (!plan_.shard_grads) ZOE_RETURN_IF_ERROR(reduce_unit_grad(u, grad_ptr(s.full_offset)));
   }
   std::fill(grads_seen_.begin(), grads_seen_.end(), 0);
