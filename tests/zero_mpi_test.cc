@@ -130,6 +130,17 @@ TEST(ZeroMpi, Gpt2StagesAreBitwiseIdenticalInFp32) {
   }
 }
 
+TEST(ZeroMpi, UnitsSmallerThanTheWorldStillTrainIdentically) {
+  // Width 1: 3 elements per unit, so with 4 ranks one rank owns only padding.
+  std::vector<float> ref;
+  for (int stage : {0, 3}) {
+    auto run = run_mlp(mlp_config(stage, DType::kF32, 2, 1), *g_comm, 3);
+    ASSERT_TRUE(run.ok()) << run.status().message();
+    if (stage == 0) ref = run->params;
+    else EXPECT_EQ(std::memcmp(run->params.data(), ref.data(), ref.size() * 4), 0);
+  }
+}
+
 TEST(ZeroMpi, OneRankWithAccumulationEqualsNRanks) {
   // N ranks, one micro-batch each == one rank accumulating N micro-batches: the same global
   // batch in the same order. Every rank runs the one-rank job locally and compares.
