@@ -86,6 +86,29 @@ TEST(Cli, BadTrainingDataExitsTwoNamingTheFile) {
   }
 }
 
+TEST(Cli, ValidationLossIsReportedEveryEvalEvery) {
+  std::string dir = make_temp_dir("val");
+  std::string corpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
+  std::string out;
+  int rc = run_command(kZoe + " train --quiet --set zoe.model.n_layer=1 --set zoe.model.n_embd=16 --set zoe.model.n_head=2"
+                              " --set zoe.model.n_positions=16 --set zoe.data.seq_len=16 --set zoe.steps=5"
+                              " --set zoe.eval_every=2 --set zoe.checkpoint.dir='\"\"' --set zoe.data.val='\"" +
+                           corpus + "\"' --report " + dir + "/r.jsonl",
+                       &out);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream f(dir + "/r.jsonl");
+  std::string line;
+  std::vector<int> with_val;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step") && j["val_loss"].is_number()) with_val.push_back(j["step"].get<int>());
+  }
+  EXPECT_EQ(with_val, (std::vector<int>{2, 4, 5}));  // every 2 steps, and the last
+  rc = run_command(kZoe + " train --quiet --set zoe.eval_every=2 --set zoe.checkpoint.dir='\"\"'", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("zoe.data.val"), std::string::npos) << out;
+}
+
 TEST(Cli, MismatchedMpirunWorldExitsTwo) {
   std::string dir = make_temp_dir("cli");
   // train_batch_size fits one rank (16 x 1 x 1); launched with two ranks.
