@@ -86,10 +86,10 @@ Status ZeroEngine::set_params(int u, const float* values) {
   int64_t a = std::min(lo, opt_begin(u)), b = std::max(hi, opt_end(u));
   ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(std::max<int64_t>(b - a, 1) * 4, Tier::kDevice, Kind::kStaging));
   Status st = dev_.upload(staging.data, values + a, (b - a) * 4);
-  const float* v = staging.as<float>() - a;  // indexed by unit element
-  if (st.ok()) st = dev_.accumulate(param_ptr(param_offset(u)), dtype_, v + lo, DType::kF32, hi - lo, false);
+  const float* v = staging.as<float>();  // v[i] holds unit element a + i
+  if (st.ok()) st = dev_.accumulate(param_ptr(param_offset(u)), dtype_, v + (lo - a), DType::kF32, hi - lo, false);
   if (st.ok() && cfg_.mixed_precision())
-    st = dev_.accumulate(master_.as<float>() + opt_offset(u), DType::kF32, v + opt_begin(u), DType::kF32,
+    st = dev_.accumulate(master_.as<float>() + opt_offset(u), DType::kF32, v + (opt_begin(u) - a), DType::kF32,
                          opt_end(u) - opt_begin(u), false);
   dev_.free(staging);
   return st;
