@@ -28,13 +28,14 @@ int64_t owned_of(int64_t numel, int world, int r) {
   return std::clamp<int64_t>(numel - r * chunk_of(numel, world), 0, chunk_of(numel, world));
 }
 
-// Rank 0's outcome, made everyone's: a failed step on rank 0 fails the save on every rank.
-Status agree(Comm& comm, const Status& mine) {
+// One rank's outcome made everyone's: a rank that failed a step fails it on every rank (with
+// `elsewhere` where this rank itself was fine), so no rank goes on alone into a collective.
+Status agree(Comm& comm, const Status& mine,
+             const Status& elsewhere = Status::Io("checkpoint save failed on another rank (see its message)")) {
   double bad = mine.ok() ? 0 : 1;
   ZOE_RETURN_IF_ERROR(comm.all_reduce_sum(&bad, 1));
   if (!mine.ok()) return mine;
-  if (bad > 0) return Status::Io("checkpoint save failed on another rank (see its message)");
-  return Status::Ok();
+  return bad > 0 ? elsewhere : Status::Ok();
 }
 
 Status broadcast_string(Comm& comm, std::string& s) {
@@ -288,11 +289,8 @@ Result<nlohmann::json> read_manifest(const std::string& path) {
 
 Status load_checkpoint(const std::string& path, Engine& e, Comm& comm, bool verify, TrainState* st) {
   Status s = guarded(path, [&] { return load_checkpoint_impl(path, e, verify, st); });
-  // Every rank must agree: a rank that failed would otherwise leave the others training alone.
-  double bad = s.ok() ? 0 : 1;
-  ZOE_RETURN_IF_ERROR(comm.all_reduce_sum(&bad, 1));
-  if (s.ok() && bad > 0) return Status::Corrupt(fmt::format("checkpoint '{}': another rank failed to load it", path));
-  ZOE_RETURN_IF_ERROR(s);
+  ZOE_RETURN_IF_ERROR(
+      agree(comm, s, Status::Corrupt(fmt::format("checkpoint '{}': another rank failed to load it", path))));
   return e.commit_owned_state();  // collective: only once every rank holds its state
 }
 
