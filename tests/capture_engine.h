@@ -31,7 +31,9 @@ class CaptureEngine final : public Engine {
   void set_activation_bytes(uint64_t) override {}
   double loss_scale() const override { return 1; }
   int64_t steps_applied() const override { return 0; }
-  OwnedState owned_state(int) override { return {}; }
+  OwnedRange owned_range(int) const override { return {}; }
+  Status read_owned(int, OwnedKind, int64_t, int64_t, float*) override { return Status::Ok(); }
+  Status write_owned(int, OwnedKind, int64_t, int64_t, const float*) override { return Status::Ok(); }
   Status commit_owned_state() override { return Status::Ok(); }
   void restore_counters(int64_t, double, int64_t, int) override {}
   void scaler_state(int64_t*, int*) const override {}

@@ -95,6 +95,39 @@ TEST(Checkpoint, SavedWithTwoRanksResumesWithThree) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(res[i], ref[4 + i], 1e-6 * std::abs(ref[4 + i])) << "step " << 5 + i;
 }
 
+// Optimizer state half on NVMe, and at stage 3 the parameters too.
+std::string nvme_offload(const std::string& dir) {
+  std::string p = "'\"" + dir + "\"'";
+  return " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" +
+         p + " --set zero_optimization.offload_optimizer.ratio=0.5 --set zero_optimization.offload_param.device=nvme"
+         " --set zero_optimization.offload_param.nvme_path=" + p + " --set aio.block_size=4096";
+}
+
+TEST(Checkpoint, StateOnNvmeSavesResumesAndExportsAsInMemory) {
+  std::string d = make_temp_dir("ckpt");
+  std::string np2 = kMpirun + "-np 2 " + kZoe, np3 = kMpirun + "-np 3 " + kZoe;
+  std::string common = kBase + " --set zero_optimization.stage=3";
+  auto dir = [&](const char* name) { return " --set zoe.checkpoint.dir='\"" + d + "/" + name + "\"'"; };
+  run_ok(np2 + common + " --set zoe.steps=10" + dir("mem") + " --report " + d + "/mem.jsonl");
+  run_ok(np2 + common + nvme_offload(d + "/swap") + " --set zoe.steps=5" + dir("nv") + " --report " + d + "/nv.jsonl");
+  run_ok(np2 + common + nvme_offload(d + "/swap") + " --set zoe.steps=10" + dir("nv") + " --report " + d + "/nv.jsonl");
+  auto mem = losses(d + "/mem.jsonl"), nv = losses(d + "/nv.jsonl");
+  ASSERT_EQ(mem.size(), 10u);
+  ASSERT_EQ(nv.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(mem[i], nv[i]) << "step " << i + 1;
+  EXPECT_EQ(exported_bytes(d + "/mem", d + "/mem.st"), exported_bytes(d + "/nv", d + "/nv.st"));
+  // The NVMe-homed checkpoint resumes on three ranks at stage 2, state again on NVMe.
+  run_ok(np2 + common + " --set gradient_accumulation_steps=3 --set zoe.steps=4" + nvme_offload(d + "/swap2") + dir("c"));
+  std::string out = run_ok(np3 + kBase + " --set zero_optimization.stage=2 --set gradient_accumulation_steps=2"
+                           " --set zero_optimization.offload_optimizer.device=nvme"
+                           " --set zero_optimization.offload_optimizer.nvme_path='\"" + d + "/swap3\"'"
+                           " --set zoe.steps=6" + dir("c") + " --report " + d + "/three.jsonl");
+  EXPECT_EQ(losses(d + "/three.jsonl").size(), 2u) << out;
+  // No swap file outlives its run.
+  for (const char* p : {"/swap", "/swap2", "/swap3"})
+    for (auto& e : fs::recursive_directory_iterator(d + p)) EXPECT_FALSE(e.is_regular_file()) << e.path();
+}
+
 void flip_byte(const std::string& path, size_t at) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(at);

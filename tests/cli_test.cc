@@ -44,7 +44,7 @@ TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
       {"train --set zoe.device_memory_budget='\"1e30GiB\"'", "zoe.device_memory_budget"},
       {"train --set zoe.device_memory_budget='\"infGiB\"'", "zoe.device_memory_budget"},
       {"train --set zoe.host_memory_budget='\"nanGiB\"'", "zoe.host_memory_budget"},
-      {"train --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.ratio=0.5",
+      {"train --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.ratio=1.5",
        "zero_optimization.offload_optimizer.ratio"},
       {"train --set scheduler.params.warmup_num_steps=0", "warmup_num_steps"},
       {"train --set data_types.grad_accum_dtype=fp8", "data_types.grad_accum_dtype"},

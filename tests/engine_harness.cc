@@ -1,6 +1,12 @@
 #include "engine_harness.h"
 
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
 #include "sched/zero_engine.h"
+#include "test_util.h"
 
 namespace zoe::test {
 
@@ -52,6 +58,58 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
     ZOE_RETURN_IF_ERROR(engine.release(u));
   }
   return run;
+}
+
+Config with_nvme_offload(Config c, const std::string& dir, double ratio) {
+  c.offload_optimizer.device = OffloadDevice::kNvme;
+  c.offload_optimizer.nvme_path = dir;
+  c.offload_optimizer.ratio = ratio;
+  if (c.stage == 3) c.offload_param = c.offload_optimizer;
+  c.aio_block_size = 4096;
+  c.aio_queue_depth = 8;
+  c.sub_group_size = 1000;  // many sub-groups: the pipeline's every path runs
+  return c;
+}
+
+std::string check_nvme_matches_memory(Comm& comm) {
+  std::string dir = make_temp_dir("nvme");
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Config c = mlp_config(stage, dt);
+      auto mem = run_mlp(c, comm, 4);
+      if (!mem.ok()) return mem.status().message();
+      struct Home {
+        OffloadDevice device;
+        double ratio;
+      } homes[] = {{OffloadDevice::kNvme, 1.0}, {OffloadDevice::kNvme, 0.5}, {OffloadDevice::kCpu, 0.5}};
+      for (const Home& home : homes) {
+        double ratio = home.ratio;
+        Tier tier = home.device == OffloadDevice::kNvme ? Tier::kNvme : Tier::kHost;
+        std::string what = fmt::format("stage {} {} {} ratio {}", stage, dtype_name(dt), tier_name(tier), ratio);
+        Config oc = with_nvme_offload(c, dir, ratio);
+        oc.offload_optimizer.device = home.device;
+        if (stage == 3) oc.offload_param.device = home.device;
+        auto nv = run_mlp(oc, comm, 4);
+        if (!nv.ok()) return what + ": " + nv.status().message();
+        if (nv->params.size() != mem->params.size() ||
+            std::memcmp(nv->params.data(), mem->params.data(), mem->params.size() * 4) != 0)
+          return what + ": weights differ from the in-memory run";
+        uint64_t total_mem = 0, total_nv = 0;
+        for (int t = 0; t < kNumTiers; ++t) {
+          total_mem += mem->ledger.persistent(static_cast<Tier>(t));
+          total_nv += nv->ledger.persistent(static_cast<Tier>(t));
+        }
+        uint64_t moved = nv->ledger.persistent(tier);
+        uint64_t v = nv->ledger.bytes[static_cast<int>(tier)][static_cast<int>(Kind::kExpAvgSq)];
+        uint64_t want_v = 4 * static_cast<uint64_t>(std::llround(ratio * static_cast<double>(nv->shard)));
+        if (total_nv != total_mem) return what + ": persistent bytes changed, not moved";
+        if (v != want_v) return what + fmt::format(": exp_avg_sq offloaded {} bytes, expected {}", v, want_v);
+        if (mem->ledger.persistent(Tier::kDevice) - nv->ledger.persistent(Tier::kDevice) != moved)
+          return what + ": the device tier did not shrink by the offloaded bytes";
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace zoe::test

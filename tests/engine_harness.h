@@ -39,4 +39,13 @@ inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36)
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source);
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);
 
+// Homes the optimizer state (and at stage 3 the parameters) on NVMe under `dir` with `ratio`
+// of each kind there; small aio blocks so that a small model still spans many of them.
+Config with_nvme_offload(Config c, const std::string& dir, double ratio);
+// Checks that training with state on NVMe (ratio 1 and 0.5) or half of it in host memory gives
+// bitwise the in-memory weights at stages 1-3, and that the ledger moved exactly the offloaded
+// bytes off the device tier.
+// Returns "" or what differed.
+std::string check_nvme_matches_memory(Comm& comm);
+
 }  // namespace zoe::test

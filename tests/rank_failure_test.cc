@@ -22,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 // A job long enough to be caught mid-step: 3 ranks, stage 3, an MLP that steps in ~0.1 s.
 const std::string kJob =
     " train --quiet --set zoe.model.type=mlp --set zoe.model.n_layer=4 --set zoe.model.n_embd=256"
-    " --set zero_optimization.stage=3 --set zoe.steps=100000";
+    " --set zero_optimization.stage=3 --set zoe.steps=100000 --set zoe.checkpoint.dir='\"\"'";
 
 // Starts `cmd` under sh with its output in `log`; returns the shell's pid (exec'd into mpirun).
 pid_t spawn(const std::string& cmd, const std::string& log) {

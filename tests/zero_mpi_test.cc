@@ -303,6 +303,10 @@ TEST(ZeroMpi, CommunicationStagingIsInTheLedger) {
   EXPECT_GE(run->ledger.peak[static_cast<int>(Tier::kHost)], staging);
 }
 
+TEST(ZeroMpi, StateOnNvmeTrainsBitwiseAsInMemory) {
+  EXPECT_EQ(check_nvme_matches_memory(*g_comm), "");
+}
+
 TEST(ZeroMpi, LossFallsInEveryPrecision) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     Config c = mlp_config(3, dt);

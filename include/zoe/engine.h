@@ -38,13 +38,13 @@ struct StepResult {
   uint64_t nonfinite = 0;    // non-finite gradient elements met by the kernel (0 when skipped early)
 };
 
-// One unit's optimizer-owned state on this rank, for checkpoints: elements [begin, end) of the
-// unit (unit-relative, real elements only) and pointers to their values.
-struct OwnedState {
+// Optimizer-owned state a checkpoint moves: fp32 master (the weights themselves in fp32 training),
+// exp_avg, exp_avg_sq.
+enum class OwnedKind : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+
+// This rank's optimizer-owned elements of a unit: [begin, end), unit-relative, real elements only.
+struct OwnedRange {
   int64_t begin = 0, end = 0;
-  float* master = nullptr;      // the fp32 weights (the parameters themselves in fp32 training)
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
 };
 
 class Engine {
@@ -74,9 +74,14 @@ class Engine {
 
   virtual double loss_scale() const = 0;
   virtual int64_t steps_applied() const = 0;
-  virtual OwnedState owned_state(int u) = 0;
-  // After owned_state() values were changed (checkpoint load): refresh the low-precision weights
-  // and gather them where they are replicated.
+  virtual OwnedRange owned_range(int u) const = 0;
+  // Copies owned elements [begin, end) (unit-relative, inside owned_range(u)) of one kind to or
+  // from host memory as fp32, wherever that state lives (device, host or NVMe). Checkpoints move
+  // state through these in pieces, never as a whole-state host copy.
+  virtual Status read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) = 0;
+  virtual Status write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) = 0;
+  // After write_owned() (checkpoint load): refresh the low-precision weights from the masters and
+  // gather them where they are replicated. Collective.
   virtual Status commit_owned_state() = 0;
   virtual void restore_counters(int64_t steps_applied, double loss_scale, int64_t good_steps, int hysteresis) = 0;
   virtual void scaler_state(int64_t* good_steps, int* hysteresis) const = 0;

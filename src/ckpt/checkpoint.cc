@@ -25,6 +25,9 @@ std::string rank_file(int r) { return manifest_rank_file_name(r); }
 int64_t chunk_of(int64_t numel, int world) { return manifest_chunk(numel, world); }
 int64_t owned_of(int64_t numel, int world, int r) { return manifest_owned(numel, world, r); }
 
+// State moves between the engine and checkpoint files in pieces of this many elements (16 MiB).
+constexpr int64_t kPieceElems = int64_t{1} << 22;
+
 // manifest.json is small; anything far larger is not one of ours.
 constexpr size_t kMaxManifestBytes = size_t{64} << 20;
 
@@ -41,14 +44,22 @@ Status broadcast_string(Comm& comm, std::string& s) {
 
 Status write_rank_file(const std::string& path, Engine& e, int rank, int world, uint64_t* size, std::string* hex) {
   ZOE_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+  std::vector<float> piece;
   for (int u = 0; u < e.num_units(); ++u) {
-    OwnedState o = e.owned_state(u);
+    OwnedRange o = e.owned_range(u);
     int64_t numel = e.unit(u).numel, lo = rank * chunk_of(numel, world), n = owned_of(numel, world, rank);
     if (n == 0) continue;
     if (lo < o.begin || lo + n > o.end)
       return Status::Runtime(fmt::format("unit '{}': rank {} does not hold elements [{}, {})", e.unit(u).name, rank,
                                          lo, lo + n));
-    for (const float* p : {o.master, o.exp_avg, o.exp_avg_sq}) ZOE_RETURN_IF_ERROR(f.append(p + (lo - o.begin), n * 4));
+    // State may live on NVMe: it streams through a bounded piece, never a whole-state copy.
+    for (OwnedKind k : {OwnedKind::kMaster, OwnedKind::kExpAvg, OwnedKind::kExpAvgSq})
+      for (int64_t x = lo; x < lo + n; x += kPieceElems) {
+        int64_t m = std::min(kPieceElems, lo + n - x);
+        piece.resize(m);
+        ZOE_RETURN_IF_ERROR(e.read_owned(u, k, x, x + m, piece.data()));
+        ZOE_RETURN_IF_ERROR(f.append(piece.data(), m * 4));
+      }
   }
   *size = f.bytes_written();
   *hex = f.checksum_hex();
@@ -258,10 +269,16 @@ static Status load_checkpoint_impl(const std::string& path, Engine& e, bool veri
                                          "'{}' with {}", path, u, m.units[u].name, m.units[u].numel, e.unit(u).name,
                                          e.unit(u).numel));
   ChunkReader reader(path, m);
+  std::vector<float> piece;
   for (int u = 0; u < e.num_units(); ++u) {
-    OwnedState o = e.owned_state(u);
-    float* blocks[] = {o.master, o.exp_avg, o.exp_avg_sq};
-    for (int b = 0; b < 3; ++b) ZOE_RETURN_IF_ERROR(reader.read(u, b, o.begin, o.end, blocks[b], verify));
+    OwnedRange o = e.owned_range(u);
+    for (int b = 0; b < 3; ++b)
+      for (int64_t x = o.begin; x < o.end; x += kPieceElems) {
+        int64_t k = std::min(kPieceElems, o.end - x);
+        piece.resize(k);
+        ZOE_RETURN_IF_ERROR(reader.read(u, b, x, x + k, piece.data(), verify));
+        ZOE_RETURN_IF_ERROR(e.write_owned(u, static_cast<OwnedKind>(b), x, x + k, piece.data()));
+      }
   }
   *st = m.train_state;
   e.restore_counters(st->steps_applied, st->loss_scale, st->scaler_good_steps, st->scaler_hysteresis);

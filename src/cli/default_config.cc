@@ -1,5 +1,6 @@
 // The job `zoe train` runs without --config (the README's first command): a small GPT-2 learning
-// the embedded public-domain corpus byte by byte, bf16, ZeRO stage 3.
+// the embedded public-domain corpus byte by byte, bf16, ZeRO stage 3, the optimizer state (fp32
+// master, exp_avg, exp_avg_sq) on the NVMe tier under out/nvme.
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -15,7 +16,8 @@ std::string default_config_json() {
   "optimizer": {{"type": "AdamW", "params": {{"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}}},
   "scheduler": {{"type": "WarmupCosineLR", "params": {{"total_num_steps": 500, "warmup_num_steps": 10,
                 "warmup_type": "linear", "cos_min_ratio": 0.1}}}},
-  "zero_optimization": {{"stage": 3}},
+  "zero_optimization": {{"stage": 3,
+                         "offload_optimizer": {{"device": "nvme", "nvme_path": "out/nvme", "pin_memory": true}}}},
   "steps_per_print": 10,
   "seed": 1234,
   "zoe": {{

@@ -132,12 +132,6 @@ struct Reader {
     ZOE_RETURN_IF_ERROR(string(k + ".nvme_path", o.nvme_path));
     ZOE_RETURN_IF_ERROR(boolean(k + ".pin_memory", o.pin_memory));
     if (find(k + ".ratio")) ZOE_RETURN_IF_ERROR(number(k + ".ratio", o.ratio, 0.0, 1.0));
-    // Partial offload (a fraction of each kind on the offload tier) comes with the NVMe tier;
-    // until then a ratio other than 1 would silently mean 100 %.
-    if (o.ratio != 1.0)
-      return Status::Unsupported(fmt::format("config key '{}.ratio': {} is not supported yet (partial offload comes "
-                                             "with the NVMe tier); only 1 (everything on the offload tier) works", k,
-                                             o.ratio));
     if (o.device == OffloadDevice::kNvme && o.nvme_path.empty())
       return Status::Invalid(fmt::format("config key '{}.nvme_path': required when {}.device is \"nvme\"", k, k));
     return Status::Ok();

@@ -11,9 +11,10 @@
 
 namespace zoe {
 
-// Report buckets (contracts.md "time_s").
-enum class Bucket : uint8_t { kForward = 0, kBackward, kOptimizer, kWaitIo, kWaitComm, kNone };
-inline constexpr int kNumBuckets = 5;
+// Report buckets (contracts.md "time_s"): waiting for NVMe reads is wait_io, waiting for NVMe
+// write-backs kWaitWrite (reported inside wait_io too, and apart as nvme_write).
+enum class Bucket : uint8_t { kForward = 0, kBackward, kOptimizer, kWaitIo, kWaitComm, kWaitWrite, kNone };
+inline constexpr int kNumBuckets = 6;
 
 struct TraceEvent {
   std::string name;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -37,24 +38,100 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 ZeroEngine::~ZeroEngine() {
   set_activation_bytes(0);
   for (auto& g : gathered_) dev_.free(g.buf);
-  for (Buffer* b : {&param_, &grad_, &master_, &exp_avg_, &exp_avg_sq_}) dev_.free(*b);
+  dev_.free(grad_);
+  for (StateArray* a : {&param_, &master_, &exp_avg_, &exp_avg_sq_}) a->release(dev_);
+  for (auto& st : stores_) (void)st->close();
+}
+
+namespace {
+
+// The pinned pool: at most 1 GiB, at most a quarter of the host budget, at most what three
+// windows of the state on NVMe need; the optimizer's sub-group is sub_group_size elements, or
+// fewer when three of them do not fit in what the stores' I/O buffers leave of the pool.
+constexpr uint64_t kMaxPoolBytes = uint64_t{1} << 30;
+
+}  // namespace
+
+Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
+  std::vector<std::string> paths;
+  for (const OffloadConfig* o : {&cfg_.offload_optimizer, &cfg_.offload_param})
+    if (o->device == OffloadDevice::kNvme && std::find(paths.begin(), paths.end(), o->nvme_path) == paths.end())
+      paths.push_back(o->nvme_path);
+  if (paths.empty()) return Status::Ok();
+  // Bytes per element the optimizer streams through its windows, and the most elements of one
+  // kind on NVMe: the pool need not hold more than three windows of those.
+  bool opt_nvme = cfg_.offload_optimizer.device == OffloadDevice::kNvme;
+  bool param_nvme = cfg_.offload_param.device == OffloadDevice::kNvme;
+  uint64_t per_elem = (opt_nvme ? (cfg_.mixed_precision() ? 12 : 8) : 0) + (param_nvme ? wsize_ : 0);
+  auto on_nvme = [](bool nvme, const OffloadConfig& o, int64_t n) {
+    return nvme ? offloaded_elems(Tier::kNvme, o.ratio, n) : int64_t{0};
+  };
+  int64_t most = std::max(on_nvme(opt_nvme, cfg_.offload_optimizer, opt_elems),
+                          on_nvme(param_nvme, cfg_.offload_param, param_elems));
+  uint64_t bounce = uint64_t{static_cast<uint32_t>(cfg_.aio_queue_depth)} * cfg_.aio_block_size;
+  uint64_t io = paths.size() * bounce + (uint64_t{1} << 20);  // the stores' buffers, and slack
+  uint64_t windows = 3 * per_elem * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(cfg_.sub_group_size, most)));
+  uint64_t pool_bytes = std::min({kMaxPoolBytes, cfg_.host_memory_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
+  if (pool_bytes < io + 3 * 1024 * per_elem)
+    return Status::Invalid(fmt::format(
+        "config key 'zoe.host_memory_budget': the NVMe tier's pinned pool (a quarter of it, {} bytes) cannot hold "
+        "aio.queue_depth x aio.block_size = {} bytes of I/O buffers per store plus three windows of 1024 elements",
+        pool_bytes, bounce));
+  bool pin = cfg_.offload_optimizer.pin_memory || cfg_.offload_param.pin_memory;
+  ZOE_ASSIGN_OR_RETURN(pool_, PinnedPool::create({pool_bytes, pin, &dev_.ledger()}));
+  for (const std::string& path : paths) {
+    NvmeStoreOptions o;
+    o.nvme_path = path;
+    o.rank = comm_.rank();
+    o.block_size = static_cast<uint32_t>(cfg_.aio_block_size);
+    o.queue_depth = static_cast<unsigned>(cfg_.aio_queue_depth);
+    o.checksums = cfg_.checksums;
+    o.pool = pool_.get();
+    o.pin_memory = pin;
+    o.ledger = &dev_.ledger();
+    // Every region this store will hold, so that its free-space check covers all of them before
+    // anything is written (exit 2, needed vs free).
+    std::vector<RegionSpec> regions;
+    auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize) {
+      if (oc.device == OffloadDevice::kNvme && oc.nvme_path == path && offloaded_elems(Tier::kNvme, oc.ratio, n) > 0)
+        regions.push_back({name, static_cast<uint64_t>(offloaded_elems(Tier::kNvme, oc.ratio, n)) * esize});
+    };
+    plan(cfg_.offload_param, "param", param_elems, wsize_);
+    if (cfg_.mixed_precision()) plan(cfg_.offload_optimizer, "master", opt_elems, 4);
+    plan(cfg_.offload_optimizer, "exp_avg", opt_elems, 4);
+    plan(cfg_.offload_optimizer, "exp_avg_sq", opt_elems, 4);
+    ZOE_ASSIGN_OR_RETURN(auto store, NvmeStore::open(o, regions));
+    stores_.push_back(std::move(store));
+    store_paths_.push_back(path);
+  }
+  uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / (3 * std::max<uint64_t>(per_elem, 1));
+  group_elems_ = std::max<int64_t>(1024, std::min<int64_t>(cfg_.sub_group_size, static_cast<int64_t>(fit)));
+  return Status::Ok();
 }
 
 Status ZeroEngine::allocate() {
   const int64_t S = layout_.shard_size(), P = layout_.padded_params();
-  Tier param_tier = cfg_.offload_param.device == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
-  Tier opt_tier = cfg_.offload_optimizer.device == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
-  int64_t opt_elems = plan_.shard_optimizer ? S : P;
-  auto make = [&](Buffer& b, int64_t elems, size_t esize, Tier t, Kind k) -> Status {
-    ZOE_ASSIGN_OR_RETURN(b, dev_.alloc(elems * esize, t, k));
-    return dev_.zero(b.data, b.bytes);  // padding must be zero; also takes the first-touch cost now
+  ZOE_RETURN_IF_ERROR(open_offload(plan_.shard_optimizer ? S : P, plan_.shard_params ? S : P));
+  auto home = [&](const OffloadConfig& o, const char* region) {
+    StateHome h;
+    h.offload = o.device == OffloadDevice::kNone ? Tier::kDevice : o.device == OffloadDevice::kCpu ? Tier::kHost
+                                                                                                    : Tier::kNvme;
+    h.ratio = o.ratio;
+    h.region = region;
+    for (size_t i = 0; i < stores_.size(); ++i)
+      if (o.device == OffloadDevice::kNvme && store_paths_[i] == o.nvme_path) h.store = stores_[i].get();
+    return h;
   };
-  ZOE_RETURN_IF_ERROR(make(param_, plan_.shard_params ? S : P, wsize_, param_tier, Kind::kParam));
-  ZOE_RETURN_IF_ERROR(make(grad_, plan_.shard_grads ? S : P, gsize_, Tier::kDevice, Kind::kGrad));
-  if (cfg_.mixed_precision()) ZOE_RETURN_IF_ERROR(make(master_, opt_elems, 4, opt_tier, Kind::kMaster));
-  ZOE_RETURN_IF_ERROR(make(exp_avg_, opt_elems, 4, opt_tier, Kind::kExpAvg));
-  ZOE_RETURN_IF_ERROR(make(exp_avg_sq_, opt_elems, 4, opt_tier, Kind::kExpAvgSq));
-  return Status::Ok();
+  int64_t opt_elems = plan_.shard_optimizer ? S : P;
+  ZOE_RETURN_IF_ERROR(param_.allocate(dev_, home(cfg_.offload_param, "param"), plan_.shard_params ? S : P, wsize_,
+                                      Kind::kParam));
+  ZOE_ASSIGN_OR_RETURN(grad_, dev_.alloc((plan_.shard_grads ? S : P) * gsize_, Tier::kDevice, Kind::kGrad));
+  ZOE_RETURN_IF_ERROR(dev_.zero(grad_.data, grad_.bytes));  // padding must be zero; first touch now
+  const OffloadConfig& oo = cfg_.offload_optimizer;
+  if (cfg_.mixed_precision())
+    ZOE_RETURN_IF_ERROR(master_.allocate(dev_, home(oo, "master"), opt_elems, 4, Kind::kMaster));
+  ZOE_RETURN_IF_ERROR(exp_avg_.allocate(dev_, home(oo, "exp_avg"), opt_elems, 4, Kind::kExpAvg));
+  return exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq);
 }
 
 int64_t ZeroEngine::param_offset(int u) const {
@@ -75,34 +152,104 @@ int64_t ZeroEngine::opt_begin(int u) const {
 int64_t ZeroEngine::opt_end(int u) const {
   return plan_.shard_optimizer ? opt_begin(u) + layout_.owned_real(u, comm_.rank()) : layout_.slot(u).numel;
 }
+int64_t ZeroEngine::param_index(int u, int64_t x) const {
+  const UnitSlot& s = layout_.slot(u);
+  return plan_.shard_params ? s.shard_offset + (x - comm_.rank() * s.chunk) : s.full_offset + x;
+}
+
+// Memory parts convert on the device (upload, then accumulate into the dtype); NVMe parts convert
+// on the host inside a pinned window, piece by piece.
+Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src) {
+  while (n > 0) {
+    int64_t k = std::min(n, a.part_end(e) - e);
+    if (!a.on_nvme(e)) {
+      ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(k * 4, Tier::kDevice, Kind::kStaging));
+      Status st = dev_.upload(staging.data, src, k * 4);
+      if (st.ok()) st = dev_.accumulate(a.ptr(e), dt, staging.data, DType::kF32, k, false);
+      dev_.free(staging);
+      ZOE_RETURN_IF_ERROR(st);
+    } else {
+      k = std::min<int64_t>(k, group_elems_);
+      ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
+      for (int64_t i = 0; i < k; ++i) store_from_f32(w.data(), dt, i, src[i]);
+      ZOE_RETURN_IF_ERROR(a.wait(a.write_async(e, k, w.data())));
+    }
+    e += k, src += k, n -= k;
+  }
+  return Status::Ok();
+}
+
+Status ZeroEngine::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, float* dst) {
+  while (n > 0) {
+    int64_t k = std::min(n, a.part_end(e) - e);
+    if (!a.on_nvme(e)) {
+      for (int64_t i = 0; i < k; ++i) dst[i] = load_as_f32(a.ptr(e), dt, i);
+    } else {
+      k = std::min<int64_t>(k, group_elems_);
+      ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
+      ZOE_RETURN_IF_ERROR(a.wait(a.read_async(e, k, w.data())));
+      for (int64_t i = 0; i < k; ++i) dst[i] = load_as_f32(w.data(), dt, i);
+    }
+    e += k, dst += k, n -= k;
+  }
+  return Status::Ok();
+}
+
+Status ZeroEngine::copy_to_device(const StateArray& a, int64_t e, int64_t n, const Buffer& dst, size_t dst_off) {
+  while (n > 0) {
+    int64_t k = std::min(n, a.part_end(e) - e);
+    if (!a.on_nvme(e)) {
+      ZOE_RETURN_IF_ERROR(dev_.copy_async(dst, dst_off, a.buffer_of(e), a.buffer_offset(e), k * a.esize(),
+                                          Stream::kH2D));
+      ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kH2D)));
+    } else {  // NVMe -> pinned window -> device
+      k = std::min<int64_t>(k, group_elems_);
+      ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
+      {
+        ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
+        ZOE_RETURN_IF_ERROR(a.wait(a.read_async(e, k, w.data())));
+      }
+      ZOE_RETURN_IF_ERROR(dev_.upload(dst.as<char>() + dst_off, w.data(), k * a.esize()));
+    }
+    e += k, dst_off += k * a.esize(), n -= k;
+  }
+  return Status::Ok();
+}
+
+Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) {
+  if (u < 0 || u >= num_units() || begin < opt_begin(u) || end > opt_end(u) || begin > end)
+    return Status::Invalid(fmt::format("read_owned: [{}, {}) is not owned in unit {}", begin, end, u));
+  bool weights = k == OwnedKind::kMaster && !cfg_.mixed_precision();  // fp32: the parameters themselves
+  return get_f32(owned_array(k), weights ? dtype_ : DType::kF32, weights ? param_index(u, begin) : opt_index(u, begin),
+                 end - begin, dst);
+}
+
+Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
+  if (u < 0 || u >= num_units() || begin < opt_begin(u) || end > opt_end(u) || begin > end)
+    return Status::Invalid(fmt::format("write_owned: [{}, {}) is not owned in unit {}", begin, end, u));
+  bool weights = k == OwnedKind::kMaster && !cfg_.mixed_precision();
+  return put_f32(owned_array(k), weights ? dtype_ : DType::kF32, weights ? param_index(u, begin) : opt_index(u, begin),
+                 end - begin, src);
+}
 
 Status ZeroEngine::set_params(int u, const float* values) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("unit {} out of range", u));
   const UnitSlot& s = layout_.slot(u);
-  // Replicated params hold the whole unit; sharded ones only this rank's chunk.
-  int64_t lo = plan_.shard_params ? comm_.rank() * s.chunk : 0;
+  // Replicated params hold the whole unit; sharded ones only this rank's chunk (none of it when
+  // the chunk is all padding).
+  int64_t lo = plan_.shard_params ? std::min(comm_.rank() * s.chunk, s.numel) : 0;
   int64_t hi = plan_.shard_params ? lo + layout_.owned_real(u, comm_.rank()) : s.numel;
-  // The host values this rank keeps go to device memory first (only those: a sharded rank
-  // stages one chunk); the device converts them to the weight dtype.
-  // A rank whose chunk is all padding holds nothing of this unit: lo == hi past the end.
-  int64_t a = std::min({lo, opt_begin(u), s.numel}), b = std::min(std::max(hi, opt_end(u)), s.numel);
-  if (b <= a) return Status::Ok();
-  ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc((b - a) * 4, Tier::kDevice, Kind::kStaging));
-  Status st = dev_.upload(staging.data, values + a, (b - a) * 4);
-  const float* v = staging.as<float>();  // v[i] holds unit element a + i
-  if (st.ok() && hi > lo)
-    st = dev_.accumulate(param_ptr(param_offset(u)), dtype_, v + (lo - a), DType::kF32, hi - lo, false);
-  if (st.ok() && cfg_.mixed_precision() && opt_end(u) > opt_begin(u))
-    st = dev_.accumulate(master_.as<float>() + opt_offset(u), DType::kF32, v + (opt_begin(u) - a), DType::kF32,
-                         opt_end(u) - opt_begin(u), false);
-  dev_.free(staging);
-  return st;
+  if (hi > lo) ZOE_RETURN_IF_ERROR(put_f32(param_, dtype_, param_index(u, lo), hi - lo, values + lo));
+  if (cfg_.mixed_precision() && opt_end(u) > opt_begin(u))
+    ZOE_RETURN_IF_ERROR(put_f32(master_, DType::kF32, opt_index(u, opt_begin(u)), opt_end(u) - opt_begin(u),
+                                values + opt_begin(u)));
+  return Status::Ok();
 }
 
 Result<ParamView> ZeroEngine::fetch(int u) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("fetch: unit {} out of range", u));
   const UnitSlot& s = layout_.slot(u);
-  if (!plan_.shard_params) return ParamView{param_ptr(s.full_offset), dtype_, s.numel};
+  if (!plan_.shard_params) return ParamView{param_.ptr(s.full_offset), dtype_, s.numel};
   Gathered& g = gathered_[u];
   if (g.refs > 0) {  // nested: already gathered
     ++g.refs;
@@ -112,9 +259,7 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   ZOE_ASSIGN_OR_RETURN(Buffer buf, dev_.alloc(s.full_size * wsize_, Tier::kDevice, Kind::kGather));
   // Our chunk moves from its home tier into our slot, then the slots are filled in place.
   size_t chunk_bytes = s.chunk * wsize_;
-  Status st = dev_.copy_async(buf, comm_.rank() * chunk_bytes, param_, s.shard_offset * wsize_, chunk_bytes,
-                              Stream::kH2D);
-  if (st.ok()) st = dev_.wait(dev_.record(Stream::kH2D));
+  Status st = copy_to_device(param_, s.shard_offset, s.chunk, buf, comm_.rank() * chunk_bytes);
   if (st.ok()) {
     ZOE_SPAN("all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
     st = comm_.all_gather(buf.as<char>() + comm_.rank() * chunk_bytes, buf.data, chunk_bytes);
@@ -228,6 +373,29 @@ Result<double> ZeroEngine::owned_grad_sumsq() {
   return local;
 }
 
+// One tensor segment of the optimizer range (or the part of one inside a sub-group).
+struct ZeroEngine::AdamTask {
+  int64_t e = 0, n = 0;  // optimizer index of the first element, and the count
+  bool decay = false;
+  const char* grad = nullptr;
+  int u = 0;
+  int64_t x = 0;  // unit-relative element of the first
+};
+
+namespace {
+
+// The arrays the optimizer touches, and where each sits in a sub-group's window.
+struct Windowed {
+  StateArray* a;
+  bool read;       // loaded before Adam (state); the low-precision copy is only written
+  size_t offset;   // bytes into the window, per element of the sub-group: offset * n
+};
+
+}  // namespace
+
+// Adam over the rank's optimizer range in sub-groups [a, b) that never cross a part boundary of
+// any array: memory parts are stepped in place, NVMe parts through a window of pinned memory.
+// Three windows rotate: sub-group k+1 is read while Adam runs on k and k-1 is written back.
 Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite) {
   AdamHyper h;
   h.lr = lr;
@@ -238,29 +406,138 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
   h.step = steps_applied_;
   h.grad_scale = static_cast<float>(grad_scale);
   ZOE_SPAN("adam", "adam", Bucket::kOptimizer);
+  std::vector<AdamTask> tasks;
   for (int u = 0; u < num_units(); ++u) {
     const UnitSlot& s = layout_.slot(u);
     int64_t lo = opt_begin(u), hi = opt_end(u);
-    // The range's gradient, weights and state, each at its position for element `lo`.
-    char* g = plan_.shard_optimizer ? grad_ptr(grad_owned_offset(u)) : grad_ptr(s.full_offset);
-    char* w = plan_.shard_params ? param_ptr(s.shard_offset) : param_ptr(s.full_offset + lo);
-    float* m = exp_avg_.as<float>() + opt_offset(u);
-    float* v = exp_avg_sq_.as<float>() + opt_offset(u);
-    float* master = cfg_.mixed_precision() ? master_.as<float>() + opt_offset(u) : reinterpret_cast<float*>(w);
-    for (const Segment& seg : layout_.segments(u, lo, hi)) {
-      h.weight_decay = seg.decay ? cfg_.weight_decay : 0.0;
-      AdamRange r;
-      r.grad = g + seg.begin * gsize_;
-      r.grad_dtype = gdtype_;
-      r.master = master + seg.begin;
-      r.exp_avg = m + seg.begin;
-      r.exp_avg_sq = v + seg.begin;
-      r.param_out = cfg_.mixed_precision() ? w + seg.begin * wsize_ : nullptr;
-      r.param_dtype = dtype_;
-      r.n = seg.end - seg.begin;
-      ZOE_ASSIGN_OR_RETURN(size_t bad, dev_.adam(h, r));
-      *nonfinite += bad;
+    const char* g = plan_.shard_optimizer ? grad_ptr(grad_owned_offset(u)) : grad_ptr(s.full_offset);
+    for (const Segment& seg : layout_.segments(u, lo, hi))
+      tasks.push_back({opt_index(u, lo + seg.begin), seg.end - seg.begin, seg.decay, g + seg.begin * gsize_, u,
+                       lo + seg.begin});
+  }
+  std::vector<Windowed> win;
+  size_t per_elem = 0;
+  bool param_windows = plan_.shard_params && cfg_.mixed_precision() && param_.has_nvme();
+  for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_, param_windows ? &param_ : nullptr})
+    if (a && a->has_nvme()) {
+      win.push_back({a, a != &param_ || !cfg_.mixed_precision(), per_elem});
+      per_elem += a->esize();
     }
+  // Sub-groups: at most group_elems_ when streaming, cut where any array changes part.
+  int64_t limit = win.empty() ? int64_t{1} << 60 : group_elems_;
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (const AdamTask& t : tasks)
+    for (int64_t e = t.e; e < t.e + t.n;) {
+      if (groups.empty() || e >= groups.back().second) {
+        int64_t b = e + limit;
+        for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
+        if (plan_.shard_params) b = std::min(b, param_.part_end(e));
+        groups.push_back({e, b});
+      }
+      e = std::min(t.e + t.n, groups.back().second);
+    }
+  if (win.empty()) {  // all in memory: in place
+    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, nullptr, h, nonfinite));
+    return Status::Ok();
+  }
+  struct Slot {
+    PinnedPool::Lease lease;
+    std::vector<Ticket> reads, writes;
+  } slots[3];
+  for (Slot& sl : slots) {
+    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(group_elems_ * per_elem));
+  }
+  auto on_nvme = [&](const Windowed& w, int64_t a) { return w.a->on_nvme(a); };
+  auto issue_reads = [&](Slot& sl, int64_t a, int64_t b) {
+    for (const Windowed& w : win)
+      if (on_nvme(w, a) && w.read) sl.reads.push_back(w.a->read_async(a, b - a, sl.lease.data() + w.offset * (b - a)));
+  };
+  auto wait_all = [&](std::vector<Ticket>& ts) -> Status {
+    Status first = Status::Ok();
+    for (Ticket& t : ts) {
+      Status st = win[0].a->wait(t);
+      if (first.ok()) first = st;
+    }
+    ts.clear();
+    return first;
+  };
+  Status st = Status::Ok();
+  issue_reads(slots[0], groups[0].first, groups[0].second);
+  for (size_t k = 0; k < groups.size() && st.ok(); ++k) {
+    Slot& cur = slots[k % 3];
+    auto [a, b] = groups[k];
+    if (k + 1 < groups.size()) {  // the next window's slot was last written back two groups ago
+      Slot& next = slots[(k + 1) % 3];
+      {
+        ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
+        st = wait_all(next.writes);
+      }
+      if (st.ok()) issue_reads(next, groups[k + 1].first, groups[k + 1].second);
+    }
+    {
+      ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
+      if (st.ok()) st = wait_all(cur.reads);
+    }
+    for (const Windowed& w : win)  // a write-only window holds zeros where Adam writes nothing (padding)
+      if (on_nvme(w, a) && !w.read) std::memset(cur.lease.data() + w.offset * (b - a), 0, (b - a) * w.a->esize());
+    if (st.ok()) st = run_adam_group(tasks, a, b, cur.lease.data(), h, nonfinite);
+    for (const Windowed& w : win)
+      if (st.ok() && on_nvme(w, a)) cur.writes.push_back(w.a->write_async(a, b - a, cur.lease.data() + w.offset * (b - a)));
+  }
+  ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
+  for (Slot& sl : slots) {  // every transfer is waited for, even after an error
+    Status r = wait_all(sl.reads), w = wait_all(sl.writes);
+    if (st.ok()) st = r.ok() ? w : r;
+  }
+  return st;
+}
+
+// Steps the parts of `tasks` inside optimizer indices [a, b). `window` holds the sub-group's NVMe
+// parts back to back (master, exp_avg, exp_avg_sq, param: the ones on NVMe, in that order).
+Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, uint8_t* window,
+                                  AdamHyper h, uint64_t* nonfinite) {
+  int64_t n = b - a;
+  size_t at = 0;
+  auto place = [&](StateArray& arr, int64_t e) -> char* {  // where element e of arr is right now
+    if (!arr.on_nvme(e)) return arr.ptr(e);
+    return nullptr;  // filled below from the window layout
+  };
+  char* win_of[4] = {nullptr, nullptr, nullptr, nullptr};  // master, m, v, param
+  StateArray* arrays[4] = {&master(), &exp_avg_, &exp_avg_sq_, &param_};
+  bool param_windows = plan_.shard_params && cfg_.mixed_precision() && param_.has_nvme();
+  for (int i = 0; i < 4; ++i) {
+    if (i == 3 && !param_windows) continue;
+    if (i > 0 && arrays[i] == arrays[0]) continue;
+    if (arrays[i]->has_nvme()) {
+      if (window && arrays[i]->on_nvme(a)) win_of[i] = reinterpret_cast<char*>(window) + at * n;
+      at += arrays[i]->esize();
+    }
+  }
+  for (const AdamTask& t : tasks) {
+    int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b);
+    if (e0 >= e1) continue;
+    int64_t d = e0 - t.e;
+    auto at_e = [&](int i, int64_t e) -> char* {
+      return win_of[i] ? win_of[i] + (e - a) * arrays[i]->esize() : place(*arrays[i], e);
+    };
+    h.weight_decay = t.decay ? cfg_.weight_decay : 0.0;
+    AdamRange r;
+    r.grad = t.grad + d * gsize_;
+    r.grad_dtype = gdtype_;
+    // In fp32 training the master is the parameter array, indexed by parameter position (the
+    // same as the optimizer's only at stages 0 and 3, where it alone may have NVMe windows).
+    r.master = reinterpret_cast<float*>(cfg_.mixed_precision() || win_of[0] ? at_e(0, e0)
+                                                                          : param_.ptr(param_index(t.u, t.x + d)));
+    r.exp_avg = reinterpret_cast<float*>(at_e(1, e0));
+    r.exp_avg_sq = reinterpret_cast<float*>(at_e(2, e0));
+    if (cfg_.mixed_precision()) {
+      int64_t pi = param_index(t.u, t.x + d);
+      r.param_out = win_of[3] ? win_of[3] + (e0 - a) * wsize_ : param_.ptr(pi);
+    }
+    r.param_dtype = dtype_;
+    r.n = e1 - e0;
+    ZOE_ASSIGN_OR_RETURN(size_t bad, dev_.adam(h, r));
+    *nonfinite += bad;
   }
   return Status::Ok();
 }
@@ -270,8 +547,8 @@ Status ZeroEngine::gather_replicated_params() {
   ZOE_SPAN("all_gather params", "all_gather", Bucket::kWaitComm);
   for (int u = 0; u < num_units(); ++u) {
     const UnitSlot& s = layout_.slot(u);
-    ZOE_RETURN_IF_ERROR(comm_.all_gather(param_ptr(s.full_offset + comm_.rank() * s.chunk),
-                                         param_ptr(s.full_offset), s.chunk * wsize_));
+    ZOE_RETURN_IF_ERROR(comm_.all_gather(param_.ptr(s.full_offset + comm_.rank() * s.chunk),
+                                         param_.ptr(s.full_offset), s.chunk * wsize_));
   }
   return Status::Ok();
 }
@@ -324,26 +601,19 @@ Result<StepResult> ZeroEngine::step(double lr) {
   return res;
 }
 
-OwnedState ZeroEngine::owned_state(int u) {
-  OwnedState o;
-  o.begin = opt_begin(u);
-  o.end = opt_end(u);
-  const UnitSlot& s = layout_.slot(u);
-  char* w = plan_.shard_params ? param_ptr(s.shard_offset) : param_ptr(s.full_offset + o.begin);
-  o.master = cfg_.mixed_precision() ? master_.as<float>() + opt_offset(u) : reinterpret_cast<float*>(w);
-  o.exp_avg = exp_avg_.as<float>() + opt_offset(u);
-  o.exp_avg_sq = exp_avg_sq_.as<float>() + opt_offset(u);
-  return o;
-}
-
+// The low-precision weights are rewritten from the masters, piece by piece through host memory
+// (the masters may live on NVMe).
 Status ZeroEngine::commit_owned_state() {
   if (cfg_.mixed_precision()) {
-    for (int u = 0; u < num_units(); ++u) {
-      OwnedState o = owned_state(u);
-      const UnitSlot& s = layout_.slot(u);
-      char* w = plan_.shard_params ? param_ptr(s.shard_offset) : param_ptr(s.full_offset + o.begin);
-      ZOE_RETURN_IF_ERROR(dev_.accumulate(w, dtype_, o.master, DType::kF32, o.end - o.begin, false));
-    }
+    std::vector<float> piece;
+    for (int u = 0; u < num_units(); ++u)
+      for (int64_t x = opt_begin(u); x < opt_end(u);) {
+        int64_t k = std::min<int64_t>(opt_end(u) - x, int64_t{1} << 22);
+        piece.resize(k);
+        ZOE_RETURN_IF_ERROR(get_f32(master_, DType::kF32, opt_index(u, x), k, piece.data()));
+        ZOE_RETURN_IF_ERROR(put_f32(param_, dtype_, param_index(u, x), k, piece.data()));
+        x += k;
+      }
   }
   return gather_replicated_params();
 }

@@ -1,10 +1,13 @@
 // ZeroEngine: the one ZeRO pipeline behind the unit API (zoe/engine.h).
 //
 // Storage per rank (P_pad, S from ShardLayout; w = bytes of the weight dtype):
-//   param      : shard_params ? S : P_pad elements of dtype      (home tier: offload_param)
-//   grad       : shard_grads  ? S : P_pad elements of dtype      (device)
-//   master/m/v : shard_optimizer ? S : P_pad fp32 each           (home tier: offload_optimizer)
+//   param      : shard_params ? S : P_pad elements of dtype      (home: offload_param)
+//   grad       : shard_grads  ? S : P_pad elements of grad dtype (device)
+//   master/m/v : shard_optimizer ? S : P_pad fp32 each           (home: offload_optimizer)
 //                (no separate master in fp32 training: the param storage is the master)
+// A home is a StateArray: memory on the device, with `ratio` of it on the offload tier (host
+// memory, or an NVMe region reached through pinned windows). The optimizer walks its range in
+// sub-groups, reading sub-group k+1 from NVMe while Adam runs on k and k-1 is written back.
 // One step: grads_ready reduce-scatters each unit's gradient into its owner chunk right away when
 // gradients are sharded, else accumulates locally and the reduce-scatter runs in step(); the
 // global norm is summed from the owned chunks; unsharded optimizer state all-gathers the reduced
@@ -19,6 +22,8 @@
 #include "sched/loss_scaler.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
+#include "sched/state_array.h"
+#include "cpu/adam.h"
 #include "zoe/device.h"
 #include "zoe/engine.h"
 
@@ -44,7 +49,11 @@ class ZeroEngine final : public Engine {
   void set_activation_bytes(uint64_t bytes) override;
   double loss_scale() const override { return scaler_.scale(); }
   int64_t steps_applied() const override { return steps_applied_; }
-  OwnedState owned_state(int u) override;
+  OwnedRange owned_range(int u) const override { return {opt_begin(u), opt_end(u)}; }
+  Status read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) override;
+  Status write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) override;
+  // The optimizer's sub-group (elements) and the pinned pool's size; 0 without NVMe state.
+  int64_t sub_group_elems() const { return group_elems_; }
   Status commit_owned_state() override;
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
   void scaler_state(int64_t* good, int* hyst) const override;
@@ -56,8 +65,22 @@ class ZeroEngine final : public Engine {
   int64_t opt_offset(int u) const;         // start of the optimizer range
   int64_t opt_begin(int u) const;          // optimizer range inside the unit, unit-relative
   int64_t opt_end(int u) const;
-  char* param_ptr(int64_t elem) const { return param_.as<char>() + elem * wsize_; }
+  int64_t param_index(int u, int64_t x) const;  // unit element x in the param array
+  int64_t opt_index(int u, int64_t x) const { return opt_offset(u) + (x - opt_begin(u)); }
   char* grad_ptr(int64_t elem) const { return grad_.as<char>() + elem * gsize_; }
+  StateArray& master() { return cfg_.mixed_precision() ? master_ : param_; }
+  StateArray& owned_array(OwnedKind k) {
+    return k == OwnedKind::kMaster ? master() : k == OwnedKind::kExpAvg ? exp_avg_ : exp_avg_sq_;
+  }
+
+  // The NVMe stores and the pinned pool, when a home is on NVMe.
+  Status open_offload(int64_t opt_elems, int64_t param_elems);
+  // Elements [e, e+n) of `a` (stored as `dt`) to or from host fp32, through pinned windows for
+  // NVMe parts.
+  Status get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, float* dst);
+  Status put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src);
+  // Elements [e, e+n) of `a` into device memory at dst (a gather slot).
+  Status copy_to_device(const StateArray& a, int64_t e, int64_t n, const Buffer& dst, size_t dst_off);
 
   // Every collective the engine starts is preceded by an agreement on what it is (control
   // traffic), so ranks whose models call the unit API differently never mismatch collectives:
@@ -69,6 +92,9 @@ class ZeroEngine final : public Engine {
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq();
   Status apply_adam(double lr, double grad_scale, uint64_t* nonfinite);
+  struct AdamTask;
+  Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, uint8_t* window, AdamHyper h,
+                        uint64_t* nonfinite);
   Status gather_replicated_params();
 
   Config cfg_;
@@ -81,7 +107,12 @@ class ZeroEngine final : public Engine {
   DType gdtype_;    // gradients: data_types.grad_accum_dtype (default: the weight dtype)
   size_t gsize_;
   LossScaler scaler_;
-  Buffer param_, grad_, master_, exp_avg_, exp_avg_sq_;
+  std::unique_ptr<PinnedPool> pool_;                // declared first: the stores lease from it
+  std::vector<std::unique_ptr<NvmeStore>> stores_;
+  std::vector<std::string> store_paths_;            // the nvme_path of each store
+  int64_t group_elems_ = 0;
+  StateArray param_, master_, exp_avg_, exp_avg_sq_;
+  Buffer grad_;
   struct Gathered {
     Buffer buf;
     int refs = 0;

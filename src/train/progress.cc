@@ -25,12 +25,13 @@ void Progress::update(int64_t step, double loss, double tps, double step_s, cons
   if (!enabled_) return;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double eta = step > 0 ? elapsed / step * (total_ - step) : 0;
-  uint64_t dev = 0, host = 0;
-  for (int k = 0; k < kNumPersistentKinds; ++k) dev += f.persistent[0][k], host += f.persistent[1][k];
+  uint64_t dev = 0, host = 0, nvme = 0;
+  for (int k = 0; k < kNumPersistentKinds; ++k)
+    dev += f.persistent[0][k], host += f.persistent[1][k], nvme += f.persistent[2][k];
   std::string line = fmt::format("step {:>5}/{} | loss {:.4f} | {:.0f} tok/s | {:.2f} s/step | ETA {:.0f}m{:02.0f}s | "
-                                 "rank0 device {} (peak {}) host {}",
+                                 "rank0 state: device {} (peak {}) host {} nvme {}",
                                  step, total_, loss, tps, step_s, std::floor(eta / 60), std::fmod(eta, 60.0),
-                                 human_bytes(dev), human_bytes(f.peak_device), human_bytes(host));
+                                 human_bytes(dev), human_bytes(f.peak_device), human_bytes(host), human_bytes(nvme));
   if (tty_) {
     std::printf("\r\033[K%s", line.c_str());
     dirty_ = true;

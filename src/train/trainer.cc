@@ -47,11 +47,6 @@ Status validate_for_world(const Config& c, int world) {
   if (c.grad_accum_dtype == DType::kF16 && c.dtype == DType::kBF16)
     return Status::Invalid("config key 'data_types.grad_accum_dtype': \"fp16\" gradients with bf16 weights would "
                            "overflow without a loss scale; use \"fp32\" or \"bf16\"");
-  for (const OffloadConfig* o : {&c.offload_optimizer, &c.offload_param})
-    if (o->device == OffloadDevice::kNvme)
-      return Status::Unsupported(fmt::format(
-          "offload to nvme ('{}') is not available yet in this build: the io_uring tier is a coming issue; use "
-          "\"cpu\"", o->nvme_path));
   return Status::Ok();
 }
 
@@ -240,8 +235,9 @@ class TrainJob {
         {"skipped", !r.applied}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
         {"params", engine_->params()}, {"ranks", comm_.size()}, {"stage", c_.stage},
         {"ledger", ledger_json(facts)}, {"comm_bytes", comm_json(facts)},
-        {"time_s", {{"forward", times[0]}, {"backward", times[1]}, {"optimizer", times[2]}, {"wait_io", times[3]},
-                    {"wait_comm", times[4]}}}};
+        {"time_s", {{"forward", times[0]}, {"backward", times[1]}, {"optimizer", times[2]},
+                    {"wait_io", times[3] + times[5]}, {"wait_comm", times[4]}, {"nvme_read", times[3]},
+                    {"nvme_write", times[5]}}}};
     ZOE_RETURN_IF_ERROR(report_.write(line));
     progress.update(s + 1, loss, local[1] / secs, secs, facts[0]);
     return loss;

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The out-of-core run (a benchmark, not a test): a GPT-2-shaped model whose 16-bytes-per-parameter
+# training state is at least twice this machine's RAM trains 3 steps on one rank, bf16, stage 3,
+# with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS
+# and the time per step split into compute, NVMe reads and NVMe writes.
+#
+#   bench/out_of_core.sh [DIR] [--set key=value ...]    (DIR default: out/ooc; build first: tools/build.sh)
+#
+# Default shape (24 GiB machines): n_layer 40, n_embd 2560, n_head 32, vocab 50257: 3.28 B params,
+# 52.5 GB of state; 46 GB of it on NVMe (the bf16 gradients stay in memory, as on a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-out/ooc}
+shift || true
+L=${OOC_LAYERS:-40} D=${OOC_EMBD:-2560} H=${OOC_HEADS:-32} V=${OOC_VOCAB:-50257} T=${OOC_SEQ:-64}
+mkdir -p "$dir"
+params=$(( V * D + 1024 * D + L * (12 * D * D + 13 * D) + 2 * D ))
+state=$(( 16 * params ))
+on_disk=$(( 14 * params ))  # bf16 params + fp32 master, exp_avg, exp_avg_sq
+ram=$(awk '/MemTotal/ {print $2 * 1024}' /proc/meminfo)
+free=$(df --output=avail -B1 "$dir" | tail -1)
+gb() { awk -v b="$1" 'BEGIN { printf "%.1f GB", b / 1e9 }'; }
+echo "model: $params parameters; state $(gb $state) = $(awk -v s=$state -v r=$ram 'BEGIN{printf "%.2f", s/r}') x RAM ($(gb $ram));" \
+     "NVMe needs $(gb $on_disk), free at $dir: $(gb $free)"
+if (( free < on_disk + on_disk / 20 )); then
+  echo "out_of_core: needs $(gb $(( on_disk + on_disk / 20 ))) free at $dir (the state plus 5%), has $(gb $free)" >&2
+  exit 2
+fi
+cat > "$dir/config.json" <<EOF
+{
+  "train_micro_batch_size_per_gpu": 1,
+  "bf16": {"enabled": true},
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
+  "zero_optimization": {"stage": 3, "sub_group_size": 100000000,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "$dir/nvme", "pin_memory": true},
+    "offload_param": {"device": "nvme", "nvme_path": "$dir/nvme", "pin_memory": true}},
+  "aio": {"block_size": 1048576, "queue_depth": 32},
+  "zoe": {"device": "cpu", "device_memory_budget": "14GiB", "host_memory_budget": "4GiB",
+    "model": {"type": "gpt2", "n_layer": $L, "n_head": $H, "n_embd": $D, "vocab_size": $V, "n_positions": 1024},
+    "data": {"train": "data/corpus.txt", "format": "bytes", "seq_len": $T},
+    "steps": 3}
+}
+EOF
+start=$(date +%s)
+build/zoe train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
+echo "total wall time (start-up, init, 3 steps): $(( $(date +%s) - start )) s"
+python3 - "$dir/report.jsonl" "$state" <<'EOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"ledger"' in l]
+state = int(sys.argv[2])
+gb = lambda b: f"{b / 1e9:.2f} GB"
+r0 = lines[-1]["ledger"][0]
+for tier in ("device", "host", "nvme"):
+    print(f"ledger {tier:6s}: " + ", ".join(f"{k} {gb(v)}" for k, v in r0[tier].items()))
+print(f"peak device {gb(r0['peak_device_bytes'])}, peak host {gb(r0['peak_host_bytes'])}, "
+      f"peak RSS {gb(r0['peak_rss_bytes'])} = {r0['peak_rss_bytes'] / state:.3f} of the state ({gb(state)})")
+print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | loss")
+for l in lines:
+    t = l["time_s"]
+    compute = l["step_s"] - t["wait_io"] - t["wait_comm"]
+    print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
+          f"{t['wait_comm']:11.1f} | {l['loss']:.4f}")
+ok = r0["peak_rss_bytes"] < state / 4
+print(("PASS" if ok else "FAIL") + f": peak RSS {'<' if ok else '>='} a quarter of the state")
+sys.exit(0 if ok else 1)
+EOF
