@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ckpt/checksum.h"
+#include "nvme/block_table.h"
 #include "nvme/fault_injecting_env.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
@@ -424,6 +426,11 @@ TEST_F(NvmeTmpfsTest, WritingPastTheEndOfTheDiskIsEnospcNamingFileOffsetOp) {
             std::string::npos)
       << a.message();
   EXPECT_FALSE(fs::exists(store->dir() + "/exp_avg.swap"));
+}
+
+TEST(BlockTableTest, BlockSumsAreTheCheckpointsXxh3) {
+  const std::vector<uint8_t> d = random_bytes(100003, 7);
+  EXPECT_EQ(Checksum::checksum_to_hex(BlockTable::hash(d.data(), d.size())), checksum_buffer(d.data(), d.size()));
 }
 
 // ---- the pinned pool ---------------------------------------------------------------------------
