@@ -31,6 +31,15 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// The median over repetitions of zoe's GB/s over fio's in the same repetition: each pair ran
+// back to back, so the ratio is far steadier than either figure on a disk that swings 2x.
+double paired_ratio(const std::vector<double>& zoe, const std::vector<double>& fio) {
+  std::vector<double> r;
+  for (size_t i = 0; i < zoe.size() && i < fio.size(); ++i)
+    if (fio[i] > 0) r.push_back(zoe[i] / fio[i]);
+  return median(r);
+}
+
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -183,7 +192,8 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
   if (human) {
     std::fprintf(human, "# zoe bench nvme: %s per pass, O_DIRECT, sequential, in %s; GB/s = 1e9 B/s\n",
                  bytes_text(o.file_bytes).c_str(), o.dir.c_str());
-    std::fprintf(human, "# median of %d interleaved reps (zoe, fio, fio-4k, zoe, ...); referee: %s, io_uring, "
+    std::fprintf(human, "# medians of %d reps; each rep runs zoe and fio back to back (alternating who goes first),\n"
+                 "# then fio-4k; ratio = median of the reps' zoe/fio; referee: %s, io_uring, "
                  "fixedbufs, registerfiles,\n# buffers on 2 MiB pages like zoe's pool (%s of %s huge here); "
                  "fio-4k: fio's default 4 KiB pages\n", o.reps,
                  have_fio ? fio_version.c_str() : "none (fio not found)",
@@ -203,11 +213,21 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
       Case wr{IoOp::kWrite, bs, qd, {}, {}, {}}, rd{IoOp::kRead, bs, qd, {}, {}, {}};
       for (int rep = 0; rep < o.reps; ++rep) {
         for (Case* c : {&wr, &rd}) {
-          ZOE_ASSIGN_OR_RETURN(double z, zoe_pass(*st, c->op, window.data(), w, o.file_bytes));
-          c->zoe.push_back(z);
+          // zoe and fio run back to back, zoe first on even reps and second on odd ones, so that
+          // drift of the disk and what one pass leaves behind (its writes still being flushed by
+          // the host) fall on both alike.
+          const bool zoe_first = rep % 2 == 0;
+          if (zoe_first || !have_fio) {
+            ZOE_ASSIGN_OR_RETURN(double z, zoe_pass(*st, c->op, window.data(), w, o.file_bytes));
+            c->zoe.push_back(z);
+          }
           if (have_fio) {
             ZOE_ASSIGN_OR_RETURN(double f, fio_pass(o, file, c->op, bs, qd, true));
             c->fio.push_back(f);
+            if (!zoe_first) {
+              ZOE_ASSIGN_OR_RETURN(double z, zoe_pass(*st, c->op, window.data(), w, o.file_bytes));
+              c->zoe.push_back(z);
+            }
             ZOE_ASSIGN_OR_RETURN(double f4, fio_pass(o, file, c->op, bs, qd, false));
             c->fio_4k.push_back(f4);
           }
@@ -219,7 +239,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
           const double z = median(c->zoe), f = median(c->fio);
           std::fprintf(human, "  %6s %10u %6u %10.3f %10s %7s %11s\n", io_op_name(c->op), bs, qd, z,
                        have_fio ? fmt::format("{:.3f}", f).c_str() : "-",
-                       have_fio ? fmt::format("{:.3f}", z / f).c_str() : "-",
+                       have_fio ? fmt::format("{:.3f}", paired_ratio(c->zoe, c->fio)).c_str() : "-",
                        have_fio ? fmt::format("{:.3f}", median(c->fio_4k)).c_str() : "-");
           std::fflush(human);
         }
@@ -240,7 +260,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
       r["fio_GBps_reps"] = c.fio;
       r["fio_4k_GBps"] = median(c.fio_4k);
       r["fio_4k_GBps_reps"] = c.fio_4k;
-      r["ratio"] = f > 0 ? z / f : 0.0;
+      r["ratio"] = paired_ratio(c.zoe, c.fio);
     }
     results.push_back(r);
   }
@@ -279,17 +299,23 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
     for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
       std::vector<double> p, s;
       for (int rep = 0; rep < o.reps; ++rep) {
-        ZOE_ASSIGN_OR_RETURN(double a, zoe_pass(*plain, op, window.data(), w, o.file_bytes));
-        ZOE_ASSIGN_OR_RETURN(double b, zoe_pass(*summed, op, window.data(), w, o.file_bytes));
+        double a = 0, b = 0;
+        for (int k = 0; k < 2; ++k) {  // alternating who goes first, as above
+          if ((k == 0) == (rep % 2 == 0)) {
+            ZOE_ASSIGN_OR_RETURN(a, zoe_pass(*plain, op, window.data(), w, o.file_bytes));
+          } else {
+            ZOE_ASSIGN_OR_RETURN(b, zoe_pass(*summed, op, window.data(), w, o.file_bytes));
+          }
+        }
         p.push_back(a);
         s.push_back(b);
       }
-      const double mp = median(p), ms = median(s);
+      const double mp = median(p), ms = median(s), ratio = paired_ratio(s, p);
       sums.push_back({{"case", fmt::format("checksums/{}/bs={}/qd={}", io_op_name(op), size_name(best_bs), best_qd)},
                       {"op", io_op_name(op)}, {"block_bytes", best_bs}, {"queue_depth", best_qd},
-                      {"plain_GBps", mp}, {"checksums_GBps", ms}, {"ratio", mp > 0 ? ms / mp : 0.0}});
+                      {"plain_GBps", mp}, {"checksums_GBps", ms}, {"ratio", ratio}});
       if (human) {
-        std::fprintf(human, "  %6s %10.3f %10.3f %7.3f\n", io_op_name(op), mp, ms, mp > 0 ? ms / mp : 0.0);
+        std::fprintf(human, "  %6s %10.3f %10.3f %7.3f\n", io_op_name(op), mp, ms, ratio);
         std::fflush(human);
       }
     }
