@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ckpt/checksum.h"
+#include "nvme/block_table.h"
 #include "nvme/fault_injecting_env.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
@@ -165,6 +167,24 @@ TEST_F(NvmeStoreTest, AsyncTransfersOnOneBlockApplyInSubmissionOrder) {
   EXPECT_TRUE(back == want);
   EXPECT_EQ(0, std::memcmp(back_b.data(), x.data(), 10000));
   EXPECT_TRUE(store->wait(t[0]).ok());  // waiting twice is fine
+}
+
+TEST_F(NvmeStoreTest, OneBounceBufferAndAnUnpinnedPoolStillMoveEverything) {
+  // Every block of an odd address needs the single bounce buffer in turn; the pool is plain
+  // memory, so nothing is registered with io_uring.
+  NvmeStoreOptions o = options();
+  o.bounce_buffers = 1;
+  o.pin_memory = false;
+  auto store = open(o, {{"a", 10 * kBlock + 1}});
+  ASSERT_TRUE(store);
+  const std::vector<uint8_t> d = random_bytes(10 * kBlock + 1, 4);
+  std::vector<uint8_t> src(d.size() + 1), back(d.size() + 1);
+  std::memcpy(src.data() + 1, d.data(), d.size());
+  Ticket w = store->write_async(0, 0, src.data() + 1, d.size());
+  Ticket r = store->read_async(0, 0, back.data() + 1, d.size());  // ordered after the write, block by block
+  ASSERT_TRUE(store->wait(w).ok());
+  ASSERT_TRUE(store->wait(r).ok());
+  EXPECT_EQ(0, std::memcmp(back.data() + 1, d.data(), d.size()));
 }
 
 TEST_F(NvmeStoreTest, RangesPastTheEndAreRefused) {
@@ -424,6 +444,11 @@ TEST_F(NvmeTmpfsTest, WritingPastTheEndOfTheDiskIsEnospcNamingFileOffsetOp) {
             std::string::npos)
       << a.message();
   EXPECT_FALSE(fs::exists(store->dir() + "/exp_avg.swap"));
+}
+
+TEST(BlockTableTest, BlockSumsAreTheCheckpointsXxh3) {
+  const std::vector<uint8_t> d = random_bytes(100003, 7);
+  EXPECT_EQ(Checksum::checksum_to_hex(BlockTable::hash(d.data(), d.size())), checksum_buffer(d.data(), d.size()));
 }
 
 // ---- the pinned pool ---------------------------------------------------------------------------

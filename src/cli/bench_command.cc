@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "adam_bench.h"
 #include "comm_bench.h"
+#include "nvme_bench.h"
 #include "step_bench.h"
 
 namespace zoe::cli {
@@ -58,7 +59,14 @@ int bench_command(const BenchArgs& a) {
     o.torch = !a.no_torch;
     o.python = a.python;
     st = bench_step(o, &out, human);
-  } else if (a.what == "nvme" || a.what == "copy") {
+  } else if (a.what == "nvme") {
+    NvmeBenchOptions o;
+    if (sizes.value().size() > 1) return report_error(Status::Invalid("bench nvme: one --size (the file's bytes)"));
+    if (!sizes.value().empty()) o.file_bytes = sizes.value()[0];
+    if (a.iters > 0) o.reps = a.iters;
+    if (!a.dir.empty()) o.dir = a.dir;
+    st = bench_nvme(o, &out, human);
+  } else if (a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
     st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, nvme, copy, step", a.what));

@@ -39,6 +39,7 @@ struct BenchArgs {
   int iters = 0;
   bool no_torch = false;
   std::string python;
+  std::string dir;                  // --dir: where `bench nvme` puts its test file
 };
 int bench_command(const BenchArgs& a);
 

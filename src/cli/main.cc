@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   bench->add_option("--iters", ba.iters, "timed repetitions per case");
   bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
+  bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme)");
 
   ExportArgs xa;
   auto* exp = app.add_subcommand("export", "consolidated fp32 weights of a checkpoint as safetensors");
