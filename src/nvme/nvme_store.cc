@@ -12,6 +12,33 @@ namespace zoe {
 
 namespace {
 
+// mkdir -p: nvme_path and any missing parents.
+Status create_dirs(NvmeEnv* env, const std::string& path) {
+  for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))
+    ZOE_RETURN_IF_ERROR(env->create_dir(path.substr(0, at)));
+  return env->create_dir(path);
+}
+
+// Directories of other jobs whose lock nobody holds belong to jobs that died: their swap files
+// are scratch, so they are removed (a live job holds its lock for as long as its files exist).
+Status remove_dead_jobs(NvmeEnv* env, const std::string& nvme_path, const std::string& job) {
+  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> names, env->list_dir(nvme_path));
+  for (const std::string& name : names) {
+    if (name.rfind("zoe-", 0) != 0 || name.find("-rank") == std::string::npos || name.rfind("zoe-" + job + "-rank", 0) == 0)
+      continue;
+    std::string dir = nvme_path + "/" + name;
+    Result<int> lock = env->lock_dir(dir);
+    if (!lock.ok()) continue;  // alive (or not ours to judge)
+    Result<std::vector<std::string>> files = env->list_dir(dir);
+    if (files.ok())
+      for (const std::string& f : *files)
+        if (f.size() > 5 && f.compare(f.size() - 5, 5, ".swap") == 0) (void)env->remove_file(dir + "/" + f);
+    (void)env->remove_dir(dir);
+    env->close_fd(lock.value());
+  }
+  return Status::Ok();
+}
+
 constexpr uint64_t kPage = 4096;
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -42,7 +69,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
   st->o_ = o;
   st->env_ = o.env ? o.env : NvmeEnv::Default();
   NvmeEnv* env = st->env_;
-  ZOE_RETURN_IF_ERROR(env->create_dir(o.nvme_path));
+  ZOE_RETURN_IF_ERROR(create_dirs(env, o.nvme_path));
+  ZOE_RETURN_IF_ERROR(remove_dead_jobs(env, o.nvme_path, o.job));
   st->dir_ = o.nvme_path + "/zoe-" + o.job + "-rank" + std::to_string(o.rank);
   ZOE_RETURN_IF_ERROR(env->create_dir(st->dir_));
   Result<int> lock = env->lock_dir(st->dir_);
