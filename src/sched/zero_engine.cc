@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -391,11 +392,12 @@ struct ZeroEngine::AdamTask {
 
 namespace {
 
-// The arrays the optimizer touches, and where each sits in a sub-group's window.
+// An array with an NVMe part, and where it sits in a sub-group's window.
 struct Windowed {
+  int slot;        // 0 master, 1 exp_avg, 2 exp_avg_sq, 3 the low-precision parameters
   StateArray* a;
   bool read;       // loaded before Adam (state); the low-precision copy is only written
-  size_t offset;   // bytes into the window, per element of the sub-group: offset * n
+  size_t offset;   // bytes into the window per element of the sub-group (times its length)
 };
 
 }  // namespace
@@ -422,13 +424,15 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
       tasks.push_back({opt_index(u, lo + seg.begin), seg.end - seg.begin, seg.decay, g + seg.begin * gsize_, u,
                        lo + seg.begin});
   }
+  // In fp32 training the master is the parameter array itself (slot 0), never also slot 3.
   std::vector<Windowed> win;
   size_t per_elem = 0;
-  bool param_windows = plan_.shard_params && cfg_.mixed_precision() && param_.has_nvme();
-  for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_, param_windows ? &param_ : nullptr})
-    if (a && a->has_nvme()) {
-      win.push_back({a, a != &param_ || !cfg_.mixed_precision(), per_elem});
-      per_elem += a->esize();
+  StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
+                             plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
+  for (int i = 0; i < 4; ++i)
+    if (slots_of[i] && slots_of[i]->has_nvme()) {
+      win.push_back({i, slots_of[i], i < 3, per_elem});
+      per_elem += slots_of[i]->esize();
     }
   // Sub-groups: at most group_elems_ when streaming, cut where any array changes part.
   int64_t limit = win.empty() ? int64_t{1} << 60 : group_elems_;
@@ -444,7 +448,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
       e = std::min(t.e + t.n, groups.back().second);
     }
   if (win.empty()) {  // all in memory: in place
-    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, nullptr, h, nonfinite));
+    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, {}, h, nonfinite));
     return Status::Ok();
   }
   struct Slot {
@@ -454,10 +458,17 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
   for (Slot& sl : slots) {
     ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(group_elems_ * per_elem));
   }
-  auto on_nvme = [&](const Windowed& w, int64_t a) { return w.a->on_nvme(a); };
+  // Where each windowed array of sub-group [a, b) sits in a slot (null: in memory there).
+  auto window = [&](Slot& sl, int64_t a, int64_t b) {
+    std::array<char*, 4> w{};
+    for (const Windowed& x : win)
+      if (x.a->on_nvme(a)) w[x.slot] = reinterpret_cast<char*>(sl.lease.data()) + x.offset * (b - a);
+    return w;
+  };
   auto issue_reads = [&](Slot& sl, int64_t a, int64_t b) {
-    for (const Windowed& w : win)
-      if (on_nvme(w, a) && w.read) sl.reads.push_back(w.a->read_async(a, b - a, sl.lease.data() + w.offset * (b - a)));
+    auto w = window(sl, a, b);
+    for (const Windowed& x : win)
+      if (w[x.slot] && x.read) sl.reads.push_back(x.a->read_async(a, b - a, w[x.slot]));
   };
   auto wait_all = [&](std::vector<Ticket>& ts) -> Status {
     Status first = Status::Ok();
@@ -485,11 +496,12 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
       ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
       if (st.ok()) st = wait_all(cur.reads);
     }
-    for (const Windowed& w : win)  // a write-only window holds zeros where Adam writes nothing (padding)
-      if (on_nvme(w, a) && !w.read) std::memset(cur.lease.data() + w.offset * (b - a), 0, (b - a) * w.a->esize());
-    if (st.ok()) st = run_adam_group(tasks, a, b, cur.lease.data(), h, nonfinite);
-    for (const Windowed& w : win)
-      if (st.ok() && on_nvme(w, a)) cur.writes.push_back(w.a->write_async(a, b - a, cur.lease.data() + w.offset * (b - a)));
+    auto w = window(cur, a, b);
+    for (const Windowed& x : win)  // a write-only window holds zeros where Adam writes nothing (padding)
+      if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
+    if (st.ok()) st = run_adam_group(tasks, a, b, w, h, nonfinite);
+    for (const Windowed& x : win)
+      if (st.ok() && w[x.slot]) cur.writes.push_back(x.a->write_async(a, b - a, w[x.slot]));
   }
   ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
   for (Slot& sl : slots) {  // every transfer is waited for, even after an error
@@ -499,48 +511,27 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
   return st;
 }
 
-// Steps the parts of `tasks` inside optimizer indices [a, b). `window` holds the sub-group's NVMe
-// parts back to back (master, exp_avg, exp_avg_sq, param: the ones on NVMe, in that order).
-Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, uint8_t* window,
-                                  AdamHyper h, uint64_t* nonfinite) {
-  int64_t n = b - a;
-  size_t at = 0;
-  auto place = [&](StateArray& arr, int64_t e) -> char* {  // where element e of arr is right now
-    if (!arr.on_nvme(e)) return arr.ptr(e);
-    return nullptr;  // filled below from the window layout
-  };
-  char* win_of[4] = {nullptr, nullptr, nullptr, nullptr};  // master, m, v, param
-  StateArray* arrays[4] = {&master(), &exp_avg_, &exp_avg_sq_, &param_};
-  bool param_windows = plan_.shard_params && cfg_.mixed_precision() && param_.has_nvme();
-  for (int i = 0; i < 4; ++i) {
-    if (i == 3 && !param_windows) continue;
-    if (i > 0 && arrays[i] == arrays[0]) continue;
-    if (arrays[i]->has_nvme()) {
-      if (window && arrays[i]->on_nvme(a)) win_of[i] = reinterpret_cast<char*>(window) + at * n;
-      at += arrays[i]->esize();
-    }
-  }
+// Steps the parts of `tasks` inside optimizer indices [a, b). win[i] holds element a of master,
+// exp_avg, exp_avg_sq and the low-precision parameters when that array is in a window for this
+// sub-group; null means it is in memory.
+Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                                  const std::array<char*, 4>& win, AdamHyper h, uint64_t* nonfinite) {
+  StateArray* arrays[3] = {&master(), &exp_avg_, &exp_avg_sq_};
+  auto at = [&](int i, int64_t e) { return win[i] ? win[i] + (e - a) * arrays[i]->esize() : arrays[i]->ptr(e); };
   for (const AdamTask& t : tasks) {
     int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b);
     if (e0 >= e1) continue;
-    int64_t d = e0 - t.e;
-    auto at_e = [&](int i, int64_t e) -> char* {
-      return win_of[i] ? win_of[i] + (e - a) * arrays[i]->esize() : place(*arrays[i], e);
-    };
+    int64_t x = t.x + (e0 - t.e);  // unit element of e0
     h.weight_decay = t.decay ? cfg_.weight_decay : 0.0;
     AdamRange r;
-    r.grad = t.grad + d * gsize_;
+    r.grad = t.grad + (e0 - t.e) * gsize_;
     r.grad_dtype = gdtype_;
     // In fp32 training the master is the parameter array, indexed by parameter position (the
-    // same as the optimizer's only at stages 0 and 3, where it alone may have NVMe windows).
-    r.master = reinterpret_cast<float*>(cfg_.mixed_precision() || win_of[0] ? at_e(0, e0)
-                                                                          : param_.ptr(param_index(t.u, t.x + d)));
-    r.exp_avg = reinterpret_cast<float*>(at_e(1, e0));
-    r.exp_avg_sq = reinterpret_cast<float*>(at_e(2, e0));
-    if (cfg_.mixed_precision()) {
-      int64_t pi = param_index(t.u, t.x + d);
-      r.param_out = win_of[3] ? win_of[3] + (e0 - a) * wsize_ : param_.ptr(pi);
-    }
+    // same as the optimizer's only at stages 0 and 3, the only ones where it may be windowed).
+    r.master = reinterpret_cast<float*>(cfg_.mixed_precision() || win[0] ? at(0, e0) : param_.ptr(param_index(t.u, x)));
+    r.exp_avg = reinterpret_cast<float*>(at(1, e0));
+    r.exp_avg_sq = reinterpret_cast<float*>(at(2, e0));
+    if (cfg_.mixed_precision()) r.param_out = win[3] ? win[3] + (e0 - a) * wsize_ : param_.ptr(param_index(t.u, x));
     r.param_dtype = dtype_;
     r.n = e1 - e0;
     ZOE_ASSIGN_OR_RETURN(size_t bad, dev_.adam(h, r));

@@ -14,6 +14,7 @@
 // gradient (RS + AG = all-reduce); Adam steps the optimizer range; replicated parameters are
 // all-gathered from their owners; sharded parameters are gathered by the next fetch().
 #pragma once
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -93,8 +94,8 @@ class ZeroEngine final : public Engine {
   Result<double> owned_grad_sumsq();
   Status apply_adam(double lr, double grad_scale, uint64_t* nonfinite);
   struct AdamTask;
-  Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, uint8_t* window, AdamHyper h,
-                        uint64_t* nonfinite);
+  Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
+                        AdamHyper h, uint64_t* nonfinite);
   Status gather_replicated_params();
 
   Config cfg_;
