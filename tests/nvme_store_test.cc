@@ -3,6 +3,7 @@
 // (a size-limited tmpfs), the directory lock, checksums, and the pinned pool's back-pressure.
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "nvme/fault_injecting_env.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
+#include "nvme/uring_queue.h"
 #include "test_util.h"
 
 namespace zoe {
@@ -185,6 +187,37 @@ TEST_F(NvmeStoreTest, OneBounceBufferAndAnUnpinnedPoolStillMoveEverything) {
   ASSERT_TRUE(store->wait(w).ok());
   ASSERT_TRUE(store->wait(r).ok());
   EXPECT_EQ(0, std::memcmp(back.data() + 1, d.data(), d.size()));
+}
+
+TEST_F(NvmeStoreTest, RegionsAddedLaterWorkLikeTheFirst) {
+  // The ring is single-issuer: registering the new file happens on the I/O thread.
+  auto store = open(options(), {{"a", kBlock}});
+  ASSERT_TRUE(store);
+  const std::vector<RegionSpec> more = {{"b", 3 * kBlock}, {"c", 7}};
+  ASSERT_TRUE(store->add_regions(more).ok());
+  EXPECT_EQ(store->region("c").value(), 2);
+  const std::vector<uint8_t> d = random_bytes(3 * kBlock, 8);
+  ASSERT_TRUE(store->write(1, 0, d.data(), d.size()).ok());
+  ASSERT_TRUE(store->write(2, 0, d.data(), 7).ok());
+  std::vector<uint8_t> back(d.size());
+  ASSERT_TRUE(store->read(1, 0, back.data(), back.size()).ok());
+  EXPECT_TRUE(back == d);
+  ASSERT_TRUE(store->read(2, 0, back.data(), 7).ok());
+  EXPECT_EQ(0, std::memcmp(back.data(), d.data(), 7));
+  EXPECT_EQ(store->add_regions(more).code(), Code::kInvalidInput);  // names are unique
+}
+
+TEST(UringQueueTest, SingleIssuerRingWhereTheKernelHasIt) {
+  auto q = UringQueue::create(4);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  struct utsname u;
+  ASSERT_EQ(::uname(&u), 0);
+  int major = 0, minor = 0;
+  std::sscanf(u.release, "%d.%d", &major, &minor);
+  if (major > 6 || (major == 6 && minor >= 1)) {
+    EXPECT_TRUE(q.value()->single_issuer()) << u.release;
+  }
+  EXPECT_TRUE(q.value()->attach_thread().ok());
 }
 
 TEST_F(NvmeStoreTest, RangesPastTheEndAreRefused) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 1: install what is needed, build, and run the main job on the embedded default:
-# a small GPT-2 on data/corpus.txt, 2 MPI ranks, ZeRO stage 3, bf16 (about two minutes on 2 cores).
+# a small GPT-2 on data/corpus.txt, 2 MPI ranks, ZeRO stage 3, bf16, the optimizer state on NVMe
+# under out/nvme (about two minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh

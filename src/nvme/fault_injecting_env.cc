@@ -21,6 +21,7 @@ class FaultInjectingQueue : public IoQueue {
   Status remove_file(int index) override { return base_->remove_file(index); }
   Status register_buffers(std::span<const iovec> pieces) override { return base_->register_buffers(pieces); }
   void wake() override { base_->wake(); }
+  Status attach_thread() override { return base_->attach_thread(); }
 
   Status enqueue(const IoRequest& r) override {
     const FaultInjectingEnv::Verdict v = env_->next_request(r.op);

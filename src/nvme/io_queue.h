@@ -29,6 +29,7 @@ struct IoCompletion {
   int32_t result = 0;     // bytes transferred (possibly fewer than asked), or -errno
 };
 
+// Not thread-safe: one thread uses a queue (see attach_thread); wake() may come from any thread.
 class IoQueue {
  public:
   virtual ~IoQueue() = default;
@@ -57,6 +58,10 @@ class IoQueue {
   // Thread-safe: makes a submit_and_wait that is blocked (or the next one) return early, so a
   // request queued by another thread does not wait for an unrelated completion.
   virtual void wake() = 0;
+
+  // Called once, first, on the one thread that makes every other call from then on (except
+  // wake): io_uring's single-issuer mode ties the ring to that thread.
+  virtual Status attach_thread() = 0;
 };
 
 }  // namespace zoe

@@ -52,26 +52,58 @@ Status IoWorker::wait(const Transfer& t) {
   return t.status;
 }
 
+Status IoWorker::call(std::function<Status(IoQueue&)> fn) {
+  Call c{std::move(fn), {}, false};
+  bool wake = false;
+  {
+    std::lock_guard l(mu_);
+    if (stopping_) return Status::Runtime("NVMe store: the I/O thread has stopped");
+    calls_.push_back(&c);
+    wake = in_kernel_;
+  }
+  work_.notify_one();
+  if (wake) queue_->wake();
+  std::unique_lock l(mu_);
+  done_.wait(l, [&] { return c.done; });
+  return c.result;
+}
+
 void IoWorker::run() {
+  {
+    Status s = queue_->attach_thread();  // from here on the queue is this thread's alone
+    std::lock_guard l(mu_);
+    if (!s.ok()) broken_ = s;
+  }
   std::vector<IoCompletion> cq;
   for (;;) {
+    std::deque<Call*> calls;
     {
       std::unique_lock l(mu_);
       if (active_.empty() && in_flight_ == 0) {
-        work_.wait(l, [&] { return !incoming_.empty() || stopping_; });
-        if (incoming_.empty()) return;  // stopping, nothing left
+        work_.wait(l, [&] { return !incoming_.empty() || !calls_.empty() || stopping_; });
+        if (incoming_.empty() && calls_.empty()) return;  // stopping, nothing left
       }
       while (!incoming_.empty()) {
         active_.push_back(std::move(incoming_.front()));
         incoming_.pop_front();
       }
+      calls.swap(calls_);
+    }
+    if (!calls.empty()) {
+      for (Call* c : calls) {
+        Status s = broken_.ok() ? c->fn(*queue_) : broken_;
+        std::lock_guard l(mu_);
+        c->result = std::move(s);
+        c->done = true;
+      }
+      done_.notify_all();
     }
     fill();
     if (in_flight_ == 0) continue;
     bool block_in_kernel;
     {
       std::lock_guard l(mu_);
-      block_in_kernel = incoming_.empty();  // new work waiting: submit without waiting
+      block_in_kernel = incoming_.empty() && calls_.empty();  // new work waiting: submit without waiting
       in_kernel_ = block_in_kernel;
     }
     cq.clear();

@@ -13,6 +13,7 @@
 #pragma once
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -40,6 +41,9 @@ class IoWorker {
 
   void submit(std::shared_ptr<Transfer> t);
   Status wait(const Transfer& t);
+  // Runs fn on the I/O thread and returns its Status: the queue belongs to that thread (io_uring
+  // single issuer), so registering files or buffers goes through here.
+  Status call(std::function<Status(IoQueue&)> fn);
   // Finishes everything submitted, then ends the thread. Idempotent.
   void stop();
 
@@ -85,6 +89,12 @@ class IoWorker {
   std::mutex mu_;
   std::condition_variable work_, done_;
   std::deque<std::shared_ptr<Transfer>> incoming_;
+  struct Call {
+    std::function<Status(IoQueue&)> fn;
+    Status result;
+    bool done = false;
+  };
+  std::deque<Call*> calls_;
   bool stopping_ = false;
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too

@@ -104,13 +104,16 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
   }
 
   ZOE_ASSIGN_OR_RETURN(st->queue_, env->new_queue(o.queue_depth));
-  if (st->pool_->pinned()) ZOE_RETURN_IF_ERROR(st->queue_->register_buffers(st->pool_->pieces()));
   IoWorkerParams wp;
   wp.queue = st->queue_.get();
   wp.block_bytes = o.block_size;
   wp.registered = st->pool_->pinned() ? st->pool_ : nullptr;
   for (auto& b : st->bounce_) wp.bounce.push_back(b.data());
-  st->worker_ = std::make_unique<IoWorker>(std::move(wp));
+  st->worker_ = std::make_unique<IoWorker>(std::move(wp));  // from here on the queue is its thread's
+  if (st->pool_->pinned()) {
+    const std::vector<iovec> pieces = st->pool_->pieces();
+    ZOE_RETURN_IF_ERROR(st->worker_->call([&](IoQueue& q) { return q.register_buffers(pieces); }));
+  }
 
   ZOE_RETURN_IF_ERROR(st->add_regions(regions));
   return st;
@@ -168,18 +171,20 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
     r.file_bytes = round_up(r.bytes, r.file.offset_align);
     r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums);
     if (!(s = env_->allocate(r.file.fd, r.path, r.file_bytes)).ok()) break;
-    Result<int> qf = queue_->add_file(r.file.fd);
-    if (!qf.ok()) {
-      s = Status::Io(r.path + ": " + qf.status().message());
+    s = worker_->call([&](IoQueue& q) -> Status {
+      ZOE_ASSIGN_OR_RETURN(r.queue_file, q.add_file(r.file.fd));
+      return Status::Ok();
+    });
+    if (!s.ok()) {
+      s = Status::Io(r.path + ": " + s.message());
       break;
     }
-    r.queue_file = qf.value();
   }
   if (s.ok()) return s;
   // All or nothing: remove what this call made.
   while (regions_.size() > first_new) {
     RegionFile& r = *regions_.back();
-    if (r.queue_file >= 0) (void)queue_->remove_file(r.queue_file);
+    if (r.queue_file >= 0) (void)worker_->call([&](IoQueue& q) { return q.remove_file(r.queue_file); });
     env_->close_fd(r.file.fd);
     (void)env_->remove_file(r.path);
     regions_.pop_back();
@@ -244,13 +249,12 @@ Status NvmeStore::close() {
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
+  queue_.reset();  // the ring holds the files' registrations
   for (auto& r : regions_) {
-    if (queue_ && r->queue_file >= 0) (void)queue_->remove_file(r->queue_file);
     env_->close_fd(r->file.fd);
     keep(env_->remove_file(r->path));
   }
   regions_.clear();
-  queue_.reset();
   bounce_.clear();
   own_pool_.reset();
   keep(env_->remove_dir(dir_));

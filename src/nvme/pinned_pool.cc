@@ -104,31 +104,22 @@ bool PinnedPool::take_locked(uint64_t bytes, uint64_t* offset) {
   return false;
 }
 
-Result<PinnedPool::Lease> PinnedPool::acquire(size_t bytes) {
-  if (bytes == 0 || bytes > bytes_)
-    return Status::Invalid("pinned pool: a lease of " + bytes_text(bytes) + " cannot come from a pool of " +
-                           bytes_text(bytes_));
-  const uint64_t want = round_up(bytes, kAlign);
-  uint64_t off = 0;
-  std::unique_lock l(mu_);
-  returned_.wait(l, [&] { return take_locked(want, &off); });
-  Lease lease;
-  lease.pool_ = this;
-  lease.data_ = base_ + off;
-  lease.size_ = bytes;
-  lease.taken_ = want;
-  return lease;
-}
+Result<PinnedPool::Lease> PinnedPool::acquire(size_t bytes) { return take(bytes, /*wait=*/true); }
 
-Result<PinnedPool::Lease> PinnedPool::try_acquire(size_t bytes) {
+Result<PinnedPool::Lease> PinnedPool::try_acquire(size_t bytes) { return take(bytes, /*wait=*/false); }
+
+Result<PinnedPool::Lease> PinnedPool::take(size_t bytes, bool wait) {
   if (bytes == 0 || bytes > bytes_)
     return Status::Invalid("pinned pool: a lease of " + bytes_text(bytes) + " cannot come from a pool of " +
                            bytes_text(bytes_));
   const uint64_t want = round_up(bytes, kAlign);
   uint64_t off = 0;
   Lease lease;
-  std::lock_guard l(mu_);
-  if (!take_locked(want, &off)) return lease;
+  std::unique_lock l(mu_);
+  if (wait)
+    returned_.wait(l, [&] { return take_locked(want, &off); });
+  else if (!take_locked(want, &off))
+    return lease;  // empty: would block
   lease.pool_ = this;
   lease.data_ = base_ + off;
   lease.size_ = bytes;

@@ -79,6 +79,7 @@ class PinnedPool {
 
  private:
   PinnedPool() = default;
+  Result<Lease> take(size_t bytes, bool wait);
   bool take_locked(uint64_t bytes, uint64_t* offset);
   void give_back(uint8_t* data, uint64_t bytes);
 

@@ -1,6 +1,7 @@
 #include "nvme/uring_queue.h"
 
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,13 +22,24 @@ Result<std::unique_ptr<UringQueue>> UringQueue::create(unsigned depth) {
   std::unique_ptr<UringQueue> q(new UringQueue());
   q->depth_ = depth;
   // One entry more than the depth: the armed wake-up read.
-  int r = io_uring_queue_init(depth + 1, &q->ring_, 0);
+  // Single issuer + deferred task work, created disabled so that the thread that will issue
+  // (attach_thread) becomes the ring's owner; plain where the kernel predates them (< 6.1).
+  io_uring_params params{};
+  params.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                 IORING_SETUP_R_DISABLED;
+  int r = io_uring_queue_init_params(depth + 1, &q->ring_, &params);
+  if (r == -EINVAL) {
+    params = io_uring_params{};
+    r = io_uring_queue_init_params(depth + 1, &q->ring_, &params);
+  }
   if (r < 0) {
     Status s = uring_error("io_uring_queue_init(" + std::to_string(depth + 1) + " entries)", r);
     if (r == -ENOMEM || r == -EPERM)
       s = Status::Io(s.message() + " (io_uring may be disabled: kernel.io_uring_disabled, or RLIMIT_MEMLOCK too low)");
     return s;
   }
+  q->single_issuer_ = params.flags & IORING_SETUP_SINGLE_ISSUER;
+  q->disabled_ = params.flags & IORING_SETUP_R_DISABLED;
   q->ring_ok_ = true;
   q->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (q->wake_fd_ < 0) return Status::Io("io_uring: eventfd failed: " + errno_string(errno));
@@ -120,6 +132,15 @@ Status UringQueue::submit_and_wait(unsigned wait_for, std::vector<IoCompletion>*
     }
     io_uring_cq_advance(&ring_, n);
   }
+  return Status::Ok();
+}
+
+Status UringQueue::attach_thread() {
+  if (!disabled_) return Status::Ok();
+  // liburing 2.3 declares io_uring_enable_rings but does not export it: the system call itself.
+  if (::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0) < 0)
+    return uring_error("enabling the ring", -errno);
+  disabled_ = false;
   return Status::Ok();
 }
 

@@ -1,6 +1,9 @@
 // UringQueue: IoQueue on io_uring. Registered files and buffers, one io_uring_enter per batch
 // (submit and wait together), and an eventfd read kept armed in the ring so that another thread
-// can wake a waiting submitter.
+// can wake a waiting submitter. The ring is single-issuer with deferred task work (as fio sets it
+// up): completions are run in the submitter's own io_uring_enter instead of interrupting it, which
+// measured steadier and faster here, most of all for writes into fresh extents; kernels without
+// these flags get a plain ring.
 #pragma once
 #include <liburing.h>
 
@@ -25,6 +28,8 @@ class UringQueue : public IoQueue {
   Status enqueue(const IoRequest& r) override;
   Status submit_and_wait(unsigned wait_for, std::vector<IoCompletion>* out) override;
   void wake() override;
+  Status attach_thread() override;
+  bool single_issuer() const { return single_issuer_; }
 
  private:
   UringQueue() = default;
@@ -39,6 +44,8 @@ class UringQueue : public IoQueue {
   bool wake_armed_ = false;
   std::vector<int> files_;   // registered slot -> fd, -1 when free
   bool buffers_registered_ = false;
+  bool single_issuer_ = false;
+  bool disabled_ = false;    // created disabled; attach_thread enables it on the issuing thread
 };
 
 }  // namespace zoe
