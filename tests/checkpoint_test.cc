@@ -9,10 +9,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/checksum.h"
 #include "ckpt/safetensors_reader.h"
 #include "test_util.h"
 
@@ -103,12 +105,24 @@ void flip_byte(const std::string& path, size_t at) {
   f.write(&c, 1);
 }
 
-TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
+// A checkpoint after 2 steps, `cmd` resuming from it, and a pristine copy to restore between cases.
+struct SavedCheckpoint {
   std::string d = make_temp_dir("ckpt");
   std::string cmd = kZoe + kBase + " --set zoe.checkpoint.dir='\"" + d + "/c\"'";
-  run_ok(cmd + " --set zoe.steps=2");
   std::string ck = d + "/c/step_00000002";
-  fs::copy(ck, d + "/pristine", fs::copy_options::recursive);
+  SavedCheckpoint() {
+    run_ok(cmd + " --set zoe.steps=2");
+    fs::copy(ck, d + "/pristine", fs::copy_options::recursive);
+  }
+  void restore() const {
+    fs::remove_all(ck);
+    fs::copy(d + "/pristine", ck, fs::copy_options::recursive);
+  }
+};
+
+TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
+  SavedCheckpoint saved;
+  const std::string &cmd = saved.cmd, &ck = saved.ck;
   struct Case {
     std::function<void()> damage;
     std::string needle;
@@ -116,12 +130,11 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
       {[&] { flip_byte(ck + "/rank_00000.bin", 100); }, "checksum"},
       {[&] { fs::resize_file(ck + "/rank_00000.bin", 64); }, "truncated"},
       {[&] { fs::remove(ck + "/rank_00000.bin"); }, "missing"},
-      {[&] { fs::remove(ck + "/manifest.json"); }, "manifest.json is missing"},
-      {[&] { std::ofstream(ck + "/manifest.json") << "{\"format_version\": 1"; }, "manifest.json"},
+      {[&] { fs::remove(ck + "/manifest.xxh3"); }, "manifest.xxh3 is missing"},
+      {[&] { std::ofstream(ck + "/manifest.json") << "{\"format_version\": 1"; }, "manifest.json fails the checksum"},
   };
   for (auto& c : cases) {
-    fs::remove_all(ck);
-    fs::copy(d + "/pristine", ck, fs::copy_options::recursive);
+    saved.restore();
     c.damage();
     std::string out;
     int rc = run_command(cmd + " --set zoe.steps=3", &out);
@@ -129,6 +142,61 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedWithAClearError) {
     EXPECT_NE(out.find(c.needle), std::string::npos) << out;
     EXPECT_NE(out.find("step_00000002"), std::string::npos) << out;
   }
+}
+
+// Rewrites a checkpoint's manifest through `edit` and keeps its checksum right, so that what is
+// tested is the validation of the values, not the checksum.
+void edit_manifest(const std::string& ck, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json m = nlohmann::json::parse(slurp(ck + "/manifest.json"));
+  edit(m);
+  std::string text = m.dump(2) + "\n";
+  std::ofstream(ck + "/manifest.json", std::ios::trunc) << text;
+  std::ofstream(ck + "/manifest.xxh3", std::ios::trunc) << checksum_buffer(text.data(), text.size()) << "\n";
+}
+
+TEST(Checkpoint, HostileManifestsAreExitTwoForExportAndResume) {
+  SavedCheckpoint saved;
+  const std::string &cmd = saved.cmd, &ck = saved.ck, &d = saved.d;
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string field;
+  } cases[] = {
+      {[](nlohmann::json& m) { m["units"][0]["tensors"][0]["offset"] = 1000000000; }, "units[0].tensors[0].offset"},
+      {[](nlohmann::json& m) { m["units"][0]["tensors"][0]["shape"][0] = -3; }, "units[0].tensors[0].shape"},
+      {[](nlohmann::json& m) { m["units"][0]["tensors"][0]["shape"] = {1000000000000000}; }, "units[0].tensors[0].shape"},
+      {[](nlohmann::json& m) { m["files"][0]["name"] = "../../something"; }, "files[0].name"},
+      {[](nlohmann::json& m) { m["step"] = -5; }, "'step'"},
+      {[](nlohmann::json& m) { m["steps_applied"] = -100; }, "'steps_applied'"},
+      {[](nlohmann::json& m) { m["train_state"]["loss_scale"] = -1; }, "train_state.loss_scale"},
+  };
+  for (auto& c : cases) {
+    saved.restore();
+    edit_manifest(ck, c.edit);
+    for (const std::string& run : {cmd + " --set zoe.steps=3", kZoe + " export --checkpoint " + ck + " --out " + d + "/x.st"}) {
+      std::string out;
+      int rc = run_command(run, &out);
+      EXPECT_EQ(rc, 2) << run << "\n" << out;
+      EXPECT_NE(out.find(c.field), std::string::npos) << out;
+      EXPECT_NE(out.find("manifest.json"), std::string::npos) << out;
+    }
+  }
+}
+
+TEST(Checkpoint, AnIncompleteNewestCheckpointIsSkippedWithAWarning) {
+  std::string d = make_temp_dir("ckpt");
+  std::string cmd = kZoe + kBase + " --set zoe.checkpoint.every=1 --set zoe.checkpoint.keep=3 --set zoe.checkpoint.dir='\"" +
+                    d + "/c\"'";
+  run_ok(cmd + " --set zoe.steps=2 --report " + d + "/r.jsonl");
+  fs::remove(d + "/c/step_00000002/manifest.json");
+  std::string out;
+  int rc = run_command(cmd.substr(0, cmd.find(" --quiet")) + cmd.substr(cmd.find(" --quiet") + 8) +
+                           " --set zoe.steps=4 --report " + d + "/r.jsonl", &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("warning: skipping incomplete checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find("step_00000002"), std::string::npos) << out;
+  EXPECT_NE(out.find("resuming from " + d + "/c/step_00000001"), std::string::npos) << out;
+  // The resumed run appended to the report: steps 1, 2, then 2, 3, 4 again from step 1.
+  EXPECT_EQ(losses(d + "/r.jsonl").size(), 5u);
 }
 
 TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
@@ -160,7 +228,7 @@ TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
     auto m = read_manifest(latest.value());
     EXPECT_TRUE(m.ok()) << "after kill at " << delay_ms << " ms: " << m.status().message();
     // and it really loads: one more step from it succeeds
-    int64_t step = m.ok() ? m.value()["step"].get<int64_t>() : 0;
+    int64_t step = m.ok() ? m.value().train_state.steps_done : 0;
     run_ok(cmd + " --set zoe.steps=" + std::to_string(step + 1));
   }
 }

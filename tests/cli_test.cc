@@ -41,6 +41,15 @@ TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
       {"train --bogus-flag", "bogus-flag"},
       {"estimate --params -5", "params"},
       {"bench frobnicate", "frobnicate"},
+      {"train --set zoe.device_memory_budget='\"1e30GiB\"'", "zoe.device_memory_budget"},
+      {"train --set zoe.device_memory_budget='\"infGiB\"'", "zoe.device_memory_budget"},
+      {"train --set zoe.host_memory_budget='\"nanGiB\"'", "zoe.host_memory_budget"},
+      {"train --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.ratio=0.5",
+       "zero_optimization.offload_optimizer.ratio"},
+      {"train --set scheduler.params.warmup_num_steps=0", "warmup_num_steps"},
+      {"train --set data_types.grad_accum_dtype=fp8", "data_types.grad_accum_dtype"},
+      {"train --trace /nonexistent-dir/t.json", "--trace"},
+      {"train --report /nonexistent-dir/r.jsonl", "--report"},
   };
   for (auto& c : cases) {
     std::string out;

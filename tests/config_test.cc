@@ -84,6 +84,37 @@ TEST(Config, BytesAcceptUnits) {
   EXPECT_EQ(parse_bytes(nlohmann::json(4096), "k").value(), 4096u);
   EXPECT_FALSE(parse_bytes(nlohmann::json(-1), "k").ok());
   EXPECT_FALSE(parse_bytes(nlohmann::json("3 parsecs"), "k").ok());
+  for (const char* huge : {"1e30GiB", "infGiB", "nanGiB", "-infGiB", "2EiB", "1e19"}) {
+    auto r = parse_bytes(nlohmann::json(huge), "zoe.device_memory_budget");
+    ASSERT_FALSE(r.ok()) << huge;
+    EXPECT_EQ(r.status().code(), Code::kInvalidInput) << huge;
+    EXPECT_NE(r.status().message().find("zoe.device_memory_budget"), std::string::npos) << huge;
+  }
+  EXPECT_FALSE(parse_bytes(nlohmann::json(1e30), "k").ok());
+}
+
+TEST(Config, EmptySectionsSetNothing) {
+  auto r = parse_config(R"({"zero_optimization": {}, "aio": {}, "zoe": {"model": {}}})", {}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->stage, 0);
+}
+
+TEST(Config, GradAccumDtypeIsDeepSpeeds) {
+  auto r = parse_config(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}})", {}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->grad_dtype(), DType::kF32);
+  EXPECT_EQ(r->dtype, DType::kBF16);
+  auto d = parse_config(R"({"bf16": {"enabled": true}})", {}, "t");
+  EXPECT_EQ(d->grad_dtype(), DType::kBF16) << "unset: gradients in the weight dtype";
+  Status s = parse_error(R"({"data_types": {"grad_accum_dtype": "fp64"}})");
+  EXPECT_NE(s.message().find("data_types.grad_accum_dtype"), std::string::npos) << s.message();
+}
+
+TEST(Config, PartialOffloadRatioIsRefusedUntilItWorks) {
+  Status s = parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("offload_optimizer.ratio"), std::string::npos) << s.message();
+  EXPECT_TRUE(parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1}}})").ok());
 }
 
 }  // namespace

@@ -12,6 +12,12 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps) {
 
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source) {
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
+  // Communication staging is booked in this run's ledger, and unbooked before the ledger goes.
+  comm.set_ledger(&dev.ledger());
+  struct Unbook {
+    Comm& c;
+    ~Unbook() { c.set_ledger(nullptr); }
+  } unbook{comm};
   auto units = model.units();
   ZeroEngine engine(c, dev, comm, units);
   ZOE_RETURN_IF_ERROR(engine.allocate());

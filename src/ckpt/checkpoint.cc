@@ -21,21 +21,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string rank_file(int r) { return fmt::format("rank_{:05d}.bin", r); }
+std::string rank_file(int r) { return manifest_rank_file_name(r); }
+int64_t chunk_of(int64_t numel, int world) { return manifest_chunk(numel, world); }
+int64_t owned_of(int64_t numel, int world, int r) { return manifest_owned(numel, world, r); }
 
-int64_t chunk_of(int64_t numel, int world) { return (numel + world - 1) / world; }
-int64_t owned_of(int64_t numel, int world, int r) {
-  return std::clamp<int64_t>(numel - r * chunk_of(numel, world), 0, chunk_of(numel, world));
-}
+// manifest.json is small; anything far larger is not one of ours.
+constexpr size_t kMaxManifestBytes = size_t{64} << 20;
 
-// One rank's outcome made everyone's: a rank that failed a step fails it on every rank (with
-// `elsewhere` where this rank itself was fine), so no rank goes on alone into a collective.
-Status agree(Comm& comm, const Status& mine,
-             const Status& elsewhere = Status::Io("checkpoint save failed on another rank (see its message)")) {
-  double bad = mine.ok() ? 0 : 1;
-  ZOE_RETURN_IF_ERROR(comm.all_reduce_sum(&bad, 1));
-  if (!mine.ok()) return mine;
-  return bad > 0 ? elsewhere : Status::Ok();
+Status agree_save(Comm& comm, const Status& mine) {
+  return agree(comm, mine, Status::Io("checkpoint save failed on another rank (see its message)"));
 }
 
 Status broadcast_string(Comm& comm, std::string& s) {
@@ -61,13 +55,12 @@ Status write_rank_file(const std::string& path, Engine& e, int rank, int world, 
   return f.commit();
 }
 
-nlohmann::json units_json(const Engine& e) {
-  nlohmann::json units = nlohmann::json::array();
+std::vector<ManifestUnit> manifest_units(const Engine& e) {
+  std::vector<ManifestUnit> units;
   for (int u = 0; u < e.num_units(); ++u) {
-    nlohmann::json t = nlohmann::json::array();
-    for (const TensorSpec& s : e.unit(u).tensors)
-      t.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}});
-    units.push_back({{"name", e.unit(u).name}, {"numel", e.unit(u).numel}, {"tensors", t}});
+    ManifestUnit mu{e.unit(u).name, e.unit(u).numel, {}};
+    for (const TensorSpec& s : e.unit(u).tensors) mu.tensors.push_back({s.name, s.shape, s.offset, s.numel});
+    units.push_back(std::move(mu));
   }
   return units;
 }
@@ -105,7 +98,7 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
       dir.emplace(std::move(d).value());
     }
   }
-  ZOE_RETURN_IF_ERROR(agree(comm, made));
+  ZOE_RETURN_IF_ERROR(agree_save(comm, made));
   ZOE_RETURN_IF_ERROR(broadcast_string(comm, tmp));
   struct FileFacts {
     uint64_t size;
@@ -114,30 +107,31 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
   std::string hex;
   Status wrote = write_rank_file(tmp + "/" + rank_file(comm.rank()), e, comm.rank(), comm.size(), &mine.size, &hex);
   std::snprintf(mine.hex, sizeof(mine.hex), "%s", hex.c_str());
-  ZOE_RETURN_IF_ERROR(agree(comm, wrote));
+  ZOE_RETURN_IF_ERROR(agree_save(comm, wrote));
   std::vector<FileFacts> all(comm.rank() == 0 ? comm.size() : 1);
   ZOE_RETURN_IF_ERROR(comm.gather_to_root(&mine, all.data(), sizeof(FileFacts)));
   Status done = Status::Ok();
   if (comm.rank() == 0) {
-    nlohmann::json files = nlohmann::json::array();
-    for (int r = 0; r < comm.size(); ++r)
-      files.push_back({{"name", rank_file(r)}, {"bytes", all[r].size}, {"xxh3", std::string(all[r].hex)}});
-    nlohmann::json m = {{"format", "zoe-checkpoint"}, {"format_version", kCheckpointFormat},
-                        {"step", st.steps_done}, {"steps_applied", st.steps_applied}, {"world_size", comm.size()},
-                        {"stage", stage}, {"config", config}, {"units", units_json(e)}, {"files", files},
-                        {"train_state", {{"loss_scale", st.loss_scale}, {"scaler_good_steps", st.scaler_good_steps},
-                                         {"scaler_hysteresis", st.scaler_hysteresis},
-                                         {"data_position", st.data_position}, {"data_shard", st.data_shard},
-                                         {"last_loss", st.last_loss}}}};
-    done = write_file_atomic(tmp + "/manifest.json", m.dump(2) + "\n");
+    CheckpointManifest m;
+    m.world_size = comm.size();
+    m.stage = stage;
+    m.config = config;
+    m.units = manifest_units(e);
+    for (int r = 0; r < comm.size(); ++r) m.files.push_back({rank_file(r), all[r].size, std::string(all[r].hex)});
+    m.train_state = st;
+    // The manifest's own checksum sits beside it, so a damaged manifest is never trusted.
+    std::string text = manifest_to_text(m);
+    done = write_file_atomic(tmp + "/" + kManifestName, text);
+    if (done.ok()) done = write_file_atomic(tmp + "/" + kManifestSumName, checksum_buffer(text.data(), text.size()) + "\n");
     if (done.ok()) done = dir->commit();
     if (done.ok()) done = prune(root, keep);
   }
-  ZOE_RETURN_IF_ERROR(agree(comm, done));
+  ZOE_RETURN_IF_ERROR(agree_save(comm, done));
   return final_path;
 }
 
-Result<std::string> latest_checkpoint(const std::string& root) {
+
+Result<std::string> latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::string();
   static const std::regex kName("step_[0-9]{8}");
@@ -145,157 +139,154 @@ Result<std::string> latest_checkpoint(const std::string& root) {
   for (auto& d : fs::directory_iterator(root, ec))
     if (d.is_directory() && std::regex_match(d.path().filename().string(), kName)) dirs.push_back(d.path().string());
   std::sort(dirs.begin(), dirs.end());
-  return dirs.empty() ? std::string() : dirs.back();
-}
-
-static Result<nlohmann::json> read_manifest_impl(const std::string& path) {
-  std::ifstream f(path + "/manifest.json");
-  if (!f) return Status::Corrupt(fmt::format("checkpoint '{}': manifest.json is missing (incomplete checkpoint)", path));
-  nlohmann::json m = nlohmann::json::parse(f, nullptr, false);
-  if (m.is_discarded() || !m.is_object())
-    return Status::Corrupt(fmt::format("checkpoint '{}': manifest.json is not valid JSON", path));
-  for (const char* k : {"format_version", "step", "world_size", "units", "files", "train_state"})
-    if (!m.contains(k)) return Status::Corrupt(fmt::format("checkpoint '{}': manifest.json lacks '{}'", path, k));
-  if (m["format_version"] != kCheckpointFormat)
-    return Status::Corrupt(fmt::format("checkpoint '{}': format version {} (this zoe reads {})", path,
-                                       m["format_version"].dump(), kCheckpointFormat));
-  int world = m["world_size"].get<int>();
-  if (world < 1 || static_cast<int>(m["files"].size()) != world)
-    return Status::Corrupt(fmt::format("checkpoint '{}': {} files listed for world size {}", path, m["files"].size(), world));
-  for (auto& file : m["files"]) {
-    std::string p = path + "/" + file["name"].get<std::string>();
-    std::error_code ec;
-    auto size = fs::file_size(p, ec);
-    if (ec) return Status::Corrupt(fmt::format("checkpoint '{}': file {} is missing", path, file["name"].get<std::string>()));
-    if (size != file["bytes"].get<uint64_t>())
-      return Status::Corrupt(fmt::format("checkpoint '{}': file {} has {} bytes, the manifest says {} (truncated?)",
-                                         path, file["name"].get<std::string>(), size, file["bytes"].get<uint64_t>()));
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (fs::is_regular_file(*it + "/" + kManifestName, ec)) return *it;
+    if (skipped) skipped->push_back(fmt::format("skipping incomplete checkpoint '{}' (no {})", *it, kManifestName));
   }
-  return m;
+  return std::string();
 }
 
 namespace {
 
+Result<std::string> read_small_file(const std::string& path, const std::string& dir, const char* name) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return Status::Corrupt(fmt::format("checkpoint '{}': {} is missing (incomplete checkpoint)", dir, name));
+    return open_error(path, "checkpoint manifest", errno);
+  }
+  std::string text(kMaxManifestBytes + 1, '\0');
+  auto n = read_upto(fd, text.data(), text.size(), path);
+  close(fd);
+  if (!n.ok()) return n.status();
+  if (*n > kMaxManifestBytes)
+    return Status::Corrupt(fmt::format("checkpoint '{}': {} is larger than {} bytes", dir, name, kMaxManifestBytes));
+  text.resize(*n);
+  return text;
+}
+
 // Reads elements [lo, hi) of unit u's `block` (0 master, 1 exp_avg, 2 exp_avg_sq) from the saved
-// chunks into out[0, hi-lo).
+// chunks into out[0, hi-lo). Every offset comes from a validated manifest and checked file sizes.
 class ChunkReader {
  public:
-  ChunkReader(std::string path, nlohmann::json m) : path_(std::move(path)), m_(std::move(m)) {
-    world_ = m_["world_size"].get<int>();
+  ChunkReader(std::string path, const CheckpointManifest& m) : path_(std::move(path)), m_(m) {
+    world_ = m_.world_size;
     fds_.assign(world_, -1);
+    // unit_base_[q][u]: floats in file q before unit u.
+    unit_base_.assign(world_, std::vector<uint64_t>(m_.units.size() + 1, 0));
+    for (int q = 0; q < world_; ++q)
+      for (size_t u = 0; u < m_.units.size(); ++u)
+        unit_base_[q][u + 1] = unit_base_[q][u] + 3 * owned_of(m_.units[u].numel, world_, q);
   }
   ~ChunkReader() {
     for (int fd : fds_)
       if (fd >= 0) close(fd);
   }
-  Status verify_file(int q) {
-    std::string p = file(q);
-    ZOE_ASSIGN_OR_RETURN(std::string sum, checksum_file(p));
-    if (sum != m_["files"][q]["xxh3"].get<std::string>())
-      return Status::Corrupt(fmt::format("checkpoint '{}': file {} fails its xxh3 checksum (corrupt)", path_,
-                                         m_["files"][q]["name"].get<std::string>()));
-    return Status::Ok();
-  }
   Status read(int u, int block, int64_t lo, int64_t hi, float* out, bool verify) {
-    int64_t numel = m_["units"][u]["numel"].get<int64_t>(), c = chunk_of(numel, world_);
+    int64_t numel = m_.units[u].numel, c = chunk_of(numel, world_);
+    if (lo < 0 || hi > numel || lo > hi)
+      return Status::Runtime(fmt::format("checkpoint read of [{}, {}) outside unit '{}'", lo, hi, m_.units[u].name));
     for (int q = 0; q < world_ && lo < hi; ++q) {
       int64_t qlo = q * c, qn = owned_of(numel, world_, q), a = std::max(lo, qlo), b = std::min(hi, qlo + qn);
       if (a >= b) continue;
-      if (fds_[q] < 0) {
-        if (verify) ZOE_RETURN_IF_ERROR(verify_file(q));
-        fds_[q] = open(file(q).c_str(), O_RDONLY | O_CLOEXEC);
-        if (fds_[q] < 0) return open_error(file(q), "checkpoint file", errno);
-      }
-      uint64_t off = 0;  // floats before unit u in file q, then this block, then the element
-      for (int v = 0; v < u; ++v) off += 3 * owned_of(m_["units"][v]["numel"].get<int64_t>(), world_, q);
-      off += block * qn + (a - qlo);
+      ZOE_RETURN_IF_ERROR(open_file(q, verify));
+      uint64_t off = unit_base_[q][u] + block * qn + (a - qlo);
       ZOE_RETURN_IF_ERROR(pread_all(fds_[q], out + (a - lo), (b - a) * 4, off * 4, file(q)));
     }
     return Status::Ok();
   }
 
  private:
-  std::string file(int q) const { return path_ + "/" + m_["files"][q]["name"].get<std::string>(); }
+  Status open_file(int q, bool verify) {
+    if (fds_[q] >= 0) return Status::Ok();
+    if (verify) {
+      ZOE_ASSIGN_OR_RETURN(std::string sum, checksum_file(file(q)));
+      if (sum != m_.files[q].xxh3)
+        return Status::Corrupt(
+            fmt::format("checkpoint '{}': file {} fails its xxh3 checksum (corrupt)", path_, m_.files[q].name));
+    }
+    fds_[q] = open(file(q).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fds_[q] < 0) return open_error(file(q), "checkpoint file", errno);
+    return Status::Ok();
+  }
+  std::string file(int q) const { return path_ + "/" + m_.files[q].name; }
+
   std::string path_;
-  nlohmann::json m_;
+  const CheckpointManifest& m_;
   int world_;
   std::vector<int> fds_;
+  std::vector<std::vector<uint64_t>> unit_base_;
 };
 
 }  // namespace
 
+Result<CheckpointManifest> read_manifest(const std::string& path) {
+  ZOE_ASSIGN_OR_RETURN(std::string text, read_small_file(path + "/" + kManifestName, path, kManifestName));
+  std::error_code ec;
+  bool has_sum = fs::exists(path + "/" + kManifestSumName, ec);
+  if (has_sum) {
+    ZOE_ASSIGN_OR_RETURN(std::string sum, read_small_file(path + "/" + kManifestSumName, path, kManifestSumName));
+    while (!sum.empty() && (sum.back() == '\n' || sum.back() == ' ')) sum.pop_back();
+    if (sum != checksum_buffer(text.data(), text.size()))
+      return Status::Corrupt(fmt::format("checkpoint '{}': {} fails the checksum kept in {} (corrupt)", path,
+                                         kManifestName, kManifestSumName));
+  }
+  ZOE_ASSIGN_OR_RETURN(CheckpointManifest m, parse_manifest(text, path));
+  if (!has_sum && m.format_version >= 2)
+    return Status::Corrupt(fmt::format("checkpoint '{}': {} is missing (incomplete checkpoint)", path, kManifestSumName));
+  for (const ManifestFile& file : m.files) {
+    std::string p = path + "/" + file.name;
+    auto st = fs::symlink_status(p, ec);
+    if (ec || !fs::is_regular_file(st))
+      return Status::Corrupt(fmt::format("checkpoint '{}': file {} is missing or not a regular file", path, file.name));
+    auto size = fs::file_size(p, ec);
+    if (ec || size != file.bytes)
+      return Status::Corrupt(fmt::format("checkpoint '{}': file {} has {} bytes, the manifest says {} (truncated?)",
+                                         path, file.name, ec ? 0 : size, file.bytes));
+  }
+  return m;
+}
+
 static Status load_checkpoint_impl(const std::string& path, Engine& e, bool verify, TrainState* st) {
-  ZOE_ASSIGN_OR_RETURN(nlohmann::json m, read_manifest_impl(path));
-  auto& units = m["units"];
-  if (static_cast<int>(units.size()) != e.num_units())
-    return Status::Invalid(fmt::format("checkpoint '{}' has {} units, the configured model {}", path, units.size(),
+  ZOE_ASSIGN_OR_RETURN(CheckpointManifest m, read_manifest(path));
+  if (static_cast<int>(m.units.size()) != e.num_units())
+    return Status::Invalid(fmt::format("checkpoint '{}' has {} units, the configured model {}", path, m.units.size(),
                                        e.num_units()));
   for (int u = 0; u < e.num_units(); ++u)
-    if (units[u]["name"] != e.unit(u).name || units[u]["numel"].get<int64_t>() != e.unit(u).numel)
+    if (m.units[u].name != e.unit(u).name || m.units[u].numel != e.unit(u).numel)
       return Status::Invalid(fmt::format("checkpoint '{}': unit {} is '{}' with {} elements, the configured model has "
-                                         "'{}' with {}", path, u, units[u]["name"].get<std::string>(),
-                                         units[u]["numel"].get<int64_t>(), e.unit(u).name, e.unit(u).numel));
+                                         "'{}' with {}", path, u, m.units[u].name, m.units[u].numel, e.unit(u).name,
+                                         e.unit(u).numel));
   ChunkReader reader(path, m);
   for (int u = 0; u < e.num_units(); ++u) {
     OwnedState o = e.owned_state(u);
     float* blocks[] = {o.master, o.exp_avg, o.exp_avg_sq};
     for (int b = 0; b < 3; ++b) ZOE_RETURN_IF_ERROR(reader.read(u, b, o.begin, o.end, blocks[b], verify));
   }
-  auto& ts = m["train_state"];
-  st->steps_done = m["step"].get<int64_t>();
-  st->steps_applied = m["steps_applied"].get<int64_t>();
-  st->loss_scale = ts["loss_scale"].get<double>();
-  st->scaler_good_steps = ts["scaler_good_steps"].get<int64_t>();
-  st->scaler_hysteresis = ts["scaler_hysteresis"].get<int>();
-  st->data_position = ts["data_position"].get<int64_t>();
-  st->data_shard = ts["data_shard"].get<uint64_t>();
-  st->last_loss = ts["last_loss"].get<double>();
+  *st = m.train_state;
   e.restore_counters(st->steps_applied, st->loss_scale, st->scaler_good_steps, st->scaler_hysteresis);
   return Status::Ok();
 }
 
-static Result<std::vector<NamedTensor>> read_weights_impl(const std::string& path, bool verify) {
-  ZOE_ASSIGN_OR_RETURN(nlohmann::json m, read_manifest_impl(path));
-  ChunkReader reader(path, m);
-  std::vector<NamedTensor> out;
-  for (size_t u = 0; u < m["units"].size(); ++u) {
-    auto& unit = m["units"][u];
-    std::vector<float> all(unit["numel"].get<int64_t>());
-    ZOE_RETURN_IF_ERROR(reader.read(static_cast<int>(u), 0, 0, static_cast<int64_t>(all.size()), all.data(), verify));
-    for (auto& t : unit["tensors"]) {
-      NamedTensor nt{t["name"].get<std::string>(), t["shape"].get<std::vector<int64_t>>(), {}};
-      int64_t n = 1, off = t["offset"].get<int64_t>();
-      for (int64_t d : nt.shape) n *= d;
-      nt.values.assign(all.begin() + off, all.begin() + off + n);
-      out.push_back(std::move(nt));
-    }
-  }
-  return out;
-}
-
-// A manifest with a field of the wrong type surfaces as a json exception: one clear error instead.
-template <typename F>
-static auto guarded(const std::string& path, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const nlohmann::json::exception& ex) {
-    return Status::Corrupt(fmt::format("checkpoint '{}': malformed manifest.json ({})", path, ex.what()));
-  }
-}
-
-Result<nlohmann::json> read_manifest(const std::string& path) {
-  return guarded(path, [&] { return read_manifest_impl(path); });
-}
-
 Status load_checkpoint(const std::string& path, Engine& e, Comm& comm, bool verify, TrainState* st) {
-  Status s = guarded(path, [&] { return load_checkpoint_impl(path, e, verify, st); });
+  Status s = load_checkpoint_impl(path, e, verify, st);
   ZOE_RETURN_IF_ERROR(
       agree(comm, s, Status::Corrupt(fmt::format("checkpoint '{}': another rank failed to load it", path))));
   return e.commit_owned_state();  // collective: only once every rank holds its state
 }
 
 Result<std::vector<NamedTensor>> read_consolidated_weights(const std::string& path, bool verify) {
-  return guarded(path, [&] { return read_weights_impl(path, verify); });
+  ZOE_ASSIGN_OR_RETURN(CheckpointManifest m, read_manifest(path));
+  ChunkReader reader(path, m);
+  std::vector<NamedTensor> out;
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    const ManifestUnit& unit = m.units[u];
+    std::vector<float> all(unit.numel);
+    ZOE_RETURN_IF_ERROR(reader.read(static_cast<int>(u), 0, 0, unit.numel, all.data(), verify));
+    for (const ManifestTensor& t : unit.tensors)
+      out.push_back({t.name, t.shape, std::vector<float>(all.begin() + t.offset, all.begin() + t.offset + t.numel)});
+  }
+  return out;
 }
 
 }  // namespace zoe

@@ -14,35 +14,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/manifest.h"
 #include "comm/comm.h"
 #include "zoe/engine.h"
 #include "zoe/status.h"
 
 namespace zoe {
 
-inline constexpr int kCheckpointFormat = 1;
-
-// Trainer state beyond the engine's tensors.
-struct TrainState {
-  int64_t steps_done = 0;        // optimizer steps taken (applied or skipped)
-  int64_t steps_applied = 0;
-  double loss_scale = 1;
-  int64_t scaler_good_steps = 0;
-  int scaler_hysteresis = 0;
-  int64_t data_position = 0;     // BatchSource::position()
-  uint64_t data_shard = 0;       // token loaders: shard index
-  double last_loss = 0;
-};
-
 // Saves on every rank (collective). Returns the checkpoint's path on every rank.
 Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& comm, const nlohmann::json& config,
                                     int stage, const TrainState& st, int keep);
-// The newest complete checkpoint under root ("" when there is none).
-Result<std::string> latest_checkpoint(const std::string& root);
+// The newest complete checkpoint under root ("" when there is none). A newer `step_*` directory
+// without a manifest (copied or written by something else half-way) is skipped, and a one-line
+// warning for it is appended to `skipped`.
+Result<std::string> latest_checkpoint(const std::string& root, std::vector<std::string>* skipped = nullptr);
 // Loads into an engine of any rank count and stage (collective); verifies checksums if asked.
 Status load_checkpoint(const std::string& path, Engine& e, Comm& comm, bool verify, TrainState* st);
-// The manifest, validated (format, fields, files present with their sizes).
-Result<nlohmann::json> read_manifest(const std::string& path);
+// The manifest, validated: its own checksum (manifest.xxh3), every field (parse_manifest), and
+// every listed file present as a regular file of the listed size.
+Result<CheckpointManifest> read_manifest(const std::string& path);
 
 // Every unit's full fp32 weights from a checkpoint (for export), in unit and tensor order.
 struct NamedTensor {

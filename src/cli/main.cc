@@ -1,5 +1,7 @@
 // zoe: one binary, subcommands (contracts.md).
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -51,9 +53,20 @@ int main(int argc, char** argv) {
                  app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
     return 2;
   }
-  if (*train) return train_command(ta);
-  if (*est) return estimate_command(ea);
-  if (*bench) return bench_command(ba);
-  if (*exp) return export_command(xa);
-  return info_command();
+  // Nothing escapes as an exception: bad input is exit 2 (a Status), anything unexpected exit 1
+  // with what it was.
+  try {
+    if (*train) return train_command(ta);
+    if (*est) return estimate_command(ea);
+    if (*bench) return bench_command(ba);
+    if (*exp) return export_command(xa);
+    return info_command();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "zoe: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zoe: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "zoe: internal error (unknown exception)\n");
+  }
+  return 1;
 }

@@ -12,6 +12,29 @@
 
 namespace zoe::cli {
 
+namespace {
+
+// How a failed rank ends. If every rank failed (input errors are found alike on every rank;
+// runtime errors are shared through agree()), all meet at a barrier within seconds and exit
+// together, rank 0 alone printing an input error. A rank that fails alone while the others wait
+// in a collective says which rank it is and why, then aborts the job: never a hang.
+int fail(Comm& comm, const Status& st) {
+  constexpr double kMeetSeconds = 3.0;
+  int code = exit_code(st);
+  bool root = comm.rank() == 0, together = comm.size() == 1 || comm.barrier_within(kMeetSeconds);
+  if (root || code != 2 || !together)
+    std::fprintf(stderr, "zoe: %s%s\n", comm.size() > 1 ? fmt::format("rank {}: ", comm.rank()).c_str() : "",
+                 st.message().c_str());
+  if (!together) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  finalize_mpi();
+  return code;
+}
+
+}  // namespace
+
 int train_command(const TrainArgs& a) {
   std::unique_ptr<Comm> comm;
   if (launched_by_mpirun()) {
@@ -31,18 +54,7 @@ int train_command(const TrainArgs& a) {
     sum = run_training(cfg.value(), *comm, o);
     st = sum.status();
   }
-  if (!st.ok()) {
-    // Input errors are found identically on every rank: one line from rank 0. A runtime failure
-    // may hit one rank while the others wait in a collective: say which, and abort them all.
-    if (root || exit_code(st) != 2)
-      std::fprintf(stderr, "zoe: %s%s\n", comm->size() > 1 && !root ? fmt::format("rank {}: ", comm->rank()).c_str() : "",
-                   st.message().c_str());
-    int code = exit_code(st);
-    if (comm->size() > 1 && code != 2) MPI_Abort(MPI_COMM_WORLD, code);
-    comm.reset();
-    finalize_mpi();
-    return code;
-  }
+  if (!st.ok()) return fail(*comm, st);
   if (root && !a.quiet) {
     fmt::print("done: {} steps, final loss {:.4f}\n", sum->steps, sum->final_loss);
     if (!sum->checkpoint.empty()) fmt::print("checkpoint: {}\n", sum->checkpoint);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "zoe/dtype.h"
+#include "zoe/ledger.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -43,13 +44,30 @@ class Comm {
   // Gathers `bytes` from every rank to rank 0 (recv ignored elsewhere); not counted as traffic
   // of the training step (reports and traces only).
   virtual Status gather_to_root(const void* send, void* recv, size_t bytes) = 0;
+  // Control traffic (the engine's agreement on which collective comes next): an all-gather of
+  // `bytes` per rank that is not counted as traffic of the training step.
+  virtual Status all_gather_control(const void* send, void* recv, size_t bytes) = 0;
+  // A barrier that gives up after `seconds`: true when every rank reached it in time. A rank
+  // that fails uses it to learn whether the others failed too (then all exit together) or are
+  // stuck in a collective (then it aborts the job instead of waiting forever).
+  virtual bool barrier_within(double seconds) = 0;
+
+  // Staging buffers the communicator holds are booked here (host tier, kind comm); what is held
+  // already moves to the new ledger. nullptr unbooks (before that ledger goes away).
+  virtual void set_ledger(Ledger* l) { ledger_ = l; }
 
   const CommBytes& bytes_sent() const { return bytes_; }
   void reset_counters() { bytes_ = {}; }
 
  protected:
   CommBytes bytes_;
+  Ledger* ledger_ = nullptr;
 };
+
+// One rank's outcome made everyone's (collective): every rank returns an error when any rank
+// had one, its own if it had one, else `elsewhere`. So no rank goes on alone into a collective
+// that the failed rank will never join.
+Status agree(Comm& comm, const Status& mine, const Status& elsewhere);
 
 // Sums chunk r of `n` chunks (each `count` elements of `dtype`, stored back to back in `chunks`)
 // into out, in chunk order, accumulating in fp32.

@@ -3,7 +3,9 @@
 // is reused: per-call large allocations cost seconds per GiB on fresh pages here.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <vector>
 
@@ -32,6 +34,9 @@ class MpiComm final : public Comm {
   MpiComm() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Errors come back as return codes (and so as Status), instead of aborting the job from
+    // inside MPI before zoe can say what failed.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -108,21 +113,58 @@ class MpiComm final : public Comm {
                             MPI_COMM_WORLD), "Gather");
   }
 
-  ~MpiComm() override { std::free(staging_); }
+  Status all_gather_control(const void* send, void* recv, size_t bytes) override {
+    return check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
+                               MPI_COMM_WORLD), "Allgather (control)");
+  }
+
+  bool barrier_within(double seconds) override {
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return false;
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (done) return true;
+      if (std::chrono::steady_clock::now() > end) return false;  // the request is abandoned: we abort next
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  ~MpiComm() override { release_staging(); }
+
+  void set_ledger(Ledger* l) override {
+    if (booked_) booked_->sub(Tier::kHost, Kind::kComm, staging_bytes_);
+    ledger_ = booked_ = l;
+    if (booked_ && staging_bytes_) booked_->add(Tier::kHost, Kind::kComm, staging_bytes_);
+  }
 
  private:
+  // The staging buffer is communication memory: booked in the ledger (host tier, kind comm) for
+  // as long as it is held, so the ledger's peaks cover it.
   Status grow(size_t bytes) {
     if (bytes <= staging_bytes_) return Status::Ok();
-    std::free(staging_);
-    staging_ = static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-    staging_bytes_ = staging_ ? bytes : 0;
+    release_staging();
+    size_t rounded = (bytes + 63) / 64 * 64;
+    staging_ = static_cast<char*>(std::aligned_alloc(64, rounded));
     if (!staging_) return Status::OutOfMemory(fmt::format("communication staging buffer of {} bytes", bytes));
+    staging_bytes_ = rounded;
+    booked_ = ledger_;
+    if (booked_) booked_->add(Tier::kHost, Kind::kComm, staging_bytes_);
     return Status::Ok();
+  }
+  void release_staging() {
+    if (booked_) booked_->sub(Tier::kHost, Kind::kComm, staging_bytes_);
+    std::free(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    booked_ = nullptr;
   }
 
   int rank_ = 0, size_ = 1;
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
+  Ledger* booked_ = nullptr;  // the ledger staging_ is booked in (it may change between grows)
 };
 
 }  // namespace

@@ -46,7 +46,7 @@ const std::vector<std::string> kKeys = {
     "zoe.model.type", "zoe.model.n_layer", "zoe.model.n_head", "zoe.model.n_embd", "zoe.model.vocab_size",
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
-    "zoe.activation_checkpointing", "zoe.checksums"};
+    "zoe.activation_checkpointing", "zoe.checksums", "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -76,7 +76,7 @@ std::string closest_key(const std::string& key) {
 void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it->is_object() && !it->empty()) flatten(*it, key, out);
+    if (it->is_object()) flatten(*it, key, out);  // an empty section ("zero_optimization": {}) sets nothing
     else out[key] = *it;
   }
 }
@@ -138,6 +138,12 @@ struct Reader {
     ZOE_RETURN_IF_ERROR(string(k + ".nvme_path", o.nvme_path));
     ZOE_RETURN_IF_ERROR(boolean(k + ".pin_memory", o.pin_memory));
     if (find(k + ".ratio")) ZOE_RETURN_IF_ERROR(number(k + ".ratio", o.ratio, 0.0, 1.0));
+    // Partial offload (a fraction of each kind on the offload tier) comes with the NVMe tier;
+    // until then a ratio other than 1 would silently mean 100 %.
+    if (o.ratio != 1.0)
+      return Status::Unsupported(fmt::format("config key '{}.ratio': {} is not supported yet (partial offload comes "
+                                             "with the NVMe tier); only 1 (everything on the offload tier) works", k,
+                                             o.ratio));
     if (o.device == OffloadDevice::kNvme && o.nvme_path.empty())
       return Status::Invalid(fmt::format("config key '{}.nvme_path': required when {}.device is \"nvme\"", k, k));
     return Status::Ok();
@@ -189,6 +195,11 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("fp16.enabled", fp16));
   if (bf16 && fp16) return Status::Invalid("config keys 'bf16.enabled' and 'fp16.enabled': enable at most one");
   c.dtype = bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32;
+  if (r.find("data_types.grad_accum_dtype")) {
+    std::string g;
+    ZOE_RETURN_IF_ERROR(r.string("data_types.grad_accum_dtype", g, {"fp32", "bf16", "fp16"}));
+    c.grad_accum_dtype = g == "fp32" ? DType::kF32 : g == "bf16" ? DType::kBF16 : DType::kF16;
+  }
   ZOE_RETURN_IF_ERROR(r.number("fp16.loss_scale", c.static_loss_scale, 0, 1e30, "a number >= 0 (0 = dynamic)"));
   ZOE_RETURN_IF_ERROR(r.integer("fp16.initial_scale_power", c.initial_scale_power, 0, 64));
   ZOE_RETURN_IF_ERROR(r.integer("fp16.loss_scale_window", c.loss_scale_window, 1, 1 << 30));
@@ -213,7 +224,7 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.number("scheduler.params.warmup_min_lr", c.warmup_min_lr, 0, 1e30));
   c.warmup_max_lr = c.lr;
   ZOE_RETURN_IF_ERROR(r.number("scheduler.params.warmup_max_lr", c.warmup_max_lr, 0, 1e30));
-  ZOE_RETURN_IF_ERROR(r.integer("scheduler.params.warmup_num_steps", c.warmup_num_steps, 0, int64_t{1} << 40));
+  ZOE_RETURN_IF_ERROR(r.integer("scheduler.params.warmup_num_steps", c.warmup_num_steps, 1, int64_t{1} << 40));
   ZOE_RETURN_IF_ERROR(r.string("scheduler.params.warmup_type", c.warmup_type, {"log", "linear"}));
   ZOE_RETURN_IF_ERROR(r.integer("scheduler.params.total_num_steps", c.total_num_steps, 0, int64_t{1} << 40));
   ZOE_RETURN_IF_ERROR(r.number("scheduler.params.warmup_min_ratio", c.warmup_min_ratio, 0, 1));
@@ -276,12 +287,14 @@ const std::vector<std::string>& known_config_keys() { return kKeys; }
 
 Result<uint64_t> parse_bytes(const json& v, const std::string& key) {
   auto bad = [&] {
-    return Status::Invalid(fmt::format("config key '{}': expected bytes (e.g. 4294967296 or \"4GiB\"), got {}",
+    return Status::Invalid(fmt::format("config key '{}': expected bytes, more than 0 and at most 1 EiB (e.g. 4294967296 or \"4GiB\"), got {}",
                                        key, v.dump()));
   };
+  // 2^60 bytes (an exbibyte) is beyond any machine; the bound also keeps the conversion defined.
+  constexpr double kMaxBytes = 1152921504606846976.0;
   if (v.is_number()) {
     double d = v.get<double>();
-    if (!(d > 0) || d > 1e18) return bad();
+    if (!(d > 0) || d > kMaxBytes) return bad();
     return static_cast<uint64_t>(d);
   }
   if (!v.is_string()) return bad();
@@ -299,11 +312,8 @@ Result<uint64_t> parse_bytes(const json& v, const std::string& key) {
       {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
       {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   auto it = kUnits.find(unit);
-  if (it == kUnits.end() || !(num > 0)) return bad();
-  // The same bounds as a plain number: "1e300" or "inf" would not convert to uint64 (UB).
-  const double bytes = num * it->second;
-  if (bytes > 1e18) return bad();
-  return static_cast<uint64_t>(bytes);
+  if (it == kUnits.end() || !std::isfinite(num) || !(num > 0) || !(num * it->second <= kMaxBytes)) return bad();
+  return static_cast<uint64_t>(num * it->second);
 }
 
 Result<Config> parse_config(const std::string& text, const std::vector<std::string>& overrides,
@@ -349,6 +359,10 @@ json config_to_json(const Config& c) {
   j["gradient_accumulation_steps"] = c.grad_accum;
   j["gradient_clipping"] = c.grad_clip;
   j["bf16"] = {{"enabled", c.dtype == DType::kBF16}};
+  if (c.grad_accum_dtype)
+    j["data_types"] = {{"grad_accum_dtype", *c.grad_accum_dtype == DType::kF32    ? "fp32"
+                                            : *c.grad_accum_dtype == DType::kBF16 ? "bf16"
+                                                                                  : "fp16"}};
   j["fp16"] = {{"enabled", c.dtype == DType::kF16}, {"loss_scale", c.static_loss_scale},
                {"initial_scale_power", c.initial_scale_power}, {"loss_scale_window", c.loss_scale_window},
                {"hysteresis", c.hysteresis}, {"min_loss_scale", c.min_loss_scale}};

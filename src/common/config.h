@@ -30,6 +30,7 @@ struct Config {
   double grad_clip = 0.0;               // gradient_clipping, 0 = off
   // precision
   DType dtype = DType::kF32;            // neither bf16 nor fp16 enabled = fp32 training
+  std::optional<DType> grad_accum_dtype;  // data_types.grad_accum_dtype; unset: the weight dtype
   double static_loss_scale = 0.0;       // fp16.loss_scale, 0 = dynamic
   int initial_scale_power = 16;
   int loss_scale_window = 1000;
@@ -73,6 +74,8 @@ struct Config {
   bool checksums = true;
 
   bool mixed_precision() const { return dtype != DType::kF32; }
+  // The dtype gradients are accumulated (over micro-steps), reduced and stored in.
+  DType grad_dtype() const { return grad_accum_dtype.value_or(dtype); }
 };
 
 // Parses JSON text (a file's contents), applies --set overrides ("a.b.c=<json or bare string>")

@@ -57,8 +57,15 @@ class ZeroEngine final : public Engine {
   int64_t opt_begin(int u) const;          // optimizer range inside the unit, unit-relative
   int64_t opt_end(int u) const;
   char* param_ptr(int64_t elem) const { return param_.as<char>() + elem * wsize_; }
-  char* grad_ptr(int64_t elem) const { return grad_.as<char>() + elem * wsize_; }
+  char* grad_ptr(int64_t elem) const { return grad_.as<char>() + elem * gsize_; }
 
+  // Every collective the engine starts is preceded by an agreement on what it is (control
+  // traffic), so ranks whose models call the unit API differently never mismatch collectives:
+  // gradients one rank hands over are reduced with zeros from ranks that have none for that
+  // unit; any other disagreement is an error on every rank, never a hang.
+  enum class OpKind : int32_t { kFetch = 1, kGrads = 2, kStep = 3 };
+  Status sync_point(OpKind kind, int u, const float* grad);
+  Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq();
   Status apply_adam(double lr, double grad_scale, uint64_t* nonfinite);
@@ -69,8 +76,10 @@ class ZeroEngine final : public Engine {
   Comm& comm_;
   ShardLayout layout_;
   StagePlan plan_;
-  DType dtype_;
+  DType dtype_;     // weights
   size_t wsize_;
+  DType gdtype_;    // gradients: data_types.grad_accum_dtype (default: the weight dtype)
+  size_t gsize_;
   LossScaler scaler_;
   Buffer param_, grad_, master_, exp_avg_, exp_avg_sq_;
   struct Gathered {
@@ -78,7 +87,8 @@ class ZeroEngine final : public Engine {
     int refs = 0;
   };
   std::vector<Gathered> gathered_;
-  std::vector<int> grads_seen_;    // micro-steps whose gradient unit u received this step
+  std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally
+  std::vector<int> reduced_;       // sharded grads: reductions into unit u's owned chunk this step
   int64_t steps_applied_ = 0;
   uint64_t activation_bytes_ = 0;
 };

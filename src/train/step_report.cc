@@ -1,5 +1,7 @@
 #include "train/step_report.h"
 
+#include <sys/resource.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -18,6 +20,10 @@ RankStepFacts RankStepFacts::collect(const LedgerSnapshot& l, const CommBytes& c
   f.reduce_scatter = c.reduce_scatter;
   f.all_reduce = c.all_reduce;
   f.broadcast = c.broadcast;
+  // The process's peak resident memory so far (Linux reports KiB), beside the ledger's peaks.
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  f.peak_rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   return f;
 }
 
@@ -41,6 +47,7 @@ nlohmann::json ledger_json(const std::vector<RankStepFacts>& ranks) {
     }
     e["peak_device_bytes"] = ranks[r].peak_device;
     e["peak_host_bytes"] = ranks[r].peak_host;
+    e["peak_rss_bytes"] = ranks[r].peak_rss;
     out.push_back(e);
   }
   return out;
@@ -58,10 +65,10 @@ ReportWriter::~ReportWriter() {
   if (f_) std::fclose(f_);
 }
 
-Status ReportWriter::open(const std::string& path) {
+Status ReportWriter::open(const std::string& path, bool append) {
   if (path.empty()) return Status::Ok();
   path_ = path;
-  f_ = std::fopen(path.c_str(), "w");
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) return Status::Invalid(fmt::format("--report '{}': cannot be written: {}", path, std::strerror(errno)));
   return Status::Ok();
 }

@@ -17,6 +17,7 @@ namespace zoe {
 struct RankStepFacts {
   uint64_t persistent[kNumTiers][kNumPersistentKinds];
   uint64_t peak_device, peak_host;
+  uint64_t peak_rss;  // the process's peak resident set (getrusage), for checking the ledger
   uint64_t all_gather, reduce_scatter, all_reduce, broadcast;
 
   static RankStepFacts collect(const LedgerSnapshot& l, const CommBytes& c);
@@ -32,7 +33,8 @@ class ReportWriter {
  public:
   ReportWriter() = default;
   ~ReportWriter();
-  Status open(const std::string& path);  // empty path: no report
+  // Empty path: no report. append: a resumed run continues the file instead of truncating it.
+  Status open(const std::string& path, bool append = false);
   Status write(const nlohmann::json& line);
   bool active() const { return f_ != nullptr; }
 

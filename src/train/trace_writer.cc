@@ -1,5 +1,8 @@
 #include "train/trace_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <vector>
@@ -7,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/posix_io.h"
 #include "common/profiler.h"
 
 namespace zoe {
@@ -37,6 +41,14 @@ Status write_trace(Comm& comm, const std::string& path) {
   if (!f) return Status::Invalid(fmt::format("--trace '{}': cannot be written", path));
   f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
   if (!f) return Status::Io(fmt::format("trace '{}': write failed", path));
+  return Status::Ok();
+}
+
+Status check_trace_path(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Invalid(fmt::format("--trace '{}': cannot be written: {}", path, errno_string(errno)));
+  ::close(fd);
   return Status::Ok();
 }
 

@@ -8,4 +8,6 @@
 
 namespace zoe {
 Status write_trace(Comm& comm, const std::string& path);
+// Checks up front that `path` can be written (creating it empty if absent); "" is fine.
+Status check_trace_path(const std::string& path);
 }

@@ -6,6 +6,7 @@
 #include <tbb/global_control.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <cmath>
@@ -43,6 +44,9 @@ Status validate_for_world(const Config& c, int world) {
     return Status::Invalid(fmt::format(
         "config key 'zero_optimization.offload_param.device': offloading parameters needs stage 3 (stage is {})",
         c.stage));
+  if (c.grad_accum_dtype == DType::kF16 && c.dtype == DType::kBF16)
+    return Status::Invalid("config key 'data_types.grad_accum_dtype': \"fp16\" gradients with bf16 weights would "
+                           "overflow without a loss scale; use \"fp32\" or \"bf16\"");
   for (const OffloadConfig* o : {&c.offload_optimizer, &c.offload_param})
     if (o->device == OffloadDevice::kNvme)
       return Status::Unsupported(fmt::format(
@@ -74,6 +78,7 @@ Result<std::unique_ptr<BatchSource>> make_source(const Config& c, const std::str
 class TrainJob {
  public:
   TrainJob(const Config& c, Comm& comm, const TrainOptions& o) : c_(c), comm_(comm), o_(o) {}
+  ~TrainJob() { comm_.set_ledger(nullptr); }  // the device's ledger goes away with the job
 
   Result<TrainSummary> run() {
     ZOE_RETURN_IF_ERROR(setup());
@@ -111,9 +116,24 @@ class TrainJob {
   Status setup() {
     ZOE_RETURN_IF_ERROR(validate_for_world(c_, comm_.size()));
     limit_threads();
-    if (comm_.rank() == 0) ZOE_RETURN_IF_ERROR(report_.open(o_.report_path));
+    std::string resume;
+    if (!c_.checkpoint_dir.empty()) {
+      std::vector<std::string> skipped;
+      ZOE_ASSIGN_OR_RETURN(resume, latest_checkpoint(c_.checkpoint_dir, &skipped));
+      if (comm_.rank() == 0)
+        for (const std::string& w : skipped) std::fprintf(stderr, "zoe: warning: %s\n", w.c_str());
+    }
+    // Output files are checked before any work, on rank 0, and the outcome shared: a bad path is
+    // found in the first second, not after the run. A resumed run appends to its report.
+    Status opened = Status::Ok();
+    if (comm_.rank() == 0) {
+      opened = report_.open(o_.report_path, /*append=*/!resume.empty());
+      if (opened.ok()) opened = check_trace_path(o_.trace_path);
+    }
+    ZOE_RETURN_IF_ERROR(agree(comm_, opened, Status::Invalid("rank 0 cannot write its output files")));
     Profiler::get().enable_trace(!o_.trace_path.empty());
     dev_ = std::make_unique<CpuDevice>(c_.device_memory_budget, c_.host_memory_budget);
+    comm_.set_ledger(&dev_->ledger());
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, comm_, model_->units()));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
@@ -121,10 +141,6 @@ class TrainJob {
       if (c_.model_type == "gpt2" && c_.data_val.empty())
         return Status::Invalid("config key 'zoe.data.val': required when zoe.eval_every > 0");
       ZOE_ASSIGN_OR_RETURN(val_, make_source(c_, c_.data_val, comm_.rank(), comm_.size(), true));
-    }
-    std::string resume;
-    if (!c_.checkpoint_dir.empty()) {
-      ZOE_ASSIGN_OR_RETURN(resume, latest_checkpoint(c_.checkpoint_dir));
     }
     if (!resume.empty()) {
       ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checksums, &state_));

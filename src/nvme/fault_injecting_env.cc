@@ -1,0 +1,101 @@
+#include "nvme/fault_injecting_env.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "nvme/io_error.h"
+
+namespace zoe {
+
+namespace {
+
+// Forwards to the wrapped queue; requests the env condemns complete with their errno at the
+// next submit_and_wait, as the kernel would report them.
+class FaultInjectingQueue : public IoQueue {
+ public:
+  FaultInjectingQueue(std::unique_ptr<IoQueue> base, FaultInjectingEnv* env) : base_(std::move(base)), env_(env) {}
+
+  unsigned depth() const override { return base_->depth(); }
+  Result<int> add_file(int fd) override { return base_->add_file(fd); }
+  Status remove_file(int index) override { return base_->remove_file(index); }
+  Status register_buffers(std::span<const iovec> pieces) override { return base_->register_buffers(pieces); }
+  void wake() override { base_->wake(); }
+
+  Status enqueue(const IoRequest& r) override {
+    const FaultInjectingEnv::Verdict v = env_->next_request(r.op);
+    if (v.err > 0) {
+      injected_.push_back({r.tag, -v.err});
+      return Status::Ok();
+    }
+    IoRequest fwd = r;
+    if (v.shorten && r.bytes >= 8192) fwd.bytes = (r.bytes / 2) & ~uint32_t{4095};
+    return base_->enqueue(fwd);
+  }
+
+  Status submit_and_wait(unsigned wait_for, std::vector<IoCompletion>* out) override {
+    if (injected_.empty()) return base_->submit_and_wait(wait_for, out);
+    Status s = base_->submit_and_wait(0, out);
+    out->insert(out->end(), injected_.begin(), injected_.end());
+    injected_.clear();
+    return s;
+  }
+
+ private:
+  std::unique_ptr<IoQueue> base_;
+  FaultInjectingEnv* env_;
+  std::vector<IoCompletion> injected_;
+};
+
+}  // namespace
+
+void FaultInjectingEnv::fail_requests(IoOp op, int k, int err, int times) {
+  std::lock_guard l(mu_);
+  rules_.push_back({op, k, k + times - 1, err});
+}
+
+void FaultInjectingEnv::shorten_request(IoOp op, int k) {
+  std::lock_guard l(mu_);
+  rules_.push_back({op, k, k, 0});
+}
+
+void FaultInjectingEnv::set_free_bytes(std::optional<uint64_t> bytes) {
+  std::lock_guard l(mu_);
+  free_bytes_ = bytes;
+}
+
+FaultInjectingEnv::Verdict FaultInjectingEnv::next_request(IoOp op) {
+  const int n = ++count_[static_cast<int>(op)];
+  std::lock_guard l(mu_);
+  Verdict v;
+  for (const Rule& r : rules_) {
+    if (r.op != op || n < r.first || n > r.last) continue;
+    if (r.err > 0)
+      v.err = r.err;
+    else
+      v.shorten = true;
+  }
+  return v;
+}
+
+Status FaultInjectingEnv::allocate(int fd, const std::string& path, uint64_t bytes) {
+  if (!sparse_allocate_) return base_->allocate(fd, path, bytes);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    return Status::Io(path + ": ftruncate to " + std::to_string(bytes) + " bytes failed: " + errno_text(errno));
+  return Status::Ok();
+}
+
+Result<uint64_t> FaultInjectingEnv::free_bytes(const std::string& path) {
+  {
+    std::lock_guard l(mu_);
+    if (free_bytes_) return *free_bytes_;
+  }
+  return base_->free_bytes(path);
+}
+
+Result<std::unique_ptr<IoQueue>> FaultInjectingEnv::new_queue(unsigned depth) {
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<IoQueue> q, base_->new_queue(depth));
+  return std::unique_ptr<IoQueue>(new FaultInjectingQueue(std::move(q), this));
+}
+
+}  // namespace zoe

@@ -1,0 +1,65 @@
+// FaultInjectingEnv: an NvmeEnv that forwards to another (normally the real one) and makes chosen
+// calls fail, so tests can drive every error path of the store through real files and a real
+// io_uring: the k-th read or write request fails with an errno (EIO, ENOSPC, EAGAIN, ...) or
+// transfers only part of its bytes; free space can be misreported and preallocation skipped.
+#pragma once
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "nvme/nvme_env.h"
+
+namespace zoe {
+
+class FaultInjectingEnv : public NvmeEnv {
+ public:
+  explicit FaultInjectingEnv(NvmeEnv* base) : base_(base) {}
+
+  // Requests k .. k+times-1 of kind `op` (1-based; every request counts, resubmissions included)
+  // complete with -err without reaching the file.
+  void fail_requests(IoOp op, int k, int err, int times = 1);
+  // Request k of kind `op` reaches the file with half its bytes (rounded down to 4 KiB), as a
+  // short transfer by the kernel would; the submitter must resubmit the rest.
+  void shorten_request(IoOp op, int k);
+  // free_bytes() reports this instead of asking the file system.
+  void set_free_bytes(std::optional<uint64_t> bytes);
+  // allocate() only sets the file size (ftruncate): the space is not reserved, so writes can
+  // meet a full file system for real.
+  void set_sparse_allocate(bool sparse) { sparse_allocate_ = sparse; }
+  // Requests of kind `op` seen so far.
+  int requests(IoOp op) const { return count_[static_cast<int>(op)].load(); }
+
+  struct Verdict {
+    int err = 0;        // > 0: complete with -err instead of submitting
+    bool shorten = false;
+  };
+  // Counts one request of kind `op` and says what to do with it (used by the queue wrapper).
+  Verdict next_request(IoOp op);
+
+  Status create_dir(const std::string& path) override { return base_->create_dir(path); }
+  Result<int> lock_dir(const std::string& path) override { return base_->lock_dir(path); }
+  Result<std::vector<std::string>> list_dir(const std::string& path) override { return base_->list_dir(path); }
+  Result<DirectFile> open_direct(const std::string& path) override { return base_->open_direct(path); }
+  Status allocate(int fd, const std::string& path, uint64_t bytes) override;
+  Result<uint64_t> free_bytes(const std::string& path) override;
+  Status remove_file(const std::string& path) override { return base_->remove_file(path); }
+  Status remove_dir(const std::string& path) override { return base_->remove_dir(path); }
+  void close_fd(int fd) override { base_->close_fd(fd); }
+  Result<std::unique_ptr<IoQueue>> new_queue(unsigned depth) override;
+
+ private:
+  struct Rule {
+    IoOp op;
+    int first, last;  // 1-based request numbers
+    int err;          // 0: shorten
+  };
+  NvmeEnv* base_;
+  std::mutex mu_;
+  std::vector<Rule> rules_;
+  std::atomic<int> count_[2] = {0, 0};
+  std::optional<uint64_t> free_bytes_;
+  bool sparse_allocate_ = false;
+};
+
+}  // namespace zoe

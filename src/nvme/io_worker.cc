@@ -1,0 +1,308 @@
+#include "nvme/io_worker.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "nvme/io_error.h"
+
+namespace zoe {
+
+IoWorker::IoWorker(IoWorkerParams p)
+    : queue_(p.queue), block_(p.block_bytes), registered_(p.registered), bounce_(std::move(p.bounce)) {
+  for (int i = static_cast<int>(bounce_.size()) - 1; i >= 0; --i) free_bounce_.push_back(i);
+  tasks_.resize(queue_->depth());
+  for (int i = static_cast<int>(tasks_.size()) - 1; i >= 0; --i) free_slots_.push_back(i);
+  thread_ = std::thread([this] { run(); });
+}
+
+IoWorker::~IoWorker() { stop(); }
+
+void IoWorker::stop() {
+  {
+    std::lock_guard l(mu_);
+    stopping_ = true;
+  }
+  work_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void IoWorker::submit(std::shared_ptr<Transfer> t) {
+  bool wake = false;
+  {
+    std::lock_guard l(mu_);
+    if (!broken_.ok() || stopping_) {
+      t->status = broken_.ok() ? Status::Runtime("NVMe store: transfer submitted after close") : broken_;
+      t->done = true;
+      return;
+    }
+    t->queued = true;
+    incoming_.push_back(std::move(t));
+    wake = in_kernel_;
+  }
+  work_.notify_one();
+  if (wake) queue_->wake();  // the thread sleeps in the kernel waiting for an unrelated completion
+}
+
+Status IoWorker::wait(const Transfer& t) {
+  std::unique_lock l(mu_);
+  done_.wait(l, [&] { return t.done; });
+  return t.status;
+}
+
+void IoWorker::run() {
+  std::vector<IoCompletion> cq;
+  for (;;) {
+    {
+      std::unique_lock l(mu_);
+      if (active_.empty() && in_flight_ == 0) {
+        work_.wait(l, [&] { return !incoming_.empty() || stopping_; });
+        if (incoming_.empty()) return;  // stopping, nothing left
+      }
+      while (!incoming_.empty()) {
+        active_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+    }
+    fill();
+    if (in_flight_ == 0) continue;
+    bool block_in_kernel;
+    {
+      std::lock_guard l(mu_);
+      block_in_kernel = incoming_.empty();  // new work waiting: submit without waiting
+      in_kernel_ = block_in_kernel;
+    }
+    cq.clear();
+    Status s = queue_->submit_and_wait(block_in_kernel ? 1 : 0, &cq);
+    {
+      std::lock_guard l(mu_);
+      in_kernel_ = false;
+    }
+    if (!s.ok()) {
+      fail_all(s);
+      continue;
+    }
+    for (const IoCompletion& c : cq) handle(c);
+  }
+}
+
+void IoWorker::fill() {
+  while (!active_.empty()) {
+    Transfer& t = *active_.front();
+    if (t.failed || t.scheduled == t.bytes) {  // nothing more to hand out
+      t.queued = false;
+      if (t.in_flight == 0) complete(t);
+      active_.pop_front();
+      continue;
+    }
+    if (free_slots_.empty()) return;
+    if (start_block(active_.front()) == Start::kStalled) {
+      // Something in flight holds what the next block needs (its block, or every bounce
+      // buffer); its completion unblocks the queue.
+      if (in_flight_ == 0) {
+        t.failed = true;
+        t.status = Status::Runtime("NVMe store: a transfer cannot start (no bounce buffer)");
+        continue;
+      }
+      return;
+    }
+  }
+}
+
+IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
+  Transfer& t = *tp;
+  RegionFile& r = *t.region;
+  const uint64_t s = t.offset + t.scheduled;
+  const uint64_t block = s / block_;
+  const uint64_t block_begin = block * block_;
+  const uint64_t block_end = std::min<uint64_t>(block_begin + block_, r.file_bytes);
+  const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_begin + block_);
+  const uint64_t align = r.file.offset_align;
+  const bool sums = r.blocks.checksums();
+  // With checksums the whole block moves (its sum covers all of it); without, the aligned span.
+  const uint64_t io_begin = sums ? block_begin : s / align * align;
+  const uint64_t io_end = sums ? block_end : std::min<uint64_t>((e + align - 1) / align * align, block_end);
+  uint8_t* user = t.user + (s - t.offset);
+  const bool whole = io_begin == s && io_end == e;
+  const bool direct = whole && reinterpret_cast<uintptr_t>(user) % r.file.mem_align == 0;
+  const BlockTable::State state = r.blocks.state(block);
+
+  if (t.op == IoOp::kRead && state == BlockTable::State::kFailed) {
+    t.failed = true;
+    if (t.status.ok())
+      t.status = Status::Corrupt(fmt::format("{}: block {} (bytes {}..{}) cannot be read: its last write failed, so "
+                                             "its contents are undefined",
+                                             r.path, block, block_begin, block_end - 1));
+    return Start::kStarted;
+  }
+  for (const Task& k : tasks_)
+    if (k.t && k.t->region == t.region && k.block == block) return Start::kStalled;
+  if (!direct && free_bounce_.empty()) return Start::kStalled;
+
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  Task& k = tasks_[slot];
+  k = Task{};
+  k.t = tp;
+  k.block = block;
+  k.io_offset = io_begin;
+  k.io_bytes = static_cast<uint32_t>(io_end - io_begin);
+  k.user_begin = s;
+  k.user_end = e;
+  k.user = user;
+  if (direct) {
+    k.io_buf = user;
+  } else {
+    k.bounce = free_bounce_.back();
+    free_bounce_.pop_back();
+    k.io_buf = bounce_[k.bounce];
+  }
+  k.buf_index = registered_ ? registered_->piece_of(k.io_buf, k.io_bytes) : -1;
+  t.scheduled += e - s;
+  ++t.in_flight;
+  ++in_flight_;
+
+  if (t.op == IoOp::kRead) {
+    k.phase = IoOp::kRead;
+  } else if (direct) {
+    k.phase = IoOp::kWrite;
+    if (sums) k.sum = BlockTable::hash(user, k.io_bytes);
+  } else if (!whole && state != BlockTable::State::kUnwritten) {
+    k.phase = IoOp::kRead;  // read the rest of the span first
+    k.rmw = true;
+  } else {
+    // A never-written block reads as zeros (the file is fresh and preallocated): no read needed.
+    if (!whole) std::memset(k.io_buf, 0, k.io_bytes);
+    std::memcpy(k.io_buf + (s - io_begin), user, e - s);
+    if (sums) k.sum = BlockTable::hash(k.io_buf, k.io_bytes);
+    k.phase = IoOp::kWrite;
+  }
+  enqueue(slot);
+  return Start::kStarted;
+}
+
+void IoWorker::enqueue(int slot) {
+  Task& k = tasks_[slot];
+  IoRequest req;
+  req.op = k.phase;
+  req.file = k.t->region->queue_file;
+  req.offset = k.io_offset + k.done;
+  req.buf = k.io_buf + k.done;
+  req.bytes = k.io_bytes - k.done;
+  req.buf_index = k.buf_index;
+  req.tag = static_cast<uint64_t>(slot);
+  Status s = queue_->enqueue(req);
+  if (!s.ok()) fail(slot, Status::Io(k.t->region->path + ": " + s.message()));
+}
+
+void IoWorker::handle(const IoCompletion& c) {
+  const int slot = static_cast<int>(c.tag);
+  Task& k = tasks_[slot];
+  const RegionFile& r = *k.t->region;
+  if (c.result < 0) {
+    const int err = -c.result;
+    if (err == EAGAIN || err == EINTR) {  // the kernel asks to try again: same request
+      enqueue(slot);
+      return;
+    }
+    fail(slot, Status::Io(io_failure(r.path, k.phase, k.io_offset + k.done, k.io_bytes - k.done, err)));
+    return;
+  }
+  if (c.result == 0) {
+    fail(slot, Status::Io(fmt::format("{}: {} of {} bytes at offset {} transferred nothing (end of file?)", r.path,
+                                      io_op_name(k.phase), k.io_bytes - k.done, k.io_offset + k.done)));
+    return;
+  }
+  k.done += static_cast<uint32_t>(c.result);
+  if (k.done < k.io_bytes) {  // short transfer: the rest, from where it stopped
+    enqueue(slot);
+    return;
+  }
+  if (k.phase == IoOp::kRead) {
+    if (!verify(slot)) return;
+    uint8_t* at = k.io_buf + (k.user_begin - k.io_offset);
+    const uint64_t n = k.user_end - k.user_begin;
+    if (k.rmw) {  // patch the caller's bytes in and write the span back
+      std::memcpy(at, k.user, n);
+      if (r.blocks.checksums()) k.sum = BlockTable::hash(k.io_buf, k.io_bytes);
+      k.phase = IoOp::kWrite;
+      k.done = 0;
+      enqueue(slot);
+      return;
+    }
+    if (k.bounce >= 0) std::memcpy(k.user, at, n);
+  } else {
+    // A block whose last write failed becomes valid again only when a write covers all of it.
+    const uint64_t block_begin = k.block * block_;
+    const uint64_t block_end = std::min<uint64_t>(block_begin + block_, r.bytes);
+    RegionFile& rw = *k.t->region;
+    if (rw.blocks.state(k.block) != BlockTable::State::kFailed ||
+        (k.user_begin == block_begin && k.user_end == block_end))
+      rw.blocks.set_written(k.block, k.sum);
+  }
+  finish(slot);
+}
+
+bool IoWorker::verify(int slot) {
+  Task& k = tasks_[slot];
+  const RegionFile& r = *k.t->region;
+  if (!r.blocks.checksums() || r.blocks.state(k.block) != BlockTable::State::kWritten) return true;
+  const uint64_t got = BlockTable::hash(k.io_buf, k.io_bytes);
+  if (got == r.blocks.sum(k.block)) return true;
+  fail(slot, Status::Corrupt(fmt::format("{}: checksum mismatch in block {} (bytes {}..{}): xxh3 {:016x} when "
+                                         "written, {:016x} read back; the file was changed outside zoe or the "
+                                         "device returned bad data",
+                                         r.path, k.block, k.io_offset, k.io_offset + k.io_bytes - 1,
+                                         r.blocks.sum(k.block), got)));
+  return false;
+}
+
+void IoWorker::fail(int slot, Status s) {
+  Task& k = tasks_[slot];
+  Transfer& t = *k.t;
+  // The bytes of a block whose write failed are undefined; reads of it fail until it is rewritten.
+  if (k.phase == IoOp::kWrite) t.region->blocks.set_failed(k.block);
+  if (t.status.ok()) t.status = std::move(s);
+  t.failed = true;
+  finish(slot);
+}
+
+void IoWorker::finish(int slot) {
+  Task& k = tasks_[slot];
+  std::shared_ptr<Transfer> tp = std::move(k.t);
+  if (k.bounce >= 0) free_bounce_.push_back(k.bounce);
+  k = Task{};
+  free_slots_.push_back(slot);
+  --in_flight_;
+  if (--tp->in_flight == 0 && !tp->queued) complete(*tp);
+}
+
+void IoWorker::complete(Transfer& t) {
+  {
+    std::lock_guard l(mu_);
+    t.done = true;
+  }
+  done_.notify_all();
+}
+
+void IoWorker::fail_all(const Status& s) {
+  // The queue itself failed (not one request): nothing more can be trusted to complete.
+  std::deque<std::shared_ptr<Transfer>> waiting;
+  {
+    std::lock_guard l(mu_);
+    broken_ = s;
+    waiting.swap(incoming_);
+  }
+  for (auto& t : waiting) active_.push_back(std::move(t));
+  for (auto& t : active_) {
+    t->failed = true;
+    if (t->status.ok()) t->status = s;
+  }
+  for (int slot = 0; slot < static_cast<int>(tasks_.size()); ++slot)
+    if (tasks_[slot].t) fail(slot, s);
+  fill();  // completes every failed transfer
+}
+
+}  // namespace zoe

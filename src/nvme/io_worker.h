@@ -1,0 +1,94 @@
+// IoWorker: the store's I/O thread. It cuts transfers into block requests (one per aio.block_size
+// block of the region, aligned for O_DIRECT) and keeps up to aio.queue_depth of them in flight:
+// each turn of its loop queues what fits and makes one system call that submits the batch and
+// waits for a completion. -EAGAIN/-EINTR are resubmitted, short transfers resubmitted for the
+// rest, any other error fails the transfer with a Status naming file, offset, op and errno.
+//
+// Bytes go straight between the file and the caller's memory when the range and the address are
+// aligned (registered buffers when the memory is in the pinned pool); otherwise through a bounce
+// buffer: a partial block is read, patched and written back (read-modify-write), so the logical
+// size of every region is kept to the byte. Requests touching the same block run in submission
+// order. With checksums every write records the xxh3-64 of its whole block and every read of a
+// written block verifies it.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "nvme/io_queue.h"
+#include "nvme/pinned_pool.h"
+#include "nvme/transfer.h"
+
+namespace zoe {
+
+struct IoWorkerParams {
+  IoQueue* queue = nullptr;
+  uint32_t block_bytes = 1 << 20;
+  const PinnedPool* registered = nullptr;  // the pool whose pieces are registered with the queue
+  std::vector<uint8_t*> bounce;            // block_bytes each, page-aligned
+};
+
+class IoWorker {
+ public:
+  explicit IoWorker(IoWorkerParams p);  // starts the thread
+  ~IoWorker();                          // stop()
+  IoWorker(const IoWorker&) = delete;
+  IoWorker& operator=(const IoWorker&) = delete;
+
+  void submit(std::shared_ptr<Transfer> t);
+  Status wait(const Transfer& t);
+  // Finishes everything submitted, then ends the thread. Idempotent.
+  void stop();
+
+ private:
+  struct Task {
+    std::shared_ptr<Transfer> t;  // null: the slot is free
+    uint64_t block = 0;
+    IoOp phase = IoOp::kRead;     // the request in flight
+    bool rmw = false;             // a write whose block is read first
+    uint64_t io_offset = 0;       // the aligned file range of the request
+    uint32_t io_bytes = 0;
+    uint32_t done = 0;            // of io_bytes, transferred so far
+    uint8_t* io_buf = nullptr;    // the caller's memory (direct) or a bounce buffer
+    int buf_index = -1;
+    int bounce = -1;              // bounce slot, -1 when direct
+    uint64_t user_begin = 0, user_end = 0;  // file offsets of the caller's bytes in this block
+    uint8_t* user = nullptr;               // the caller's memory at user_begin
+    uint64_t sum = 0;             // writes: recorded once the write completes
+  };
+
+  void run();
+  void fill();
+  enum class Start { kStarted, kStalled };
+  Start start_block(const std::shared_ptr<Transfer>& tp);
+  void enqueue(int slot);
+  void handle(const IoCompletion& c);
+  bool verify(int slot);
+  void finish(int slot);
+  void fail(int slot, Status s);
+  void complete(Transfer& t);
+  void fail_all(const Status& s);
+
+  IoQueue* queue_;
+  const uint32_t block_;
+  const PinnedPool* registered_;
+  std::vector<uint8_t*> bounce_;
+  std::vector<int> free_bounce_;
+  std::vector<Task> tasks_;       // one slot per request the queue may hold
+  std::vector<int> free_slots_;
+  int in_flight_ = 0;
+  std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
+
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::deque<std::shared_ptr<Transfer>> incoming_;
+  bool stopping_ = false;
+  bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
+  Status broken_;                 // the queue itself failed: every later transfer fails too
+  std::thread thread_;
+};
+
+}  // namespace zoe

@@ -1,0 +1,234 @@
+#include "nvme/nvme_store.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "nvme/io_error.h"
+#include "nvme/io_worker.h"
+#include "nvme/transfer.h"
+
+namespace zoe {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+bool plain_name(std::string_view s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+  });
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions) {
+  if (o.nvme_path.empty()) return Status::Invalid("NVMe store: nvme_path is empty");
+  if (!plain_name(o.job))
+    return Status::Invalid("NVMe store: job name '" + o.job + "' must be letters, digits, '_', '-' or '.'");
+  if (o.rank < 0) return Status::Invalid("NVMe store: negative rank");
+  if (o.block_size < kPage || o.block_size % kPage != 0 || o.block_size > (uint32_t{1} << 30))
+    return Status::Invalid(fmt::format("aio.block_size {}: expected a multiple of 4096 up to 1 GiB", o.block_size));
+  if (o.queue_depth < 1 || o.queue_depth > 4096)
+    return Status::Invalid(fmt::format("aio.queue_depth {}: expected 1 to 4096", o.queue_depth));
+
+  std::unique_ptr<NvmeStore> st(new NvmeStore());
+  st->o_ = o;
+  st->env_ = o.env ? o.env : NvmeEnv::Default();
+  NvmeEnv* env = st->env_;
+  ZOE_RETURN_IF_ERROR(env->create_dir(o.nvme_path));
+  st->dir_ = o.nvme_path + "/zoe-" + o.job + "-rank" + std::to_string(o.rank);
+  ZOE_RETURN_IF_ERROR(env->create_dir(st->dir_));
+  Result<int> lock = env->lock_dir(st->dir_);
+  if (!lock.ok()) return lock.status();  // the directory is someone else's: leave it alone
+  st->lock_fd_ = lock.value();
+  st->closed_ = false;  // from here on the destructor cleans up
+
+  // Swap files of a run that died: ours now that we hold the lock, and scratch by definition.
+  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> stale, env->list_dir(st->dir_));
+  for (const std::string& name : stale)
+    if (ends_with(name, ".swap")) ZOE_RETURN_IF_ERROR(env->remove_file(st->dir_ + "/" + name));
+
+  const unsigned bounce = o.bounce_buffers ? o.bounce_buffers : o.queue_depth;
+  if (o.pool) {
+    st->pool_ = o.pool;
+  } else {
+    PinnedPoolOptions po;
+    po.bytes = uint64_t{bounce} * o.block_size;
+    po.pin = o.pin_memory;
+    po.ledger = o.ledger;
+    ZOE_ASSIGN_OR_RETURN(st->own_pool_, PinnedPool::create(po));
+    st->pool_ = st->own_pool_.get();
+  }
+  for (unsigned i = 0; i < bounce; ++i) {
+    ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease lease, st->pool_->try_acquire(o.block_size));
+    if (!lease)
+      return Status::Invalid(fmt::format("NVMe store {}: the pinned pool has {} free, not enough for {} bounce buffers "
+                                         "of aio.block_size {} (make the pool larger or bounce_buffers smaller)",
+                                         st->dir_, bytes_text(st->pool_->available()), bounce, o.block_size));
+    st->bounce_.push_back(std::move(lease));
+  }
+
+  ZOE_ASSIGN_OR_RETURN(st->queue_, env->new_queue(o.queue_depth));
+  if (st->pool_->pinned()) ZOE_RETURN_IF_ERROR(st->queue_->register_buffers(st->pool_->pieces()));
+  IoWorkerParams wp;
+  wp.queue = st->queue_.get();
+  wp.block_bytes = o.block_size;
+  wp.registered = st->pool_->pinned() ? st->pool_ : nullptr;
+  for (auto& b : st->bounce_) wp.bounce.push_back(b.data());
+  st->worker_ = std::make_unique<IoWorker>(std::move(wp));
+
+  ZOE_RETURN_IF_ERROR(st->add_regions(regions));
+  return st;
+}
+
+NvmeStore::~NvmeStore() { (void)close(); }
+
+Status NvmeStore::check_space(std::span<const RegionSpec> regions, uint64_t align) {
+  uint64_t need = 0;
+  std::string what;
+  for (const RegionSpec& r : regions) {
+    need += round_up(r.bytes, align);
+    what += fmt::format("{}{} {}", what.empty() ? "" : ", ", r.name, bytes_text(r.bytes));
+  }
+  ZOE_ASSIGN_OR_RETURN(uint64_t free, env_->free_bytes(dir_));
+  if (need > free)
+    return Status::Invalid(fmt::format("NVMe store {}: needs {} ({}), free {} on that file system; nothing was "
+                                       "written: free space or point nvme_path elsewhere",
+                                       dir_, bytes_text(need), what, bytes_text(free)));
+  return Status::Ok();
+}
+
+Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
+  if (closed_) return Status::Runtime("NVMe store: add_regions after close");
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const RegionSpec& r = regions[i];
+    if (!plain_name(r.name))
+      return Status::Invalid("NVMe store: region name '" + r.name + "' must be letters, digits, '_', '-' or '.'");
+    if (r.bytes == 0) return Status::Invalid("NVMe store: region '" + r.name + "' is empty");
+    bool dup = region(r.name).ok();
+    for (size_t j = 0; j < i; ++j) dup = dup || regions[j].name == r.name;
+    if (dup) return Status::Invalid("NVMe store: region '" + r.name + "' added twice");
+  }
+  ZOE_RETURN_IF_ERROR(check_space(regions, kPage));
+
+  const size_t first_new = regions_.size();
+  Status s;
+  for (const RegionSpec& spec : regions) {
+    auto rf = std::make_unique<RegionFile>(RegionFile{spec.name, file_path(spec.name), {}, -1, spec.bytes, 0,
+                                                      BlockTable(0, o_.block_size, false)});
+    Result<DirectFile> f = env_->open_direct(rf->path);
+    if (!f.ok()) {
+      s = f.status();
+      break;
+    }
+    rf->file = f.value();
+    regions_.push_back(std::move(rf));  // from here on close() removes it
+    RegionFile& r = *regions_.back();
+    if (o_.block_size % r.file.offset_align != 0 || r.file.mem_align > PinnedPool::kAlign) {
+      s = Status::Invalid(fmt::format("{}: direct I/O there needs offsets aligned to {} and memory to {}; "
+                                      "aio.block_size {} and the pool's {}-byte pages do not fit that",
+                                      r.path, r.file.offset_align, r.file.mem_align, o_.block_size, PinnedPool::kAlign));
+      break;
+    }
+    r.file_bytes = round_up(r.bytes, r.file.offset_align);
+    r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums);
+    if (!(s = env_->allocate(r.file.fd, r.path, r.file_bytes)).ok()) break;
+    Result<int> qf = queue_->add_file(r.file.fd);
+    if (!qf.ok()) {
+      s = Status::Io(r.path + ": " + qf.status().message());
+      break;
+    }
+    r.queue_file = qf.value();
+  }
+  if (s.ok()) return s;
+  // All or nothing: remove what this call made.
+  while (regions_.size() > first_new) {
+    RegionFile& r = *regions_.back();
+    if (r.queue_file >= 0) (void)queue_->remove_file(r.queue_file);
+    env_->close_fd(r.file.fd);
+    (void)env_->remove_file(r.path);
+    regions_.pop_back();
+  }
+  return s;
+}
+
+Result<int> NvmeStore::region(std::string_view name) const {
+  for (size_t i = 0; i < regions_.size(); ++i)
+    if (regions_[i]->name == name) return static_cast<int>(i);
+  return Status::Invalid(fmt::format("NVMe store {}: no region '{}'", dir_, name));
+}
+
+Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes) {
+  Ticket ticket;
+  ticket.t_ = std::make_shared<Transfer>();
+  Transfer& t = *ticket.t_;
+  t.op = op;
+  t.offset = offset;
+  t.user = user;
+  t.bytes = bytes;
+  if (closed_) {
+    t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_, io_op_name(op)));
+  } else if (region < 0 || region >= regions()) {
+    t.status = Status::Invalid(fmt::format("NVMe store {}: no region {}", dir_, region));
+  } else if (offset > regions_[region]->bytes || bytes > regions_[region]->bytes - offset) {
+    t.status = Status::Invalid(fmt::format("{}: {} of {} bytes at offset {} is past the end of region '{}' ({} bytes)",
+                                           regions_[region]->path, io_op_name(op), bytes, offset,
+                                           regions_[region]->name, regions_[region]->bytes));
+  } else if (bytes > 0 && user == nullptr) {
+    t.status = Status::Invalid(fmt::format("{}: {} with a null buffer", regions_[region]->path, io_op_name(op)));
+  } else {
+    t.region = regions_[region].get();
+    worker_->submit(ticket.t_);
+    return ticket;
+  }
+  t.done = true;
+  return ticket;
+}
+
+Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes) {
+  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes);
+}
+
+Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes) {
+  // The I/O thread only reads from a write's memory.
+  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes);
+}
+
+Status NvmeStore::wait(const Ticket& t) {
+  if (!t.t_) return Status::Invalid("NVMe store: waiting on an empty ticket");
+  if (t.t_->region == nullptr) return t.t_->status;  // refused at submission, never queued
+  return worker_ ? worker_->wait(*t.t_) : t.t_->status;
+}
+
+Status NvmeStore::close() {
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  if (worker_) worker_->stop();  // every transfer submitted completes first
+  worker_.reset();
+  Status first;
+  auto keep = [&](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  for (auto& r : regions_) {
+    if (queue_ && r->queue_file >= 0) (void)queue_->remove_file(r->queue_file);
+    env_->close_fd(r->file.fd);
+    keep(env_->remove_file(r->path));
+  }
+  regions_.clear();
+  queue_.reset();
+  bounce_.clear();
+  own_pool_.reset();
+  keep(env_->remove_dir(dir_));
+  env_->close_fd(lock_fd_);  // the lock goes last: nobody can take the directory while files remain
+  lock_fd_ = -1;
+  return first;
+}
+
+}  // namespace zoe

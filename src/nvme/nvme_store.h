@@ -1,0 +1,126 @@
+// NvmeStore: the NVMe tier's files. A store is one directory per job and rank,
+// <nvme_path>/zoe-<job>-rank<r>/, locked against a second store (flock), holding one file per
+// named region (<name>.swap), each preallocated in full, so that once open() or add_regions()
+// succeeded no write inside a region can fail for space. Callers read and write byte ranges of
+// a region, of any size and offset, synchronously or asynchronously (a Ticket to wait on).
+// Storage knows files and byte ranges, never tensors.
+//
+// One file per region, not one file with regions: regions are added as the engine learns what it
+// homes on NVMe (one per kind of state: params, master, exp_avg, exp_avg_sq), each file grows and
+// is checked for space on its own, a region's offsets are its file's offsets (no table to keep),
+// and `ls -l` shows what each kind costs.
+//
+// Swap files are scratch: never fsynced, removed by close() (and by the destructor), and a
+// region's blocks are zero until written. Errors name the file, the offset, the operation and the
+// errno. Transfers touching the same aio.block_size block run in the order submitted; others may
+// complete in any order. A caller's memory must stay valid until its transfer is waited for.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nvme/nvme_env.h"
+#include "nvme/pinned_pool.h"
+#include "nvme/region_file.h"
+#include "zoe/ledger.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+class IoWorker;
+struct Transfer;
+
+struct NvmeStoreOptions {
+  std::string nvme_path;            // the store's directory is made inside (nvme_path itself too, if missing)
+  std::string job = "job";          // names the directory: zoe-<job>-rank<rank>
+  int rank = 0;
+  uint32_t block_size = 1 << 20;    // aio.block_size: bytes per request (DeepSpeed's default, 1 MiB)
+  unsigned queue_depth = 8;         // aio.queue_depth: requests in flight (DeepSpeed's default, 8)
+  bool checksums = true;            // zoe.checksums: xxh3-64 per block, verified on every read
+  // Block-sized staging buffers for ranges or memory that O_DIRECT cannot take as they are
+  // (unaligned offsets, tails, addresses); 0 means queue_depth. Taken from `pool` at open.
+  unsigned bounce_buffers = 0;
+  // Memory for the bounce buffers, and the buffers io_uring registers (when pinned): transfers to
+  // and from a lease of this pool skip the kernel's per-request page pinning. Null: the store
+  // makes a pool of just its bounce buffers (pinned when pin_memory, booked in `ledger`).
+  PinnedPool* pool = nullptr;
+  bool pin_memory = true;
+  Ledger* ledger = nullptr;
+  NvmeEnv* env = nullptr;           // null: NvmeEnv::Default()
+};
+
+struct RegionSpec {
+  std::string name;  // file <name>.swap; letters, digits, '_', '-', '.'
+  uint64_t bytes = 0;
+};
+
+// An asynchronous transfer; wait for it with NvmeStore::wait (once or more).
+class Ticket {
+ public:
+  bool valid() const { return t_ != nullptr; }
+
+ private:
+  friend class NvmeStore;
+  std::shared_ptr<Transfer> t_;
+};
+
+class NvmeStore {
+ public:
+  // Makes and locks the directory, removes swap files a crashed run left there, checks that the
+  // file system has room for all `regions`, then creates and preallocates them. Refuses, before
+  // anything is written, with "needs X, free Y" when they do not fit.
+  static Result<std::unique_ptr<NvmeStore>> open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions = {});
+  ~NvmeStore();  // close(), errors dropped
+  NvmeStore(const NvmeStore&) = delete;
+  NvmeStore& operator=(const NvmeStore&) = delete;
+
+  // More regions: the free-space check covers all of them before any is created.
+  Status add_regions(std::span<const RegionSpec> regions);
+
+  // Region ids are 0, 1, ... in the order added.
+  Result<int> region(std::string_view name) const;
+  int regions() const { return static_cast<int>(regions_.size()); }
+  uint64_t region_bytes(int region) const { return regions_[region]->bytes; }
+  const std::string& region_path(int region) const { return regions_[region]->path; }
+  const std::string& dir() const { return dir_; }
+  uint32_t block_size() const { return o_.block_size; }
+  unsigned queue_depth() const { return o_.queue_depth; }
+  bool checksums() const { return o_.checksums; }
+
+  // Bytes [offset, offset + bytes) of a region from or to the caller's memory. Any size, offset
+  // and address; aligned ranges in aligned memory (best: a lease of the pool) move without a copy.
+  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes);
+  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes);
+  Status wait(const Ticket& t);
+  Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }
+  Status write(int region, uint64_t offset, const void* src, uint64_t bytes) {
+    return wait(write_async(region, offset, src, bytes));
+  }
+
+  // Waits for every transfer, closes and removes the files and the directory, drops the lock.
+  // Idempotent; the store accepts no transfer afterwards.
+  Status close();
+
+ private:
+  NvmeStore() = default;
+  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes);
+  Status check_space(std::span<const RegionSpec> regions, uint64_t align);
+  std::string file_path(const std::string& name) const { return dir_ + "/" + name + ".swap"; }
+
+  NvmeStoreOptions o_;
+  NvmeEnv* env_ = nullptr;
+  std::string dir_;
+  int lock_fd_ = -1;
+  bool closed_ = true;
+  std::unique_ptr<PinnedPool> own_pool_;
+  PinnedPool* pool_ = nullptr;
+  std::vector<PinnedPool::Lease> bounce_;
+  std::unique_ptr<IoQueue> queue_;
+  std::unique_ptr<IoWorker> worker_;
+  std::vector<std::unique_ptr<RegionFile>> regions_;
+};
+
+}  // namespace zoe

@@ -1,0 +1,96 @@
+// PinnedPool: the host memory the NVMe tier moves bytes through, allocated once up to a byte
+// budget, page-aligned plain memory (so cudaHostRegister can adopt it later), mlocked when
+// pin_memory is on and then registered with io_uring by each store that uses it. Leases are
+// contiguous ranges; an exhausted pool makes acquire() wait for a lease to come back
+// (back-pressure) and try_acquire() say "not now" — never a fresh allocation, never an OOM.
+#pragma once
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "zoe/ledger.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct PinnedPoolOptions {
+  uint64_t bytes = 0;         // the budget; rounded up to whole pages
+  bool pin = true;            // mlock every page (pin_memory); a failure is an error, not a warning
+  Ledger* ledger = nullptr;   // when given, the pool is booked there as host staging memory
+};
+
+class PinnedPool {
+ public:
+  // Lease alignment and granularity: a page, which also satisfies O_DIRECT.
+  static constexpr uint64_t kAlign = 4096;
+  // io_uring registers at most 1 GiB per buffer: the pool is registered in pieces of this size.
+  static constexpr uint64_t kPieceBytes = uint64_t{1} << 30;
+
+  // A contiguous range of the pool, given back when the lease is destroyed or reset. Move-only;
+  // must not outlive its pool.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept { *this = std::move(o); }
+    Lease& operator=(Lease&& o) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { reset(); }
+
+    uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    explicit operator bool() const { return data_ != nullptr; }
+    void reset();
+
+   private:
+    friend class PinnedPool;
+    PinnedPool* pool_ = nullptr;
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0;     // what was asked for
+    uint64_t taken_ = 0;  // rounded up to kAlign
+  };
+
+  // Maps, touches (so that no first-touch cost lands in a later timing) and, with pin, mlocks the
+  // whole budget. Errors name the budget and, for mlock, RLIMIT_MEMLOCK.
+  static Result<std::unique_ptr<PinnedPool>> create(const PinnedPoolOptions& o);
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  // Waits until `bytes` contiguous bytes are free. Invalid when bytes is 0 or more than the pool.
+  Result<Lease> acquire(size_t bytes);
+  // Never waits: an empty lease when the bytes are not free now (the caller retries later).
+  Result<Lease> try_acquire(size_t bytes);
+
+  uint64_t capacity() const { return bytes_; }
+  uint64_t available() const;
+  bool pinned() const { return pinned_; }
+
+  // The pool as pieces of at most kPieceBytes, for io_uring_register_buffers; and the index of
+  // the piece holding all of [p, p + n), or -1 when that range is not (wholly) in one piece.
+  std::vector<iovec> pieces() const;
+  int piece_of(const void* p, size_t n) const;
+
+ private:
+  PinnedPool() = default;
+  bool take_locked(uint64_t bytes, uint64_t* offset);
+  void give_back(uint8_t* data, uint64_t bytes);
+
+  uint8_t* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t mapped_ = 0;
+  bool pinned_ = false;
+  Ledger* ledger_ = nullptr;
+  mutable std::mutex mu_;
+  std::condition_variable returned_;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
+  uint64_t free_bytes_ = 0;
+};
+
+}  // namespace zoe

@@ -1,0 +1,29 @@
+// Transfer: one read or write of a byte range of a region, as handed to the I/O thread; a
+// Ticket holds it until the caller has waited for it.
+#pragma once
+#include <cstdint>
+
+#include "nvme/io_queue.h"
+#include "nvme/region_file.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct Transfer {
+  IoOp op = IoOp::kRead;
+  RegionFile* region = nullptr;
+  uint64_t offset = 0;       // in the region
+  uint8_t* user = nullptr;   // the caller's memory (only read for writes)
+  uint64_t bytes = 0;
+
+  // The I/O thread's alone:
+  uint64_t scheduled = 0;    // bytes handed to block tasks so far
+  int in_flight = 0;         // block tasks not finished
+  bool queued = false;       // still in the I/O thread's list (not all blocks handed out)
+  bool failed = false;
+
+  Status status;             // the first error; read by waiters once done
+  bool done = false;         // guarded by the I/O thread's mutex
+};
+
+}  // namespace zoe
