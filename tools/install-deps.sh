@@ -3,7 +3,8 @@
 # and the Python packages its cross-checks use (best effort: those tests skip without them).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
-      libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev)
+      libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
+      clang libclang-rt-14-dev)
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 missing=()
 for p in "${pkgs[@]}"; do
