@@ -118,5 +118,32 @@ TEST(Config, OffloadRatioIsAFraction) {
   EXPECT_NE(s.message().find("offload_optimizer.ratio"), std::string::npos) << s.message();
 }
 
+// Inputs fuzz/fuzz_config found crashing or hitting UB (fuzz/regressions/fuzz_config): each is an
+// input error naming the problem.
+TEST(Config, HostileInputIsAnErrorNotACrash) {
+  std::string deep_path = "a";  // --set a.a.a...=1 nests one object per component
+  for (int i = 0; i < 70; ++i) deep_path += ".a";
+  struct Case {
+    std::string json;
+    std::vector<std::string> sets;
+    const char* needle;
+  } cases[] = {
+      {"{}", {"zoe.device=\xff"}, "not valid UTF-8"},
+      {R"({"seed": 1e300})", {}, "'seed'"},
+      {R"({"seed": 9223372036854775808.0})", {}, "'seed'"},
+      {R"({"zoe": {"model": {"n_layer": -1e300}}})", {}, "'zoe.model.n_layer'"},
+      {R"({"zoe": {"device_memory_budget": "inf"}})", {}, "'zoe.device_memory_budget'"},
+      {R"({"seed": )" + std::string(65, '[') + std::string(65, ']') + "}", {}, "deeper than 64"},
+      {"{}", {deep_path + "=1"}, "deeper than 64"},
+  };
+  for (auto& c : cases) {
+    Status s = parse_error(c.json, c.sets);
+    EXPECT_EQ(s.code(), Code::kInvalidInput) << c.json;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << c.json << " -> " << s.message();
+  }
+  std::string deep_ok = R"({"seed": )" + std::string(63, '[') + std::string(63, ']') + "}";
+  EXPECT_NE(parse_error(deep_ok).message().find("'seed'"), std::string::npos) << "63 levels parse; seed is no array";
+}
+
 }  // namespace
 }  // namespace zoe

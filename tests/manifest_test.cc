@@ -111,5 +111,17 @@ TEST(Manifest, DivergedLossIsNull) {
   EXPECT_TRUE(std::isnan(back->train_state.last_loss));
 }
 
+// Copying and dumping the config recurse per level (fuzz_manifest overflowed the stack at 12000).
+TEST(Manifest, DeeplyNestedJsonIsRefused) {
+  json j = json::parse(manifest_to_text(valid()));
+  json deep = 1;
+  for (int i = 0; i < 70; ++i) deep = json{{"a", deep}};
+  j["config"] = deep;
+  auto r = parse_manifest(j.dump(), "d");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_NE(r.status().message().find("deeper than 64"), std::string::npos) << r.status().message();
+}
+
 }  // namespace
 }  // namespace zoe::test

@@ -204,6 +204,10 @@ TEST_F(SafetensorsTest, CorruptJson) {
   expect_corrupt(st_file("[1, 2, 3]", 0), {"does not start with '{'"});
   expect_corrupt(st_file("{\"a\": {\"dtype\": \"F32\"", 0), {"not valid JSON"});
   expect_corrupt(st_file("{\"a\": 1}   \x01", 0), {"not valid JSON"});
+  // Error messages dump() the shape recursively: nesting is bounded first (fuzz_safetensors).
+  expect_corrupt(st_file(R"({"w": {"dtype": "F32", "shape": )" + std::string(70, '[') + std::string(70, ']') +
+                             R"(, "data_offsets": [0, 0]}})", 0),
+                 {"deeper than 64"});
   expect_corrupt(st_file(R"({"a": 5})", 0), {"tensor 'a'", "not a JSON object"});
   expect_corrupt(st_file(R"({"__metadata__": [1]})", 0), {"__metadata__", "not a JSON object"});
   expect_corrupt(st_file(R"({"__metadata__": {"k": 1}})", 0), {"'k'", "not a string"});

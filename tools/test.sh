@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # README command 2 (and CI): install, build, run the whole test suite (unit, mpi, slow; gpu tests
-# skip with a message where no GPU is present).
+# skip with a message where no GPU is present), then the sanitizer pass (tools/test-sanitize.sh:
+# unit, mpi and fuzz tests under AddressSanitizer + UBSan; ZOE_SKIP_SANITIZE=1 skips it).
+# Arguments go to both ctest runs (e.g. -R config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
+start=$SECONDS
 tools/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cd build && ctest --output-on-failure -j 2 --timeout 900 "$@"
+(cd build && ctest --output-on-failure -j 2 --timeout 900 "$@")
+echo "test.sh: Release build + tests took $((SECONDS - start)) s"
+if [ "${ZOE_SKIP_SANITIZE:-0}" != 1 ]; then
+  tools/test-sanitize.sh "$@"
+fi

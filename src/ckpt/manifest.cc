@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "common/json_depth.h"
+
 namespace zoe {
 namespace {
 
@@ -197,6 +199,9 @@ std::string manifest_rank_file_name(int rank) { return fmt::format("rank_{:05d}.
 Result<CheckpointManifest> parse_manifest(std::string_view text, const std::string& dir) {
   json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) return corrupt(dir, "is not a valid JSON object");
+  // Copying the config and dump() recurse once per level: a deep one would overflow the stack.
+  if (json_deeper_than(root, kMaxJsonDepth))
+    return corrupt(dir, fmt::format("nests deeper than {} levels", kMaxJsonDepth));
   Fields f(dir, root, "");
   CheckpointManifest m;
   std::string format;

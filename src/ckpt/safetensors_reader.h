@@ -1,5 +1,5 @@
 // Reads a safetensors file (format in ckpt/safetensors.h): memory-maps it and validates the whole
-// header on Open(), so that every later access is in bounds.
+// header on Open() (parse_safetensors_header), so that every later access is in bounds.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/safetensors.h"
+#include "ckpt/safetensors_header.h"
 #include "common/mapped_file.h"
 #include "zoe/status.h"
 

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.h"
+
 namespace zoe {
 namespace {
 
@@ -93,10 +95,14 @@ struct Reader {
   Status integer(const std::string& k, T& out, int64_t lo, int64_t hi) const {
     const json* v = find(k);
     if (!v) return Status::Ok();
+    const std::string expected = fmt::format("an integer in [{}, {}]", lo, hi);
     if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
-      return bad(k, fmt::format("an integer in [{}, {}]", lo, hi));
+      return bad(k, expected);
+    // A float outside int64's range (1e300, 2^63) has no int64 value: converting it is UB.
+    if (v->is_number_float() && !(v->get<double>() >= -0x1p63 && v->get<double>() < 0x1p63))
+      return bad(k, expected);
     int64_t x = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
-    if (x < lo || x > hi) return bad(k, fmt::format("an integer in [{}, {}]", lo, hi));
+    if (x < lo || x > hi) return bad(k, expected);
     out = static_cast<T>(x);
     return Status::Ok();
   }
@@ -142,6 +148,13 @@ Status apply_override(json& root, const std::string& spec) {
   size_t eq = spec.find('=');
   if (eq == std::string::npos || eq == 0)
     return Status::Invalid(fmt::format("--set '{}': expected key.path=value", spec));
+  // A config is JSON, and JSON text is UTF-8: a string nlohmann cannot serialize would throw
+  // later, from an error message or the checkpoint manifest, instead of failing here.
+  try {
+    (void)json(spec).dump();
+  } catch (const json::type_error&) {
+    return Status::Invalid(fmt::format("--set '{}': not valid UTF-8", spec));
+  }
   std::string path = spec.substr(0, eq), text = spec.substr(eq + 1);
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = text;  // a bare word is a string: --set zoe.device=cpu
@@ -303,6 +316,9 @@ Result<Config> parse_config(const std::string& text, const std::vector<std::stri
   if (root.is_discarded()) return Status::Invalid(fmt::format("config '{}': not valid JSON", source));
   if (!root.is_object()) return Status::Invalid(fmt::format("config '{}': expected a JSON object", source));
   for (const auto& o : overrides) ZOE_RETURN_IF_ERROR(apply_override(root, o));
+  // Checked after the overrides, whose dotted paths nest too: flatten() and dump() recurse.
+  if (json_deeper_than(root, kMaxJsonDepth))
+    return Status::Invalid(fmt::format("config '{}': nested deeper than {} levels", source, kMaxJsonDepth));
   std::map<std::string, json> kv;
   flatten(root, "", kv);
   for (const auto& [k, v] : kv) {

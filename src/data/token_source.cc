@@ -59,37 +59,8 @@ Status TokenSource::add_shard(MappedFile file) {
                                  std::to_string(vocab_size_));
     }
   } else {
-    if (size < kLlmcHeaderBytes)
-      return Status::Invalid(path + ": " + std::to_string(size) +
-                             " bytes, shorter than the 1024-byte llm.c shard header");
-    int32_t hdr[3];
-    std::memcpy(hdr, file.data(), sizeof(hdr));
-    if (hdr[0] != kLlmcMagic)
-      return Status::Invalid(path + ": bad llm.c shard magic " + std::to_string(hdr[0]) +
-                             " (expected " + std::to_string(kLlmcMagic) + ")");
-    if (hdr[1] != kLlmcVersion)
-      return Status::Invalid(path + ": unsupported llm.c shard version " + std::to_string(hdr[1]) +
-                             " (expected " + std::to_string(kLlmcVersion) + ")");
-    if (hdr[2] < 0)
-      return Status::Invalid(path + ": negative token count " + std::to_string(hdr[2]) + " in header");
-    uint64_t ntok = static_cast<uint64_t>(hdr[2]);
-    uint64_t expect = kLlmcHeaderBytes + 2 * ntok;
-    if (size != expect)
-      return Status::Invalid(path + ": file is " + std::to_string(size) + " bytes, expected " +
-                             std::to_string(expect) + " (1024 + 2 * " + std::to_string(ntok) +
-                             " tokens)" + (size < expect ? ": truncated" : ""));
-    if (ntok == 0) return Status::Invalid(path + ": llm.c shard holds no tokens");
+    ZOE_ASSIGN_OR_RETURN(sh.ntok, check_llmc_shard(file.data(), size, vocab_size_, path));
     sh.tokens = file.data() + kLlmcHeaderBytes;
-    sh.ntok = ntok;
-    if (vocab_size_ < 65536) {
-      const uint16_t* t = reinterpret_cast<const uint16_t*>(sh.tokens);  // 1024-byte aligned
-      for (uint64_t i = 0; i < ntok; ++i)
-        if (t[i] >= vocab_size_)
-          return Status::Invalid(path + ": token " + std::to_string(t[i]) + " at position " +
-                                 std::to_string(i) + " (byte offset " +
-                                 std::to_string(kLlmcHeaderBytes + 2 * i) +
-                                 ") is not below vocab_size " + std::to_string(vocab_size_));
-    }
   }
   sh.file = std::move(file);
   shards_.push_back(std::move(sh));

@@ -1,9 +1,7 @@
 // The tokens of a training or validation data set: one or more shards, memory-mapped and fully
 // validated on Open().
 //   bytes: any file; every byte is one token (vocab 256).
-//   llmc:  llm.c token shards: a header of 256 little-endian int32 ([0] = 20240520 magic,
-//          [1] = 1 version, [2] = ntok), then ntok little-endian uint16 tokens; the file size is
-//          exactly 1024 + 2 * ntok.
+//   llmc:  llm.c token shards (data/llmc_shard.h), checked by check_llmc_shard.
 // `pattern` is a path or a glob(3) pattern; a path that exists is taken literally, otherwise the
 // glob's matches are the shards, in byte-wise sorted order.
 // Every error is Invalid and names the file and the problem.
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "common/mapped_file.h"
+#include "data/llmc_shard.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -23,10 +22,6 @@ enum class TokenFormat : uint8_t { kBytes, kLlmc };
 
 Result<TokenFormat> parse_token_format(std::string_view s);  // "bytes" or "llmc"
 std::string_view token_format_name(TokenFormat f);
-
-inline constexpr int32_t kLlmcMagic = 20240520;
-inline constexpr int32_t kLlmcVersion = 1;
-inline constexpr size_t kLlmcHeaderBytes = 1024;
 
 class TokenSource {
  public:

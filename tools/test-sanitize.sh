@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The sanitizer pass of tools/test.sh: builds build-san/ with clang, AddressSanitizer + UBSan and
+# the libFuzzer targets (CPU only), then runs the unit, mpi and fuzz tests there (not slow: the
+# Release pass runs those; not gpu: this build has no CUDA). A memory error, UB, leak or fuzzer
+# crash fails it. CMake gives every test the sanitizer options (ZOE_TEST_ENV, tools/lsan.supp).
+# Arguments go to ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+CC=clang CXX=clang++ cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
+  -DZOE_SANITIZE=address,undefined -DZOE_FUZZ=ON >/dev/null
+cmake --build build-san -j "$(nproc)"
+built=$SECONDS
+(cd build-san && ctest --output-on-failure -j 2 --timeout 900 -L 'unit|mpi|fuzz' "$@")
+echo "test-sanitize.sh: build $((built - start)) s, tests $((SECONDS - built)) s"
