@@ -16,6 +16,16 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps) {
   return run_model(c, comm, steps, model, *source);
 }
 
+Status init_params(Engine& e, const Model& model, uint64_t seed) {
+  std::vector<float> buf;
+  for (int u = 0; u < e.num_units(); ++u) {
+    buf.resize(e.unit(u).numel);
+    model.init_unit(u, seed, buf.data());
+    ZOE_RETURN_IF_ERROR(e.set_params(u, buf.data()));
+  }
+  return Status::Ok();
+}
+
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source) {
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
   // Communication staging is booked in this run's ledger, and unbooked before the ledger goes.
@@ -27,12 +37,7 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
   auto units = model.units();
   ZeroEngine engine(c, dev, comm, units);
   ZOE_RETURN_IF_ERROR(engine.allocate());
-  std::vector<float> buf;
-  for (int u = 0; u < engine.num_units(); ++u) {
-    buf.resize(engine.unit(u).numel);
-    model.init_unit(u, c.seed, buf.data());
-    ZOE_RETURN_IF_ERROR(engine.set_params(u, buf.data()));
-  }
+  ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
   MlpRun run;
   run.padded = engine.layout().padded_params();
   run.shard = engine.layout().shard_size();

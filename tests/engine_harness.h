@@ -35,6 +35,9 @@ inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36)
   return c;
 }
 
+// Sets every unit's parameters to the model's default initialisation.
+Status init_params(Engine& e, const Model& model, uint64_t seed);
+
 // Trains `steps` optimizer steps of any model from its default init; on failure returns the Status.
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source);
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);

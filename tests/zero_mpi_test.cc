@@ -237,12 +237,7 @@ Result<std::vector<float>> train_with_gaps(int stage, bool explicit_zeros) {
   MlpModel model(c.n_layer, c.n_embd, 99);
   ZeroEngine e(c, dev, *g_comm, model.units());
   ZOE_RETURN_IF_ERROR(e.allocate());
-  std::vector<float> buf;
-  for (int u = 0; u < e.num_units(); ++u) {
-    buf.resize(e.unit(u).numel);
-    model.init_unit(u, c.seed, buf.data());
-    ZOE_RETURN_IF_ERROR(e.set_params(u, buf.data()));
-  }
+  ZOE_RETURN_IF_ERROR(init_params(e, model, c.seed));
   const int r = g_comm->rank();
   for (int step = 0; step < 3; ++step) {
     for (int u = e.num_units() - 1; u >= 0; --u) {
