@@ -20,8 +20,8 @@ CheckpointManifest valid() {
   m.stage = 3;
   m.config = json::object();
   m.units = {{"a", 10, {{"a.w", {2, 4}, 0, 8}, {"a.b", {2}, 8, 2}}}, {"b", 2, {{"b.x", {2}, 0, 2}}}};
-  for (int r = 0; r < 3; ++r)
-    m.files.push_back({manifest_rank_file_name(r), manifest_rank_file_bytes(m.units, 3, r), "0123456789abcdef"});
+  std::vector<uint64_t> bytes = manifest_file_bytes(m.units, 3);
+  for (int r = 0; r < 3; ++r) m.files.push_back({manifest_rank_file_name(r), bytes[r], "0123456789abcdef"});
   m.train_state.steps_done = 7;
   m.train_state.steps_applied = 6;
   m.train_state.loss_scale = 65536;
@@ -39,6 +39,20 @@ TEST(Manifest, RoundTripsAndSizesFollowTheLayout) {
   EXPECT_EQ(back->files[1].name, "rank_00001.bin");
   EXPECT_EQ(back->train_state.steps_applied, 6);
   EXPECT_EQ(back->train_state.loss_scale, 65536);
+}
+
+TEST(Manifest, FileSizesInOnePassEqualEachRanksOwnedElements) {
+  std::vector<ManifestUnit> units;
+  for (int64_t n : {1, 2, 3, 7, 10, 64, 65, 1000, 1333}) units.push_back({"u" + std::to_string(n), n, {}});
+  for (int world = 1; world <= 9; ++world) {
+    std::vector<uint64_t> bytes = manifest_file_bytes(units, world);
+    ASSERT_EQ(bytes.size(), static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      uint64_t floats = 0;
+      for (const ManifestUnit& u : units) floats += 3 * manifest_owned(u.numel, world, r);
+      EXPECT_EQ(bytes[r], 4 * floats) << "world " << world << " rank " << r;
+    }
+  }
 }
 
 TEST(Manifest, EveryHostileFieldIsRefusedByName) {

@@ -134,6 +134,7 @@ Status parse_units(const std::string& dir, const json& units, std::vector<Manife
 Status parse_files(const std::string& dir, const json& files, CheckpointManifest* m) {
   if (files.size() != static_cast<size_t>(m->world_size))
     return corrupt(dir, fmt::format("field 'files': {} files listed for world size {}", files.size(), m->world_size));
+  std::vector<uint64_t> sizes = manifest_file_bytes(m->units, m->world_size);
   for (int r = 0; r < m->world_size; ++r) {
     std::string path = fmt::format("files[{}]", r);
     if (!files[r].is_object()) return corrupt(dir, fmt::format("field '{}': expected an object", path));
@@ -143,7 +144,7 @@ Status parse_files(const std::string& dir, const json& files, CheckpointManifest
     ZOE_RETURN_IF_ERROR(f.string("name", &file.name));
     if (file.name != manifest_rank_file_name(r)) return f.bad("name", "\"" + manifest_rank_file_name(r) + "\"");
     int64_t bytes = 0;
-    uint64_t want = manifest_rank_file_bytes(m->units, m->world_size, r);
+    uint64_t want = sizes[r];
     ZOE_RETURN_IF_ERROR(f.integer("bytes", 0, std::numeric_limits<int64_t>::max(), &bytes));
     if (static_cast<uint64_t>(bytes) != want)
       return f.bad("bytes", fmt::format("{} (3 fp32 states of the elements rank {} owns)", want, r));
@@ -188,10 +189,24 @@ int64_t manifest_owned(int64_t numel, int world, int rank) {
   return std::clamp<int64_t>(numel - rank * c, 0, c);
 }
 
-uint64_t manifest_rank_file_bytes(const std::vector<ManifestUnit>& units, int world, int rank) {
-  uint64_t floats = 0;
-  for (const ManifestUnit& u : units) floats += 3 * static_cast<uint64_t>(manifest_owned(u.numel, world, rank));
-  return floats * 4;
+std::vector<uint64_t> manifest_file_bytes(const std::vector<ManifestUnit>& units, int world) {
+  // One pass over the units: a unit gives full chunks to ranks [0, full) and the remainder to rank
+  // `full`, so a difference array adds each unit's chunks to a range of ranks at once (a hostile
+  // manifest with many units and ranks costs units + ranks, not units x ranks).
+  std::vector<uint64_t> diff(world + 1, 0), tail(world, 0);
+  for (const ManifestUnit& u : units) {
+    int64_t c = manifest_chunk(u.numel, world), full = u.numel / c, rem = u.numel - full * c;
+    diff[0] += c;
+    diff[full] -= c;
+    if (rem > 0) tail[full] += rem;
+  }
+  std::vector<uint64_t> bytes(world);
+  uint64_t run = 0;
+  for (int r = 0; r < world; ++r) {
+    run += diff[r];
+    bytes[r] = 4 * 3 * (run + tail[r]);
+  }
+  return bytes;
 }
 
 std::string manifest_rank_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }

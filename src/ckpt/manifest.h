@@ -65,8 +65,9 @@ struct CheckpointManifest {
 // Element counts of the saving run's N-way chunking (contracts: rank r owns [r*c, r*c + owned)).
 int64_t manifest_chunk(int64_t numel, int world);
 int64_t manifest_owned(int64_t numel, int world, int rank);
-// The size file `rank` must have: master, exp_avg, exp_avg_sq of its owned elements of every unit.
-uint64_t manifest_rank_file_bytes(const std::vector<ManifestUnit>& units, int world, int rank);
+// The size each rank's file must have: master, exp_avg, exp_avg_sq of its owned elements of
+// every unit.
+std::vector<uint64_t> manifest_file_bytes(const std::vector<ManifestUnit>& units, int world);
 std::string manifest_rank_file_name(int rank);
 
 // Parses and validates manifest.json text; errors are Corrupt and name `dir`, the file and the
