@@ -21,10 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string rank_file(int r) { return manifest_rank_file_name(r); }
-int64_t chunk_of(int64_t numel, int world) { return manifest_chunk(numel, world); }
-int64_t owned_of(int64_t numel, int world, int r) { return manifest_owned(numel, world, r); }
-
 // State moves between the engine and checkpoint files in pieces of this many elements (16 MiB).
 constexpr int64_t kPieceElems = int64_t{1} << 22;
 
@@ -47,7 +43,7 @@ Status write_rank_file(const std::string& path, Engine& e, int rank, int world, 
   std::vector<float> piece;
   for (int u = 0; u < e.num_units(); ++u) {
     OwnedRange o = e.owned_range(u);
-    int64_t numel = e.unit(u).numel, lo = rank * chunk_of(numel, world), n = owned_of(numel, world, rank);
+    int64_t numel = e.unit(u).numel, lo = rank * manifest_chunk(numel, world), n = manifest_owned(numel, world, rank);
     if (n == 0) continue;
     if (lo < o.begin || lo + n > o.end)
       return Status::Runtime(fmt::format("unit '{}': rank {} does not hold elements [{}, {})", e.unit(u).name, rank,
@@ -116,7 +112,7 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
     char hex[24];
   } mine{};
   std::string hex;
-  Status wrote = write_rank_file(tmp + "/" + rank_file(comm.rank()), e, comm.rank(), comm.size(), &mine.size, &hex);
+  Status wrote = write_rank_file(tmp + "/" + manifest_rank_file_name(comm.rank()), e, comm.rank(), comm.size(), &mine.size, &hex);
   std::snprintf(mine.hex, sizeof(mine.hex), "%s", hex.c_str());
   ZOE_RETURN_IF_ERROR(agree_save(comm, wrote));
   std::vector<FileFacts> all(comm.rank() == 0 ? comm.size() : 1);
@@ -128,7 +124,7 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
     m.stage = stage;
     m.config = config;
     m.units = manifest_units(e);
-    for (int r = 0; r < comm.size(); ++r) m.files.push_back({rank_file(r), all[r].size, std::string(all[r].hex)});
+    for (int r = 0; r < comm.size(); ++r) m.files.push_back({manifest_rank_file_name(r), all[r].size, std::string(all[r].hex)});
     m.train_state = st;
     // The manifest's own checksum sits beside it, so a damaged manifest is never trusted.
     std::string text = manifest_to_text(m);
@@ -187,18 +183,18 @@ class ChunkReader {
     unit_base_.assign(world_, std::vector<uint64_t>(m_.units.size() + 1, 0));
     for (int q = 0; q < world_; ++q)
       for (size_t u = 0; u < m_.units.size(); ++u)
-        unit_base_[q][u + 1] = unit_base_[q][u] + 3 * owned_of(m_.units[u].numel, world_, q);
+        unit_base_[q][u + 1] = unit_base_[q][u] + 3 * manifest_owned(m_.units[u].numel, world_, q);
   }
   ~ChunkReader() {
     for (int fd : fds_)
       if (fd >= 0) close(fd);
   }
   Status read(int u, int block, int64_t lo, int64_t hi, float* out, bool verify) {
-    int64_t numel = m_.units[u].numel, c = chunk_of(numel, world_);
+    int64_t numel = m_.units[u].numel, c = manifest_chunk(numel, world_);
     if (lo < 0 || hi > numel || lo > hi)
       return Status::Runtime(fmt::format("checkpoint read of [{}, {}) outside unit '{}'", lo, hi, m_.units[u].name));
     for (int q = 0; q < world_ && lo < hi; ++q) {
-      int64_t qlo = q * c, qn = owned_of(numel, world_, q), a = std::max(lo, qlo), b = std::min(hi, qlo + qn);
+      int64_t qlo = q * c, qn = manifest_owned(numel, world_, q), a = std::max(lo, qlo), b = std::min(hi, qlo + qn);
       if (a >= b) continue;
       ZOE_RETURN_IF_ERROR(open_file(q, verify));
       uint64_t off = unit_base_[q][u] + block * qn + (a - qlo);

@@ -224,20 +224,24 @@ Status ZeroEngine::copy_to_device(const StateArray& a, int64_t e, int64_t n, con
   return Status::Ok();
 }
 
-Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) {
+// Where owned elements [begin, end) of unit u's kind k are: in fp32 training the master is the
+// parameter array itself, in the weight dtype and at parameter positions.
+Result<ZeroEngine::OwnedPlace> ZeroEngine::owned_place(const char* op, int u, OwnedKind k, int64_t begin,
+                                                       int64_t end) {
   if (u < 0 || u >= num_units() || begin < opt_begin(u) || end > opt_end(u) || begin > end)
-    return Status::Invalid(fmt::format("read_owned: [{}, {}) is not owned in unit {}", begin, end, u));
-  bool weights = k == OwnedKind::kMaster && !cfg_.mixed_precision();  // fp32: the parameters themselves
-  return get_f32(owned_array(k), weights ? dtype_ : DType::kF32, weights ? param_index(u, begin) : opt_index(u, begin),
-                 end - begin, dst);
+    return Status::Invalid(fmt::format("{}: [{}, {}) is not owned in unit {}", op, begin, end, u));
+  if (k == OwnedKind::kMaster && !cfg_.mixed_precision()) return OwnedPlace{&param_, dtype_, param_index(u, begin)};
+  return OwnedPlace{&owned_array(k), DType::kF32, opt_index(u, begin)};
+}
+
+Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) {
+  ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("read_owned", u, k, begin, end));
+  return get_f32(*p.array, p.dtype, p.index, end - begin, dst);
 }
 
 Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
-  if (u < 0 || u >= num_units() || begin < opt_begin(u) || end > opt_end(u) || begin > end)
-    return Status::Invalid(fmt::format("write_owned: [{}, {}) is not owned in unit {}", begin, end, u));
-  bool weights = k == OwnedKind::kMaster && !cfg_.mixed_precision();
-  return put_f32(owned_array(k), weights ? dtype_ : DType::kF32, weights ? param_index(u, begin) : opt_index(u, begin),
-                 end - begin, src);
+  ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("write_owned", u, k, begin, end));
+  return put_f32(*p.array, p.dtype, p.index, end - begin, src);
 }
 
 Status ZeroEngine::set_params(int u, const float* values) {

@@ -74,6 +74,12 @@ class ZeroEngine final : public Engine {
     return k == OwnedKind::kMaster ? master() : k == OwnedKind::kExpAvg ? exp_avg_ : exp_avg_sq_;
   }
 
+  struct OwnedPlace {
+    StateArray* array;
+    DType dtype;
+    int64_t index;  // of element `begin`
+  };
+  Result<OwnedPlace> owned_place(const char* op, int u, OwnedKind k, int64_t begin, int64_t end);
   // The NVMe stores and the pinned pool, when a home is on NVMe.
   Status open_offload(int64_t opt_elems, int64_t param_elems);
   // Elements [e, e+n) of `a` (stored as `dt`) to or from host fp32, through pinned windows for
