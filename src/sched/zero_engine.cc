@@ -165,12 +165,15 @@ int64_t ZeroEngine::param_index(int u, int64_t x) const {
   return plan_.shard_params ? s.shard_offset + (x - comm_.rank() * s.chunk) : s.full_offset + x;
 }
 
-// Memory parts convert on the device (upload, then accumulate into the dtype); NVMe parts convert
+// Memory parts take fp32 as a plain upload and convert other dtypes on the device (upload, then
+// accumulate into the dtype); NVMe parts convert
 // on the host inside a pinned window, piece by piece.
 Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src) {
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
-    if (!a.on_nvme(e)) {
+    if (!a.on_nvme(e) && dt == DType::kF32) {  // no conversion: a plain upload
+      ZOE_RETURN_IF_ERROR(dev_.upload(a.ptr(e), src, k * 4));
+    } else if (!a.on_nvme(e)) {
       ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(k * 4, Tier::kDevice, Kind::kStaging));
       Status st = dev_.upload(staging.data, src, k * 4);
       if (st.ok()) st = dev_.accumulate(a.ptr(e), dt, staging.data, DType::kF32, k, false);
@@ -190,7 +193,9 @@ Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const 
 Status ZeroEngine::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, float* dst) {
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
-    if (!a.on_nvme(e)) {
+    if (!a.on_nvme(e) && dt == DType::kF32) {
+      std::memcpy(dst, a.ptr(e), k * 4);
+    } else if (!a.on_nvme(e)) {
       for (int64_t i = 0; i < k; ++i) dst[i] = load_as_f32(a.ptr(e), dt, i);
     } else {
       k = std::min<int64_t>(k, group_elems_);
