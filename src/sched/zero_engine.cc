@@ -166,8 +166,8 @@ int64_t ZeroEngine::param_index(int u, int64_t x) const {
 }
 
 // Memory parts take fp32 as a plain upload and convert other dtypes on the device (upload, then
-// accumulate into the dtype); NVMe parts convert
-// on the host inside a pinned window, piece by piece.
+// accumulate into the dtype); NVMe parts convert on the host inside a pinned window, piece by
+// piece.
 Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src) {
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
