@@ -146,6 +146,17 @@ TEST(Cli, EstimateJsonIsTheSeedTable) {
   EXPECT_NE(out.find("come on top"), std::string::npos) << out;
 }
 
+// A --trace path that cannot be written is found before the first step, not after the whole run.
+TEST(Cli, AnUnwritableTraceFailsBeforeTheFirstStep) {
+  std::string dir = make_temp_dir("cli");
+  std::string out;
+  int rc = run_command(kZoe + " train --quiet --set zoe.model.type=mlp --set zoe.steps=3 --set zoe.checkpoint.dir='\"\"'"
+                       " --report " + dir + "/r.jsonl --trace /nonexistent-dir/t.json", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--trace"), std::string::npos) << out;
+  EXPECT_EQ(slurp(dir + "/r.jsonl").find("\"step\""), std::string::npos) << "a step ran before the refusal";
+}
+
 TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
   std::string dir = make_temp_dir("cli");
   std::string out;
