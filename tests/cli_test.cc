@@ -50,6 +50,9 @@ TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
       {"train --set data_types.grad_accum_dtype=fp8", "data_types.grad_accum_dtype"},
       {"train --trace /nonexistent-dir/t.json", "--trace"},
       {"train --report /nonexistent-dir/r.jsonl", "--report"},
+      {"train --set zoe.device=tpu", "zoe.device"},
+      // No GPU here (or a build without CUDA): one line naming the key, before any work.
+      {"train --set zoe.device=cuda --set zoe.checkpoint.dir='\"\"'", "zoe.device"},
   };
   for (auto& c : cases) {
     std::string out;

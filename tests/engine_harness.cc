@@ -27,7 +27,7 @@ Status init_params(Engine& e, const Model& model, uint64_t seed) {
 }
 
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source) {
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
   // Communication staging is booked in this run's ledger, and unbooked before the ledger goes.
   comm.set_ledger(&dev.ledger());
   struct Unbook {
@@ -56,11 +56,9 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
   }
   run.ledger = dev.ledger().snapshot();
   for (int u = 0; u < engine.num_units(); ++u) {
-    ZOE_ASSIGN_OR_RETURN(ParamView p, engine.fetch(u));
     size_t at = run.params.size();
-    run.params.resize(at + p.numel);
-    weights_to_f32(p.data, p.dtype, p.numel, run.params.data() + at);
-    ZOE_RETURN_IF_ERROR(engine.release(u));
+    run.params.resize(at + engine.unit(u).numel);
+    ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, run.params.data() + at));
   }
   return run;
 }

@@ -29,14 +29,14 @@ TEST(Gpt2BlockSpeed, B4T256C384) {
   double best_fwd = 1e9, best_bwd = 1e9, best_rec = 1e9;
   for (int rep = 0; rep < 4; rep++) {
     auto t0 = std::chrono::steady_clock::now();
-    block_forward(out.data(), buf.acts, params.data(), inp.data(), d);
+    block_forward(host_model_ops(), out.data(), buf.acts, params.data(), inp.data(), d);
     best_fwd = std::min(best_fwd, seconds_since(t0));
     t0 = std::chrono::steady_clock::now();
-    block_backward(dinp.data(), grads.data(), dout.data(), buf.acts, params.data(), inp.data(), d,
+    block_backward(host_model_ops(), dinp.data(), grads.data(), dout.data(), buf.acts, params.data(), inp.data(), d,
                    buf.scratch.data(), false);
     best_bwd = std::min(best_bwd, seconds_since(t0));
     t0 = std::chrono::steady_clock::now();
-    block_backward(dinp.data(), grads.data(), dout.data(), buf.acts, params.data(), inp.data(), d,
+    block_backward(host_model_ops(), dinp.data(), grads.data(), dout.data(), buf.acts, params.data(), inp.data(), d,
                    buf.scratch.data(), true);
     best_rec = std::min(best_rec, seconds_since(t0));
   }

@@ -439,14 +439,14 @@ void check_block(const BlockDims& d, bool fd) {
   rb.forward(out.data(), params.data(), inp.data());
   Vf paramsf = to_f(params), inpf = to_f(inp), outf(BTC);
   BlockBuffers buf(d);
-  block_forward(outf.data(), buf.acts, paramsf.data(), inpf.data(), d);
+  block_forward(host_model_ops(), outf.data(), buf.acts, paramsf.data(), inpf.data(), d);
   EXPECT_LT(rel_err(outf, out), kFwdTol);
 
   Vd dinp(BTC), dparams(P);
   rb.backward(dinp.data(), dparams.data(), dout.data(), params.data(), inp.data());
   Vd dparams0 = rnd(P, 73);
   Vf dinpf(BTC), dparamsf = to_f(dparams0);
-  block_backward(dinpf.data(), dparamsf.data(), to_f(dout).data(), buf.acts, paramsf.data(),
+  block_backward(host_model_ops(), dinpf.data(), dparamsf.data(), to_f(dout).data(), buf.acts, paramsf.data(),
                  inpf.data(), d, buf.scratch.data(), false);
   for (int64_t i = 0; i < P; i++) dparams0[i] += dparams[i];
   EXPECT_LT(rel_err(dinpf, dinp), kBwdTol);
@@ -478,14 +478,14 @@ TEST(Gpt2Block, RecomputeIsExact) {
   Vf params = to_f(rnd(P, 80, -0.5, 0.5)), inp = to_f(rnd(BTC, 81)), dout = to_f(rnd(BTC, 82));
   BlockBuffers kept(d), ckpt(d);
   Vf out1(BTC), out2(BTC);
-  block_forward(out1.data(), kept.acts, params.data(), inp.data(), d);
-  block_forward(out2.data(), ckpt.acts, params.data(), inp.data(), d);
+  block_forward(host_model_ops(), out1.data(), kept.acts, params.data(), inp.data(), d);
+  block_forward(host_model_ops(), out2.data(), ckpt.acts, params.data(), inp.data(), d);
   EXPECT_EQ(out1, out2);
   std::fill(ckpt.acts_mem.begin(), ckpt.acts_mem.end(), NAN);  // another layer used the scratch
   Vf dinp1(BTC), g1(P, 0.f), g2(P, 0.f), dx = dout;
-  block_backward(dinp1.data(), g1.data(), dout.data(), kept.acts, params.data(), inp.data(), d,
+  block_backward(host_model_ops(), dinp1.data(), g1.data(), dout.data(), kept.acts, params.data(), inp.data(), d,
                  kept.scratch.data(), false);
-  block_backward(dx.data(), g2.data(), dx.data(), ckpt.acts, params.data(), inp.data(), d,
+  block_backward(host_model_ops(), dx.data(), g2.data(), dx.data(), ckpt.acts, params.data(), inp.data(), d,
                  ckpt.scratch.data(), true);
   EXPECT_EQ(dinp1, dx);
   EXPECT_EQ(g1, g2);
@@ -562,8 +562,8 @@ TEST(Gpt2Model, Fp32MatchesReference) {
   std::vector<Vf> x(3, Vf(m.BTC()));
   encoder_forward(x[0].data(), m.tok.data(), wte, wte + V * C, m.B, m.T, C);
   BlockBuffers kept(m.d), shared(m.d);
-  block_forward(x[1].data(), kept.acts, p[1].data(), x[0].data(), m.d);
-  block_forward(x[2].data(), shared.acts, p[2].data(), x[1].data(), m.d);
+  block_forward(host_model_ops(), x[1].data(), kept.acts, p[1].data(), x[0].data(), m.d);
+  block_forward(host_model_ops(), x[2].data(), shared.acts, p[2].data(), x[1].data(), m.d);
   Vf lnf(m.BTC()), mean(N), rstd(N), logits(N * V), dlnf(m.BTC(), 0.f), dx(m.BTC(), 0.f);
   layernorm_forward(lnf.data(), mean.data(), rstd.data(), x[2].data(), p[3].data(), p[3].data() + C,
                     N, C);
@@ -574,9 +574,9 @@ TEST(Gpt2Model, Fp32MatchesReference) {
   lm_head_backward(dlnf.data(), gf[0].data(), logits.data(), lnf.data(), wte, N, C, V);
   layernorm_backward(dx.data(), gf[3].data(), gf[3].data() + C, dlnf.data(), x[2].data(),
                      p[3].data(), mean.data(), rstd.data(), N, C);
-  block_backward(dx.data(), gf[2].data(), dx.data(), shared.acts, p[2].data(), x[1].data(), m.d,
+  block_backward(host_model_ops(), dx.data(), gf[2].data(), dx.data(), shared.acts, p[2].data(), x[1].data(), m.d,
                  shared.scratch.data(), true);
-  block_backward(dx.data(), gf[1].data(), dx.data(), kept.acts, p[1].data(), x[0].data(), m.d,
+  block_backward(host_model_ops(), dx.data(), gf[1].data(), dx.data(), kept.acts, p[1].data(), x[0].data(), m.d,
                  kept.scratch.data(), false);
   encoder_backward(gf[0].data(), gf[0].data() + V * C, dx.data(), m.tok.data(), m.B, m.T, C);
   for (size_t u = 0; u < g.size(); u++) EXPECT_LT(rel_err(gf[u], g[u]), kBwdTol) << u;

@@ -120,7 +120,7 @@ nlohmann::json train_config(const std::string& dir, int steps) {
           {"steps_per_print", 100},
           {"seed", 1234},
           {"zoe",
-           {{"device", "cpu"},
+           {{"device", "cpu-strict"},
             {"device_memory_budget", "256MiB"},
             {"model",
              {{"type", "gpt2"}, {"n_layer", kShape.n_layer}, {"n_head", kShape.n_head}, {"n_embd", kShape.n_embd},

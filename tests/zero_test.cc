@@ -77,7 +77,7 @@ TEST(ZeroOneRank, DeviceBudgetIsEnforcedWithAClearError) {
 // A unit of 10 elements, driven by hand, to see exactly what a step does with a bad gradient.
 struct TinyEngine {
   Config c;
-  CpuDevice dev{1 << 20, 1 << 20};
+  CpuDevice dev{1 << 20, 1 << 20, true};
   std::unique_ptr<Comm> comm = make_self_comm();
   std::unique_ptr<ZeroEngine> e;
   explicit TinyEngine(DType dt, int stage = 3) {
@@ -100,6 +100,13 @@ struct TinyEngine {
   }
 };
 
+// A copy of v in device memory (free it with dev.free).
+Buffer on_device(Device& dev, const std::vector<float>& v) {
+  Buffer b = dev.alloc(v.size() * 4, Tier::kDevice, Kind::kStaging).value();
+  EXPECT_TRUE(dev.upload(b.data, v.data(), v.size() * 4).ok());
+  return b;
+}
+
 // Fills the device tier until not even 64 bytes fit, so the engine's next alloc fails.
 std::vector<Buffer> fill_device(Device& dev) {
   std::vector<Buffer> held;
@@ -114,17 +121,23 @@ std::vector<Buffer> fill_device(Device& dev) {
 TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
   for (int stage : {2, 3}) {
     Config c = mlp_config(stage, DType::kF32, 2, 16);
-    auto self = make_self_comm();
-    CpuDevice dev(c.device_memory_budget, c.host_memory_budget), ref_dev(c.device_memory_budget, c.host_memory_budget);
+    // Two devices, so two communicators: a Comm works on the memory of the device it is paired with.
+    auto self = make_self_comm(), ref_self = make_self_comm();
+    CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true), ref_dev(c.device_memory_budget, c.host_memory_budget, true);
     MlpModel model(c.n_layer, c.n_embd, 99);
-    ZeroEngine e(c, dev, *self, model.units()), ref(c, ref_dev, *self, model.units());
+    ZeroEngine e(c, dev, *self, model.units()), ref(c, ref_dev, *ref_self, model.units());
     ASSERT_TRUE(e.allocate().ok());
     ASSERT_TRUE(ref.allocate().ok());
-    std::vector<float> g0 = random_floats(e.unit(0).numel, 1), g1 = random_floats(e.unit(1).numel, 2);
-    for (ZeroEngine* x : {&e, &ref}) {  // one good step leaves reduced gradients in place
-      ASSERT_TRUE(x->grads_ready(1, g1.data()).ok());
-      ASSERT_TRUE(x->grads_ready(0, g0.data()).ok());
-      ASSERT_TRUE(x->step(1e-3).ok());
+    std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
+    // Gradients are device memory, uploaded before the device is filled.
+    Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1), r0 = on_device(ref_dev, h0), r1 = on_device(ref_dev, h1);
+    const float *g0 = d0.as<float>(), *g1 = d1.as<float>();
+    // one good step leaves reduced gradients in place
+    for (auto [x, a, b] : {std::tuple{&e, g0, g1}, std::tuple{&ref, r0.as<const float>(), r1.as<const float>()}}) {
+      Status st = x->grads_ready(1, b);
+      if (st.ok()) st = x->grads_ready(0, a);
+      if (st.ok()) st = x->step(1e-3).status();
+      ASSERT_TRUE(st.ok()) << st.message();
     }
     std::vector<Buffer> filler = fill_device(dev);
     ASSERT_FALSE(filler.empty());
@@ -132,10 +145,10 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
       EXPECT_FALSE(e.fetch(0).ok()) << "no room for the gather";
       EXPECT_FALSE(e.release(0).ok()) << "the failed fetch must hold no reference";
     }
-    EXPECT_TRUE(e.grads_ready(1, g1.data()).ok() == false) << "no room for the reduction buffer";
+    EXPECT_TRUE(e.grads_ready(1, g1).ok() == false) << "no room for the reduction buffer";
     for (Buffer& b : filler) dev.free(b);
-    ASSERT_TRUE(e.grads_ready(0, g0.data()).ok());
-    ASSERT_TRUE(ref.grads_ready(0, g0.data()).ok());  // the reference hands over unit 0 only
+    ASSERT_TRUE(e.grads_ready(0, g0).ok());
+    ASSERT_TRUE(ref.grads_ready(0, r0.as<float>()).ok());  // the reference hands over unit 0 only
     auto a = e.step(1e-3), b = ref.step(1e-3);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->grad_norm, b->grad_norm) << "stage " << stage << ": the failed unit must count as zeros";
@@ -145,6 +158,8 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
       EXPECT_NE(v->data, nullptr);
       EXPECT_TRUE(e.release(0).ok());
     }
+    for (Buffer* b : {&d0, &d1}) dev.free(*b);
+    for (Buffer* b : {&r0, &r1}) ref_dev.free(*b);
   }
 }
 
@@ -157,13 +172,13 @@ TEST(ZeroOneRank, Fp16OverflowSkipsTheStepLowersTheScaleAndTouchesNothing) {
   TinyEngine t(DType::kF16);
   EXPECT_EQ(t.e->loss_scale(), 65536.0);  // 2^initial_scale_power (16)
   std::vector<float> g(10, 1.0f);
-  ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+  ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
   ASSERT_TRUE(t.e->step(1e-3).ok());  // one good step so the state is not all zeros
   auto before = t.state();
   g[3] = std::numeric_limits<float>::infinity();
   // hysteresis 2: the first overflow is absorbed, the second halves the scale
   for (int k = 0; k < 2; ++k) {
-    ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
     auto r = t.e->step(1e-3);
     ASSERT_TRUE(r.ok());
     EXPECT_FALSE(r->applied);
@@ -179,7 +194,7 @@ TEST(ZeroOneRank, Bf16NaNGradientSkipsTheStep) {
   std::vector<float> g(10, 1.0f);
   g[9] = std::numeric_limits<float>::quiet_NaN();
   auto before = t.state();
-  ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+  ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
   auto r = t.e->step(1e-3);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->applied);
@@ -196,7 +211,7 @@ TEST(ZeroOneRank, ClippingScalesGradientsToTheMaxNorm) {
     t.e = std::make_unique<ZeroEngine>(t.c, t.dev, *t.comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
     ASSERT_TRUE(t.e->allocate().ok());
     std::vector<float> g(10, 3.0f);
-    ASSERT_TRUE(t.e->grads_ready(0, g.data()).ok());
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
     auto r = t.e->step(1e-3);
     ASSERT_TRUE(r.ok());
     double norm = 3.0 * std::sqrt(10.0);
@@ -238,11 +253,13 @@ TEST(MlpModel, BackwardMatchesFiniteDifferences) {
     for (int64_t i = 0; i < e.unit(u).numel; i += 5) {
       float keep = e.params_[u][i];
       const float h = 1e-2f;
-      e.params_[u][i] = keep + h;
-      double lp = m.eval_loss(e, b).value();
-      e.params_[u][i] = keep - h;
-      double lm = m.eval_loss(e, b).value();
-      e.params_[u][i] = keep;
+      auto eval_at = [&](float v) {
+        e.params_[u][i] = v;
+        EXPECT_TRUE(e.set_params(u, e.params_[u].data()).ok());  // onto the device
+        return m.eval_loss(e, b).value();
+      };
+      double lp = eval_at(keep + h), lm = eval_at(keep - h);
+      eval_at(keep);
       double fd = (lp - lm) / (2 * h);
       EXPECT_NEAR(e.grads_[u][i], fd, 2e-4 + 2e-2 * std::abs(fd)) << "unit " << u << " element " << i;
     }

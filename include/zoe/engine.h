@@ -24,7 +24,7 @@ class Device;
 class Comm;
 
 struct ParamView {
-  const void* data = nullptr;  // numel elements of `dtype`, the unit's full parameters
+  const void* data = nullptr;  // device memory: numel elements of `dtype`, the unit's full parameters
   DType dtype = DType::kF32;
   int64_t numel = 0;
 };
@@ -53,6 +53,9 @@ class Engine {
   static Result<std::unique_ptr<Engine>> create(const Config& config, Device& device, Comm& comm,
                                                 std::vector<UnitSpec> units);
 
+  // The device the engine keeps its state on: a model allocates its buffers there and runs its
+  // kernels through device().ops(); ParamView::data and grads_ready's gradient are its memory.
+  virtual Device& device() = 0;
   virtual int num_units() const = 0;
   virtual const UnitSpec& unit(int u) const = 0;
   virtual int64_t params() const = 0;  // P, unpadded
@@ -62,8 +65,8 @@ class Engine {
   // Makes unit u's full parameters available (gathering them if sharded). Nested calls nest.
   virtual Result<ParamView> fetch(int u) = 0;
   virtual Status release(int u) = 0;
-  // Hands over this micro-step's gradient of unit u (numel fp32 values, of the loss multiplied by
-  // loss_scale()). Call at most once per unit per micro-step.
+  // Hands over this micro-step's gradient of unit u (numel fp32 values in device memory, of the
+  // loss multiplied by loss_scale()). Call at most once per unit per micro-step.
   virtual Status grads_ready(int u, const float* grad) = 0;
   // Reduces, clips and applies the accumulated gradients with learning rate `lr`.
   virtual Result<StepResult> step(double lr) = 0;

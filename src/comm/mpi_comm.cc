@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "comm/comm.h"
+#include "zoe/device.h"
 
 namespace zoe {
 namespace {
@@ -42,6 +43,7 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
 
   Status all_gather(const void* send, void* recv, size_t chunk_bytes) override {
+    auto access = host_access();
     char* r = static_cast<char*>(recv);
     char* mine = r + rank_ * chunk_bytes;
     if (send != mine) std::memmove(mine, send, chunk_bytes);
@@ -64,6 +66,7 @@ class MpiComm final : public Comm {
   Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     size_t esz = dtype_size(dtype), chunk_bytes = count * esz;
     const char* s = static_cast<const char*>(send);
+    auto access = host_access();
     // Every rank sends its chunk k to rank k; we receive our chunk from all ranks, then sum in
     // rank order. Piecewise for chunks beyond MPI's int counts.
     size_t piece_elems = std::max<size_t>(1, kMaxPiece / esz / size_);
@@ -78,7 +81,11 @@ class MpiComm final : public Comm {
       }
       ZOE_RETURN_IF_ERROR(check(MPI_Alltoall(src, static_cast<int>(pb), MPI_BYTE, staging_, static_cast<int>(pb),
                                              MPI_BYTE, MPI_COMM_WORLD), "Alltoall"));
-      sum_chunks_in_order(staging_, size_, pe, dtype, static_cast<char*>(recv) + e0 * esz);
+      char* out = static_cast<char*>(recv) + e0 * esz;
+      if (device_)
+        ZOE_RETURN_IF_ERROR(device_->sum_chunks(out, staging_, size_, pe, dtype));
+      else
+        sum_chunks_in_order(staging_, size_, pe, dtype, out);
     }
     bytes_.reduce_scatter += (size_ - 1) * chunk_bytes;
     return Status::Ok();
@@ -133,6 +140,13 @@ class MpiComm final : public Comm {
 
   ~MpiComm() override { release_staging(); }
 
+  // The staging buffer is host memory the device's sum_chunks kernel reads.
+  void set_device(Device* d) override {
+    if (device_ && staging_) device_->unregister_host(staging_);
+    device_ = d;
+    if (device_ && staging_) (void)device_->register_host(staging_, staging_bytes_);
+  }
+
   void set_ledger(Ledger* l) override {
     if (booked_) booked_->sub(Tier::kHost, Kind::kComm, staging_bytes_);
     ledger_ = booked_ = l;
@@ -149,16 +163,23 @@ class MpiComm final : public Comm {
     staging_ = static_cast<char*>(std::aligned_alloc(64, rounded));
     if (!staging_) return Status::OutOfMemory(fmt::format("communication staging buffer of {} bytes", bytes));
     staging_bytes_ = rounded;
+    if (device_) ZOE_RETURN_IF_ERROR(device_->register_host(staging_, staging_bytes_));
     booked_ = ledger_;
     if (booked_) booked_->add(Tier::kHost, Kind::kComm, staging_bytes_);
     return Status::Ok();
   }
   void release_staging() {
+    if (device_ && staging_) device_->unregister_host(staging_);
     if (booked_) booked_->sub(Tier::kHost, Kind::kComm, staging_bytes_);
     std::free(staging_);
     staging_ = nullptr;
     staging_bytes_ = 0;
     booked_ = nullptr;
+  }
+
+  // MPI reads and writes the paired CPU device's memory itself: the strict device lets it.
+  std::unique_ptr<Device::HostAccess> host_access() {
+    return device_ ? std::make_unique<Device::HostAccess>(*device_) : nullptr;
   }
 
   int rank_ = 0, size_ = 1;

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "comm/comm.h"
+#include "zoe/device.h"
 
 namespace zoe {
 namespace {
@@ -10,11 +11,15 @@ class SelfComm final : public Comm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  // Tensor traffic is the paired device's own copy and reduction (host memory without one).
   Status all_gather(const void* send, void* recv, size_t chunk_bytes) override {
-    if (send != recv) std::memmove(recv, send, chunk_bytes);
+    if (send == recv) return Status::Ok();
+    if (device_) return device_->copy(recv, send, chunk_bytes, Stream::kCompute);
+    std::memmove(recv, send, chunk_bytes);
     return Status::Ok();
   }
   Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
+    if (device_) return device_->sum_chunks(recv, send, 1, count, dtype);
     sum_chunks_in_order(send, 1, count, dtype, recv);
     return Status::Ok();
   }

@@ -241,7 +241,7 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.integer("aio.queue_depth", c.aio_queue_depth, 1, 4096));
   ZOE_RETURN_IF_ERROR(r.integer("steps_per_print", c.steps_per_print, 0, 1 << 30));
   ZOE_RETURN_IF_ERROR(r.integer("seed", c.seed, 0, INT64_MAX));
-  ZOE_RETURN_IF_ERROR(r.string("zoe.device", c.device, {"cpu", "cuda"}));
+  ZOE_RETURN_IF_ERROR(r.string("zoe.device", c.device, {"cpu", "cpu-strict", "cuda"}));
   if (const json* v = r.find("zoe.device_memory_budget")) {
     ZOE_ASSIGN_OR_RETURN(c.device_memory_budget, parse_bytes(*v, "zoe.device_memory_budget"));
   }

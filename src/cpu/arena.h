@@ -21,6 +21,11 @@ class Arena {
   Result<void*> allocate(size_t bytes);   // kOutOfMemory names the request and what is free
   void release(void* p);
   size_t capacity() const { return capacity_; }
+  char* base() const { return base_; }
+  bool contains(const void* p) const {
+    auto c = static_cast<const char*>(p);
+    return base_ && c >= base_ && c < base_ + capacity_;
+  }
   size_t in_use() const;
 
  private:

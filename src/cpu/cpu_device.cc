@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
+#include "comm/comm.h"
 #include "cpu/adam.h"
+#include "cpu/cpu_model_ops.h"
 
 namespace zoe {
 
@@ -18,13 +20,15 @@ constexpr size_t kReduceBlock = 1 << 16;
 constexpr size_t kGrain = 1 << 15;
 }  // namespace
 
-CpuDevice::CpuDevice(size_t device_budget, size_t host_budget)
-    : arena_(device_budget), host_budget_(host_budget) {
+CpuDevice::CpuDevice(size_t device_budget, size_t host_budget, bool strict)
+    : strict_(strict), arena_(device_budget), host_budget_(host_budget) {
+  if (strict_) fence_ = std::make_unique<MemoryFence>(arena_.base(), arena_.capacity());
   for (int s = 0; s < kNumStreams; ++s) {
     queues_[s] = std::make_unique<Queue>();
-    if (s != static_cast<int>(Stream::kCompute))
+    if (asynchronous(static_cast<Stream>(s)))
       queues_[s]->worker = std::thread([this, s] { run_queue(*queues_[s]); });
   }
+  ops_ = make_cpu_model_ops(*this);
 }
 
 CpuDevice::~CpuDevice() {
@@ -57,6 +61,16 @@ void CpuDevice::run_queue(Queue& q) {
   }
 }
 
+void CpuDevice::enqueue(Stream s, std::function<void()> fn) {
+  Queue& q = *queues_[static_cast<int>(s)];
+  {
+    std::lock_guard<std::mutex> l(q.mu);
+    q.work.emplace_back(std::move(fn));
+    ++q.submitted;
+  }
+  q.cv.notify_all();
+}
+
 Result<Buffer> CpuDevice::alloc(size_t bytes, Tier tier, Kind kind) {
   Buffer b;
   b.bytes = bytes;
@@ -72,6 +86,7 @@ Result<Buffer> CpuDevice::alloc(size_t bytes, Tier tier, Kind kind) {
     b.data = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
     if (!b.data) return Status::OutOfMemory(fmt::format("host allocation of {} bytes failed", bytes));
     host_in_use_ += bytes;
+    ZOE_RETURN_IF_ERROR(register_host(b.data, std::max<size_t>(bytes, 1)));
   } else {
     return Status::Invalid("the nvme tier holds files, not buffers: use NvmeStore");
   }
@@ -84,6 +99,7 @@ void CpuDevice::free(Buffer& b) {
   if (b.tier == Tier::kDevice) {
     arena_.release(b.data);
   } else {
+    unregister_host(b.data);
     std::free(b.data);
     host_in_use_ -= b.bytes;
   }
@@ -91,47 +107,112 @@ void CpuDevice::free(Buffer& b) {
   b = Buffer{};
 }
 
-Status CpuDevice::copy_async(const Buffer& dst, size_t dst_off, const Buffer& src, size_t src_off,
-                             size_t bytes, Stream stream) {
-  if (dst_off + bytes > dst.bytes || src_off + bytes > src.bytes)
-    return Status::Runtime(fmt::format("copy of {} bytes out of bounds (dst {}+{}, src {}+{})", bytes,
-                                       dst.bytes, dst_off, src.bytes, src_off));
-  char* d = static_cast<char*>(dst.data) + dst_off;
-  const char* s = static_cast<const char*>(src.data) + src_off;
-  if (stream == Stream::kCompute) {
-    std::memcpy(d, s, bytes);
-    return Status::Ok();
-  }
-  Queue& q = *queues_[static_cast<int>(stream)];
+Status CpuDevice::register_host(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> l(host_mu_);
+  reachable_host_[static_cast<const char*>(p)] = bytes;
+  return Status::Ok();
+}
+
+void CpuDevice::unregister_host(void* p) {
+  std::lock_guard<std::mutex> l(host_mu_);
+  reachable_host_.erase(static_cast<const char*>(p));
+}
+
+Status CpuDevice::check_reachable(const void* p, size_t bytes, const char* what) const {
+  if (!strict_ || bytes == 0) return Status::Ok();
+  auto c = static_cast<const char*>(p);
+  if (arena_.contains(c) && arena_.contains(c + bytes - 1)) return Status::Ok();
   {
-    std::lock_guard<std::mutex> l(q.mu);
-    q.work.emplace_back([d, s, bytes] { std::memcpy(d, s, bytes); });
-    ++q.submitted;
+    std::lock_guard<std::mutex> l(host_mu_);
+    auto it = reachable_host_.upper_bound(c);
+    if (it != reachable_host_.begin() && c + bytes <= std::prev(it)->first + std::prev(it)->second)
+      return Status::Ok();
   }
-  q.cv.notify_all();
+  return Status::Runtime(fmt::format(
+      "cpu-strict: {} at {} ({} bytes) is neither device memory nor host memory the device can reach (a kHost "
+      "buffer or a registered range): on a GPU this would fail",
+      what, p, bytes));
+}
+
+void CpuDevice::begin_host_access() {
+  if (fence_) fence_->open();
+}
+void CpuDevice::end_host_access() {
+  if (fence_) fence_->close();
+}
+
+Status CpuDevice::copy_async(const Buffer& dst, size_t dst_off, const Buffer& src, size_t src_off, size_t bytes,
+                             Stream stream) {
+  if (dst_off + bytes > dst.bytes || src_off + bytes > src.bytes)
+    return Status::Runtime(fmt::format("copy of {} bytes out of bounds (dst {}+{}, src {}+{})", bytes, dst.bytes,
+                                       dst_off, src.bytes, src_off));
+  return copy(static_cast<char*>(dst.data) + dst_off, static_cast<const char*>(src.data) + src_off, bytes, stream);
+}
+
+Status CpuDevice::copy(void* dst, const void* src, size_t bytes, Stream stream) {
+  ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "copy destination"));
+  ZOE_RETURN_IF_ERROR(check_reachable(src, bytes, "copy source"));
+  MemoryFence* f = fence_.get();
+  auto run = [f, dst, src, bytes] {
+    MemoryFence::Open o(f);
+    std::memmove(dst, src, bytes);
+  };
+  if (asynchronous(stream))
+    enqueue(stream, run);
+  else
+    run();
   return Status::Ok();
 }
 
 Status CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
+  ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "upload destination"));
+  MemoryFence::Open o(fence_.get());
   std::memcpy(dst, host_src, bytes);
   return Status::Ok();
 }
 
-Status CpuDevice::zero(void* dst, size_t bytes) {
-  std::memset(dst, 0, bytes);
+Status CpuDevice::download(void* host_dst, const void* src, size_t bytes) {
+  ZOE_RETURN_IF_ERROR(check_reachable(src, bytes, "download source"));
+  MemoryFence::Open o(fence_.get());
+  std::memcpy(host_dst, src, bytes);
+  return Status::Ok();
+}
+
+Status CpuDevice::zero(void* dst, size_t bytes, Stream stream) {
+  ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "zero destination"));
+  MemoryFence* f = fence_.get();
+  auto run = [f, dst, bytes] {
+    MemoryFence::Open o(f);
+    std::memset(dst, 0, bytes);
+  };
+  if (asynchronous(stream))
+    enqueue(stream, run);
+  else
+    run();
   return Status::Ok();
 }
 
 Event CpuDevice::record(Stream stream) {
+  if (!asynchronous(stream)) return Event{stream, 0};  // work there is done when enqueued
   Queue& q = *queues_[static_cast<int>(stream)];
   std::lock_guard<std::mutex> l(q.mu);
   return Event{stream, q.submitted};
 }
 
 Status CpuDevice::wait(Event e) {
+  if (!asynchronous(e.stream)) return Status::Ok();
   Queue& q = *queues_[static_cast<int>(e.stream)];
   std::unique_lock<std::mutex> l(q.mu);
-  q.cv.wait(l, [&] { return q.done >= e.seq || e.stream == Stream::kCompute; });
+  q.cv.wait(l, [&] { return q.done >= e.seq; });
+  return Status::Ok();
+}
+
+// A synchronous stream (compute, comm) waits by having the host wait; a copy stream waits by
+// running a wait as its next work item.
+Status CpuDevice::wait_on(Stream waiter, Event e) {
+  if (!asynchronous(e.stream) || waiter == e.stream) return Status::Ok();
+  if (!asynchronous(waiter)) return wait(e);
+  enqueue(waiter, [this, e] { (void)wait(e); });
   return Status::Ok();
 }
 
@@ -141,6 +222,9 @@ Status CpuDevice::synchronize() {
 }
 
 Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size_t n, bool accumulate) {
+  ZOE_RETURN_IF_ERROR(check_reachable(dst, n * dtype_size(t), "accumulate destination"));
+  ZOE_RETURN_IF_ERROR(check_reachable(src, n * dtype_size(st), "accumulate source"));
+  MemoryFence::Open o(fence_.get());
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
     for (size_t i = r.begin(); i < r.end(); ++i) {
       float v = load_as_f32(src, st, i);
@@ -151,25 +235,56 @@ Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size
   return Status::Ok();
 }
 
-Result<double> CpuDevice::sum_squares(const void* x, DType t, size_t n) {
-  size_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
-  std::vector<double> partial(blocks, 0.0);
-  tbb::parallel_for(size_t{0}, blocks, [&](size_t b) {
-    size_t lo = b * kReduceBlock, hi = std::min(n, lo + kReduceBlock);
-    double s = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      double v = load_as_f32(x, t, i);
-      s += v * v;
-    }
-    partial[b] = s;
-  });
-  double s = 0;
-  for (double p : partial) s += p;
-  return s;
+Status CpuDevice::sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) {
+  ZOE_RETURN_IF_ERROR(check_reachable(out, count * dtype_size(dtype), "sum_chunks output"));
+  ZOE_RETURN_IF_ERROR(check_reachable(chunks, n * count * dtype_size(dtype), "sum_chunks input"));
+  MemoryFence::Open o(fence_.get());
+  sum_chunks_in_order(chunks, n, count, dtype, out);
+  return Status::Ok();
 }
 
-Result<size_t> CpuDevice::adam(const AdamHyper& h, const AdamRange& r) {
-  return adam_step(h, r, best_isa());
+Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out) {
+  ZOE_RETURN_IF_ERROR(check_reachable(out, sizeof(double), "sum_squares output"));
+  for (size_t k = 0; k < count; ++k)
+    ZOE_RETURN_IF_ERROR(check_reachable(spans[k].x, spans[k].n * dtype_size(spans[k].dtype), "sum_squares input"));
+  MemoryFence::Open o(fence_.get());
+  double total = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const ArrayView& sp = spans[k];
+    size_t blocks = (sp.n + kReduceBlock - 1) / kReduceBlock;
+    std::vector<double> partial(blocks, 0.0);
+    tbb::parallel_for(size_t{0}, blocks, [&](size_t b) {
+      size_t lo = b * kReduceBlock, hi = std::min(sp.n, lo + kReduceBlock);
+      double s = 0;
+      for (size_t i = lo; i < hi; ++i) {
+        double v = load_as_f32(sp.x, sp.dtype, i);
+        s += v * v;
+      }
+      partial[b] = s;
+    });
+    double s = 0;
+    for (double p : partial) s += p;
+    total += s;
+  }
+  *out += total;
+  return Status::Ok();
+}
+
+Status CpuDevice::adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) {
+  ZOE_RETURN_IF_ERROR(check_reachable(nonfinite, sizeof(uint64_t), "adam counter"));
+  for (size_t k = 0; k < count; ++k) {
+    const AdamRange& r = ranges[k];
+    ZOE_RETURN_IF_ERROR(check_reachable(r.grad, r.n * dtype_size(r.grad_dtype), "adam gradient"));
+    for (const float* p : {r.master, r.exp_avg, r.exp_avg_sq})
+      ZOE_RETURN_IF_ERROR(check_reachable(p, r.n * 4, "adam state"));
+    if (r.param_out)
+      ZOE_RETURN_IF_ERROR(check_reachable(r.param_out, r.n * dtype_size(r.param_dtype), "adam weight copy"));
+  }
+  MemoryFence::Open o(fence_.get());
+  uint64_t bad = 0;
+  for (size_t k = 0; k < count; ++k) bad += adam_step(h, ranges[k], best_isa());
+  *nonfinite += bad;
+  return Status::Ok();
 }
 
 }  // namespace zoe

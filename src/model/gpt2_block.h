@@ -2,7 +2,8 @@
 //   res1 = inp + c_proj(attn(c_attn(ln_1(inp))))
 //   out  = res1 + mlp.c_proj(gelu(mlp.c_fc(ln_2(res1))))
 // Parameters and gradients are the block unit's flat buffer (layout in gpt2_config.h).
-// Independent of the engine: the caller owns every buffer.
+// Independent of the engine: the caller owns every buffer; `ops` runs the kernels (on a device,
+// or host_model_ops() on host memory).
 //
 // Activation checkpointing: keep only the block input; give every layer the same scratch
 // BlockActs in forward, and call block_backward with recompute = true: it first re-runs the
@@ -10,6 +11,8 @@
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "model/model_ops.h"
 
 namespace zoe::gpt2 {
 
@@ -61,13 +64,13 @@ BlockActs block_acts_bind(float* base, const BlockDims& d);  // base: block_acts
 int64_t block_scratch_numel(const BlockDims& d);
 
 // out[B,T,C] = block(inp[B,T,C]); fills acts. out must not alias inp or acts.
-void block_forward(float* out, const BlockActs& acts, const float* params, const float* inp,
+void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const float* params, const float* inp,
                    const BlockDims& d);
 
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); dparams (the block's
 // flat grad buffer) is ACCUMULATED. acts must hold this block's forward state, or any memory
 // of the right size when recompute is true. scratch: block_scratch_numel floats.
-void block_backward(float* dinp, float* dparams, const float* dout, const BlockActs& acts,
+void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
                     const float* params, const float* inp, const BlockDims& d, float* scratch,
                     bool recompute);
 

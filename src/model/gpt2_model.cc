@@ -1,9 +1,10 @@
 #include "model/gpt2_model.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "common/profiler.h"
-#include "model/gpt2_ops.h"
+#include "model/model_ops.h"
 
 namespace zoe {
 
@@ -24,104 +25,140 @@ std::vector<UnitSpec> Gpt2Model::units() const {
 
 void Gpt2Model::init_unit(int u, uint64_t seed, float* out) const { gpt2::init_unit(s_, u, seed, out); }
 
-void Gpt2Model::size_buffers(const Batch& b) {
-  if (dims_.B == b.B && dims_.T == b.T) return;
+void Gpt2Model::free_buffers() {
+  for (Buffer& b : bufs_) dev_->free(b);
+  bufs_.clear();
+}
+
+namespace {
+// Frees the model's buffers when a micro-step ends, however it ends.
+struct BuffersFor {
+  std::function<void()> free;
+  ~BuffersFor() { free(); }
+};
+}  // namespace
+
+Result<float*> Gpt2Model::take(size_t floats) {
+  ZOE_ASSIGN_OR_RETURN(Buffer b, dev_->alloc(std::max<size_t>(floats, 1) * 4, Tier::kDevice, Kind::kActivation));
+  bufs_.push_back(b);
+  return b.as<float>();
+}
+
+// Activations, fp32 unit copies and gradients: device memory, booked as activations, held for
+// one micro-step (the device reuses the same blocks next time, so no fresh pages are touched).
+Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
+  free_buffers();
+  dev_ = &e.device();
   dims_ = {b.B, b.T, s_.n_embd, s_.n_head};
   size_t BT = size_t(b.B) * b.T, C = s_.n_embd, L = s_.n_layer;
-  x_.assign(L + 1, std::vector<float>(BT * C));
-  acts_mem_.assign(ckpt_ ? 1 : L, std::vector<float>(block_acts_numel(dims_)));
-  lnf_.resize(BT * C);
-  lnf_mean_.resize(BT);
-  lnf_rstd_.resize(BT);
-  logits_.resize(BT * s_.vocab_size);
-  scratch_.resize(block_scratch_numel(dims_));
-  dx_.resize(BT * C);
-  dlnf_.resize(BT * C);
+  int64_t largest = 0;
+  for (int u = 0; u < e.num_units(); ++u) largest = std::max(largest, e.unit(u).numel);
+  x_.assign(L + 1, nullptr);
+  for (auto& x : x_) {
+    ZOE_ASSIGN_OR_RETURN(x, take(BT * C));
+  }
+  acts_mem_.assign(ckpt_ ? 1 : L, nullptr);
+  for (auto& a : acts_mem_) {
+    ZOE_ASSIGN_OR_RETURN(a, take(block_acts_numel(dims_)));
+  }
+  ZOE_ASSIGN_OR_RETURN(lnf_, take(BT * C));
+  ZOE_ASSIGN_OR_RETURN(lnf_mean_, take(BT));
+  ZOE_ASSIGN_OR_RETURN(lnf_rstd_, take(BT));
+  ZOE_ASSIGN_OR_RETURN(logits_, take(BT * s_.vocab_size));
+  ZOE_ASSIGN_OR_RETURN(scratch_, take(block_scratch_numel(dims_)));
+  ZOE_ASSIGN_OR_RETURN(dx_, take(BT * C));
+  ZOE_ASSIGN_OR_RETURN(dlnf_, take(BT * C));
+  ZOE_ASSIGN_OR_RETURN(params_, take(largest));
+  ZOE_ASSIGN_OR_RETURN(grad_, take(largest));
+  ZOE_ASSIGN_OR_RETURN(embed_grad_, take(e.unit(0).numel));
+  ZOE_ASSIGN_OR_RETURN(loss_, take(1));
+  ZOE_ASSIGN_OR_RETURN(float* in, take(BT));  // int32 tokens, 4 bytes each
+  ZOE_ASSIGN_OR_RETURN(float* tg, take(BT));
+  inputs_ = reinterpret_cast<int32_t*>(in);
+  targets_ = reinterpret_cast<int32_t*>(tg);
+  return Status::Ok();
 }
 
-uint64_t Gpt2Model::activation_bytes() const {
-  uint64_t n = lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + scratch_.size() + dx_.size() +
-               dlnf_.size() + params_.capacity() + grad_.capacity() + embed_grad_.capacity();
-  for (auto& v : x_) n += v.size();
-  for (auto& v : acts_mem_) n += v.size();
-  return n * sizeof(float);
-}
-
-Status Gpt2Model::fetch_f32(Engine& e, int u, std::vector<float>& out) {
+Status Gpt2Model::fetch_f32(Engine& e, int u, float* out) {
   ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(u));
-  out.resize(p.numel);
-  weights_to_f32(p.data, p.dtype, p.numel, out.data());
-  return e.release(u);
+  Status st = dev_->accumulate(out, DType::kF32, p.data, p.dtype, p.numel, false);
+  Status rel = e.release(u);
+  return st.ok() ? rel : st;
 }
 
 Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   if (b.T > s_.n_positions) return Status::Invalid("sequence length exceeds n_positions");
-  size_buffers(b);
-  e.set_activation_bytes(activation_bytes());
+  ZOE_RETURN_IF_ERROR(size_buffers(e, b));
+  ModelOps& ops = dev_->ops();
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
+  ZOE_RETURN_IF_ERROR(dev_->upload(inputs_, b.inputs.data(), size_t(BT) * 4));
+  ZOE_RETURN_IF_ERROR(dev_->upload(targets_, b.targets.data(), size_t(BT) * 4));
   ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
   {
     ZOE_SPAN("encoder", "compute", Bucket::kForward);
-    encoder_forward(x_[0].data(), b.inputs.data(), params_.data(), params_.data() + int64_t{V} * C, b.B, b.T, C);
+    ops.encoder_forward(x_[0], inputs_, params_, params_ + int64_t{V} * C, b.B, b.T, C);
   }
   for (int l = 0; l < L; ++l) {
     ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
     ZOE_SPAN("block " + std::to_string(l), "compute", Bucket::kForward);
-    BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l].data(), dims_);
-    block_forward(x_[l + 1].data(), acts, params_.data(), x_[l].data(), dims_);
+    BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+    block_forward(ops, x_[l + 1], acts, params_, x_[l], dims_);
   }
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
   {
     ZOE_SPAN("ln_f", "compute", Bucket::kForward);
-    layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_[L].data(), params_.data(),
-                      params_.data() + C, BT, C);
+    ops.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x_[L], params_, params_ + C, BT, C);
   }
   ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));  // the tied LM head
   ZOE_SPAN("lm_head", "compute", Bucket::kForward);
-  lm_head_forward(logits_.data(), lnf_.data(), params_.data(), BT, C, V);
-  float loss = crossentropy_forward_backward(dscale != 0 ? logits_.data() : nullptr, nullptr, logits_.data(),
-                                             b.targets.data(), BT, V, dscale);
+  ops.lm_head_forward(logits_, lnf_, params_, BT, C, V);
+  ops.crossentropy(loss_, dscale != 0 ? logits_ : nullptr, logits_, targets_, BT, V, dscale);
+  float loss = 0;
+  ZOE_RETURN_IF_ERROR(dev_->download(&loss, loss_, sizeof(loss)));
   return static_cast<double>(loss);
 }
 
 Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss_scale) {
+  BuffersFor scope{[this] { free_buffers(); }};
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
   ZOE_ASSIGN_OR_RETURN(double loss, forward(e, b, loss_scale / static_cast<float>(BT)));
+  ModelOps& ops = dev_->ops();
   // params_ still holds the embedding (fp32) from the LM head: its backward needs wte.
-  embed_grad_.assign(e.unit(0).numel, 0.0f);
-  std::fill(dlnf_.begin(), dlnf_.end(), 0.0f);
+  ops.zero(embed_grad_, e.unit(0).numel);
+  ops.zero(dlnf_, int64_t{BT} * C);
   {
     ZOE_SPAN("lm_head backward", "compute", Bucket::kBackward);
-    lm_head_backward(dlnf_.data(), embed_grad_.data(), logits_.data(), lnf_.data(), params_.data(), BT, C, V);
+    ops.lm_head_backward(dlnf_, embed_grad_, logits_, lnf_, params_, BT, C, V);
   }
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
-  grad_.assign(e.unit(L + 1).numel, 0.0f);
-  std::fill(dx_.begin(), dx_.end(), 0.0f);
+  ops.zero(grad_, e.unit(L + 1).numel);
+  ops.zero(dx_, int64_t{BT} * C);
   {
     ZOE_SPAN("ln_f backward", "compute", Bucket::kBackward);
-    layernorm_backward(dx_.data(), grad_.data(), grad_.data() + C, dlnf_.data(), x_[L].data(), params_.data(),
-                       lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+    ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
   }
-  ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_.data()));
+  ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_));
   for (int l = L - 1; l >= 0; --l) {
     ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
-    grad_.assign(e.unit(1 + l).numel, 0.0f);
+    ops.zero(grad_, e.unit(1 + l).numel);
     {
       ZOE_SPAN("block " + std::to_string(l) + " backward", "compute", Bucket::kBackward);
-      BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l].data(), dims_);
-      block_backward(dx_.data(), grad_.data(), dx_.data(), acts, params_.data(), x_[l].data(), dims_,
-                     scratch_.data(), ckpt_);
+      BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+      block_backward(ops, dx_, grad_, dx_, acts, params_, x_[l], dims_, scratch_, ckpt_);
     }
-    ZOE_RETURN_IF_ERROR(e.grads_ready(1 + l, grad_.data()));
+    ZOE_RETURN_IF_ERROR(e.grads_ready(1 + l, grad_));
   }
   {
     ZOE_SPAN("encoder backward", "compute", Bucket::kBackward);
-    encoder_backward(embed_grad_.data(), embed_grad_.data() + int64_t{V} * C, dx_.data(), b.inputs.data(), b.B, b.T, C);
+    ops.encoder_backward(embed_grad_, embed_grad_ + int64_t{V} * C, dx_, inputs_, b.B, b.T, C);
   }
-  ZOE_RETURN_IF_ERROR(e.grads_ready(0, embed_grad_.data()));
+  ZOE_RETURN_IF_ERROR(e.grads_ready(0, embed_grad_));
   return loss;
 }
 
-Result<double> Gpt2Model::eval_loss(Engine& e, const Batch& b) { return forward(e, b, 0.0f); }
+Result<double> Gpt2Model::eval_loss(Engine& e, const Batch& b) {
+  BuffersFor scope{[this] { free_buffers(); }};
+  return forward(e, b, 0.0f);
+}
 
 }  // namespace zoe

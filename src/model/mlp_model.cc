@@ -41,9 +41,7 @@ Status MlpModel::forward(Engine& e, const Batch& b, std::vector<std::vector<floa
   std::vector<float> y(D_), w(size_t(D_) * D_ + D_ + 1);
   for (int i = 0; i < b.B; ++i) sample(b.first_sample + i, &acts[0][size_t(i) * D_], y.data());
   for (int l = 0; l < L_; ++l) {
-    ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(l));
-    weights_to_f32(p.data, p.dtype, p.numel, w.data());
-    ZOE_RETURN_IF_ERROR(e.release(l));
+    ZOE_RETURN_IF_ERROR(fetch_to_host(e, l, w.data()));
     ZOE_SPAN("forward " + std::to_string(l), "compute", Bucket::kForward);
     float* out = acts[l + 1].data();
     const float* bias = w.data() + size_t(D_) * D_;
@@ -80,8 +78,7 @@ Result<double> MlpModel::train_micro_step(Engine& e, const Batch& b, float loss_
   for (int l = L_ - 1; l >= 0; --l) {
     if (l + 1 < L_)  // through tanh: d/du tanh(u) = 1 - tanh^2
       for (size_t k = 0; k < dout.size(); ++k) dout[k] *= 1.0f - acts[l + 1][k] * acts[l + 1][k];
-    ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(l));
-    weights_to_f32(p.data, p.dtype, p.numel, w.data());
+    ZOE_RETURN_IF_ERROR(fetch_to_host(e, l, w.data()));
     {
       ZOE_SPAN("backward " + std::to_string(l), "compute", Bucket::kBackward);
       // y = g*z with z = xW + b: dg = sum(dy*z), dz = g*dy; then dW = x^T dz, db = sum_i dz_i, dx = dz W^T
@@ -107,8 +104,7 @@ Result<double> MlpModel::train_micro_step(Engine& e, const Batch& b, float loss_
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b.B, D_, D_, 1.0f, dout.data(), D_, w.data(), D_, 0.0f,
                   din.data(), D_);
     }
-    ZOE_RETURN_IF_ERROR(e.grads_ready(l, grad.data()));
-    ZOE_RETURN_IF_ERROR(e.release(l));
+    ZOE_RETURN_IF_ERROR(grads_from_host(e, l, grad.data()));
     std::swap(dout, din);
   }
   return loss;

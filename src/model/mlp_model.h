@@ -1,7 +1,9 @@
 // The test model: a stack of n_layer square linear layers of width n_embd, each with a scalar
 // gain (y = g * (xW + b); tanh between layers,
 // one unit per layer) regressing a fixed teacher function of synthetic inputs. Small, exact and
-// cheap, so the ZeRO pipeline can be checked end to end at every stage and rank count.
+// cheap, so the ZeRO pipeline can be checked end to end at every stage and rank count. It computes
+// on the host: parameters come down and gradients go up through the engine's device (model.h), so
+// it runs on any device, the strict CPU device included.
 #pragma once
 #include "model/model.h"
 

@@ -35,7 +35,11 @@ class Model {
   virtual int64_t tokens_per_batch(const Batch& b) const { return int64_t{b.B} * b.T; }
 };
 
-// Converts n stored weights to fp32 (parallel).
-void weights_to_f32(const void* src, DType dtype, int64_t n, float* dst);
+// For models (and tests) that compute on the host, whatever the device: unit u's full parameters
+// as fp32 in host memory (fetch, convert on the device, download, release) ...
+Status fetch_to_host(Engine& e, int u, float* dst);
+// ... and a gradient computed in host memory handed over from device memory (upload, then
+// grads_ready).
+Status grads_from_host(Engine& e, int u, const float* grad);
 
 }  // namespace zoe

@@ -69,6 +69,7 @@ class PinnedPool {
   Result<Lease> try_acquire(size_t bytes);
 
   uint64_t capacity() const { return bytes_; }
+  uint8_t* base() const { return base_; }
   uint64_t available() const;
   bool pinned() const { return pinned_; }
 

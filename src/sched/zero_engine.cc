@@ -42,8 +42,11 @@ ZeroEngine::~ZeroEngine() {
   set_activation_bytes(0);
   for (auto& g : gathered_) dev_.free(g.buf);
   dev_.free(grad_);
+  dev_.free(scalars_);
   for (StateArray* a : {&param_, &master_, &exp_avg_, &exp_avg_sq_}) a->release(dev_);
   for (auto& st : stores_) (void)st->close();
+  if (pool_) dev_.unregister_host(pool_->base());
+  comm_.set_device(nullptr);
 }
 
 namespace {
@@ -86,6 +89,8 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
   ZOE_RETURN_IF_ERROR(comm_.broadcast(&job, sizeof(job), 0));
   bool pin = cfg_.offload_optimizer.pin_memory || cfg_.offload_param.pin_memory;
   ZOE_ASSIGN_OR_RETURN(pool_, PinnedPool::create({pool_bytes, pin, &dev_.ledger()}));
+  // Adam and the copies read the windows in place: the device must reach the pool.
+  ZOE_RETURN_IF_ERROR(dev_.register_host(pool_->base(), pool_->capacity()));
   for (const std::string& path : paths) {
     NvmeStoreOptions o;
     o.nvme_path = path;
@@ -119,6 +124,9 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
 
 Status ZeroEngine::allocate() {
   const int64_t S = layout_.shard_size(), P = layout_.padded_params();
+  comm_.set_device(&dev_);
+  // The step's counters live on the device and are read back once per step.
+  ZOE_ASSIGN_OR_RETURN(scalars_, dev_.alloc(sizeof(StepScalars), Tier::kDevice, Kind::kStaging));
   ZOE_RETURN_IF_ERROR(open_offload(plan_.shard_optimizer ? S : P, plan_.shard_params ? S : P));
   auto home = [&](const OffloadConfig& o, const char* region) {
     StateHome h;
@@ -165,8 +173,8 @@ int64_t ZeroEngine::param_index(int u, int64_t x) const {
   return plan_.shard_params ? s.shard_offset + (x - comm_.rank() * s.chunk) : s.full_offset + x;
 }
 
-// Memory parts take fp32 as a plain upload and convert other dtypes on the device (upload, then
-// accumulate into the dtype); NVMe parts convert on the host inside a pinned window, piece by
+// Memory parts take fp32 as a plain upload (or download) and convert other dtypes on the device
+// through a staging buffer; NVMe parts convert on the host inside a pinned window, piece by
 // piece.
 Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src) {
   while (n > 0) {
@@ -194,9 +202,13 @@ Status ZeroEngine::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, 
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
     if (!a.on_nvme(e) && dt == DType::kF32) {
-      std::memcpy(dst, a.ptr(e), k * 4);
-    } else if (!a.on_nvme(e)) {
-      for (int64_t i = 0; i < k; ++i) dst[i] = load_as_f32(a.ptr(e), dt, i);
+      ZOE_RETURN_IF_ERROR(dev_.download(dst, a.ptr(e), k * 4));
+    } else if (!a.on_nvme(e)) {  // converted on the device, then downloaded
+      ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(k * 4, Tier::kDevice, Kind::kStaging));
+      Status st = dev_.accumulate(staging.data, DType::kF32, a.ptr(e), dt, k, false);
+      if (st.ok()) st = dev_.download(dst, staging.data, k * 4);
+      dev_.free(staging);
+      ZOE_RETURN_IF_ERROR(st);
     } else {
       k = std::min<int64_t>(k, group_elems_);
       ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
@@ -379,13 +391,16 @@ Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
   return st;
 }
 
+// One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order.
 Result<double> ZeroEngine::owned_grad_sumsq() {
+  std::vector<ArrayView> spans;
+  for (int u = 0; u < num_units(); ++u)
+    spans.push_back({grad_ptr(grad_owned_offset(u)), gdtype_, static_cast<size_t>(layout_.owned_real(u, comm_.rank()))});
+  auto* sc = scalars_.as<StepScalars>();
+  ZOE_RETURN_IF_ERROR(dev_.zero(&sc->sumsq, sizeof(double)));
+  ZOE_RETURN_IF_ERROR(dev_.sum_squares(spans.data(), spans.size(), &sc->sumsq));
   double local = 0;
-  for (int u = 0; u < num_units(); ++u) {
-    ZOE_ASSIGN_OR_RETURN(double s, dev_.sum_squares(grad_ptr(grad_owned_offset(u)), gdtype_,
-                                                    layout_.owned_real(u, comm_.rank())));
-    local += s;
-  }
+  ZOE_RETURN_IF_ERROR(dev_.download(&local, &sc->sumsq, sizeof(double)));
   ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(&local, 1));
   return local;
 }
@@ -414,12 +429,13 @@ struct Windowed {
 // Adam over the rank's optimizer range in sub-groups [a, b) that never cross a part boundary of
 // any array: memory parts are stepped in place, NVMe parts through a window of pinned memory.
 // Three windows rotate: sub-group k+1 is read while Adam runs on k and k-1 is written back.
-Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite) {
+Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   AdamHyper h;
   h.lr = lr;
   h.beta1 = cfg_.beta1;
   h.beta2 = cfg_.beta2;
   h.eps = cfg_.eps;
+  h.weight_decay = cfg_.weight_decay;  // for ranges that take it (AdamRange::decay)
   h.decoupled = cfg_.adamw;
   h.step = steps_applied_;
   h.grad_scale = static_cast<float>(grad_scale);
@@ -457,7 +473,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
       e = std::min(t.e + t.n, groups.back().second);
     }
   if (win.empty()) {  // all in memory: in place
-    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, {}, h, nonfinite));
+    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, {}, h));
     return Status::Ok();
   }
   struct Slot {
@@ -508,7 +524,9 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
     auto w = window(cur, a, b);
     for (const Windowed& x : win)  // a write-only window holds zeros where Adam writes nothing (padding)
       if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
-    if (st.ok()) st = run_adam_group(tasks, a, b, w, h, nonfinite);
+    if (st.ok()) st = run_adam_group(tasks, a, b, w, h);
+    // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
+    if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
     for (const Windowed& x : win)
       if (st.ok() && w[x.slot]) cur.writes.push_back(x.a->write_async(a, b - a, w[x.slot]));
   }
@@ -524,15 +542,16 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale, uint64_t* nonfinite)
 // exp_avg, exp_avg_sq and the low-precision parameters when that array is in a window for this
 // sub-group; null means it is in memory.
 Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                                  const std::array<char*, 4>& win, AdamHyper h, uint64_t* nonfinite) {
+                                  const std::array<char*, 4>& win, AdamHyper h) {
   StateArray* arrays[3] = {&master(), &exp_avg_, &exp_avg_sq_};
   auto at = [&](int i, int64_t e) { return win[i] ? win[i] + (e - a) * arrays[i]->esize() : arrays[i]->ptr(e); };
+  std::vector<AdamRange> ranges;
   for (const AdamTask& t : tasks) {
     int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b);
     if (e0 >= e1) continue;
     int64_t x = t.x + (e0 - t.e);  // unit element of e0
-    h.weight_decay = t.decay ? cfg_.weight_decay : 0.0;
     AdamRange r;
+    r.decay = t.decay;
     r.grad = t.grad + (e0 - t.e) * gsize_;
     r.grad_dtype = gdtype_;
     // In fp32 training the master is the parameter array, indexed by parameter position (the
@@ -543,10 +562,9 @@ Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a,
     if (cfg_.mixed_precision()) r.param_out = win[3] ? win[3] + (e0 - a) * wsize_ : param_.ptr(param_index(t.u, x));
     r.param_dtype = dtype_;
     r.n = e1 - e0;
-    ZOE_ASSIGN_OR_RETURN(size_t bad, dev_.adam(h, r));
-    *nonfinite += bad;
+    ranges.push_back(r);
   }
-  return Status::Ok();
+  return dev_.adam(h, ranges.data(), ranges.size(), &scalars_.as<StepScalars>()->nonfinite);
 }
 
 Status ZeroEngine::gather_replicated_params() {
@@ -601,7 +619,10 @@ Result<StepResult> ZeroEngine::step(double lr) {
     }
   }
   ++steps_applied_;
-  ZOE_RETURN_IF_ERROR(apply_adam(lr, inv * coef, &res.nonfinite));
+  auto* sc = scalars_.as<StepScalars>();
+  ZOE_RETURN_IF_ERROR(dev_.zero(&sc->nonfinite, sizeof(uint64_t)));
+  ZOE_RETURN_IF_ERROR(apply_adam(lr, inv * coef));
+  ZOE_RETURN_IF_ERROR(dev_.download(&res.nonfinite, &sc->nonfinite, sizeof(uint64_t)));
   ZOE_RETURN_IF_ERROR(gather_replicated_params());
   res.applied = true;
   res.step = steps_applied_;

@@ -36,6 +36,7 @@ class ZeroEngine final : public Engine {
   ~ZeroEngine() override;
   Status allocate();
 
+  Device& device() override { return dev_; }
   int num_units() const override { return layout_.num_units(); }
   const UnitSpec& unit(int u) const override { return layout_.unit(u); }
   int64_t params() const override { return layout_.params(); }
@@ -98,10 +99,10 @@ class ZeroEngine final : public Engine {
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq();
-  Status apply_adam(double lr, double grad_scale, uint64_t* nonfinite);
+  Status apply_adam(double lr, double grad_scale);
   struct AdamTask;
   Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
-                        AdamHyper h, uint64_t* nonfinite);
+                        AdamHyper h);
   Status gather_replicated_params();
 
   Config cfg_;
@@ -120,6 +121,13 @@ class ZeroEngine final : public Engine {
   int64_t group_elems_ = 0;
   StateArray param_, master_, exp_avg_, exp_avg_sq_;
   Buffer grad_;
+  // Device-side results of a step, read back once: the squared gradient norm and the count of
+  // non-finite gradient elements Adam met.
+  struct StepScalars {
+    double sumsq;
+    uint64_t nonfinite;
+  };
+  Buffer scalars_;
   struct Gathered {
     Buffer buf;
     int refs = 0;

@@ -18,9 +18,9 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
-#include "cpu/cpu_device.h"
 #include "model/gpt2_model.h"
 #include "model/mlp_model.h"
+#include "train/backend.h"
 #include "train/batch_source.h"
 #include "train/lr_schedule.h"
 #include "train/progress.h"
@@ -37,9 +37,6 @@ Status validate_for_world(const Config& c, int world) {
         "config key 'train_batch_size': {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
         "world size {} = {} (mpirun -np does not match the config)",
         *c.train_batch, c.micro_batch, c.grad_accum, world, global));
-  if (c.device == "cuda")
-    return Status::Invalid("config key 'zoe.device': \"cuda\" is not available yet (the CUDA device backend is a "
-                           "coming issue); use \"cpu\"");
   if (c.offload_param.device != OffloadDevice::kNone && c.stage < 3)
     return Status::Invalid(fmt::format(
         "config key 'zero_optimization.offload_param.device': offloading parameters needs stage 3 (stage is {})",
@@ -127,10 +124,12 @@ class TrainJob {
     }
     ZOE_RETURN_IF_ERROR(agree(comm_, opened, Status::Invalid("rank 0 cannot write its output files")));
     Profiler::get().enable_trace(!o_.trace_path.empty());
-    dev_ = std::make_unique<CpuDevice>(c_.device_memory_budget, c_.host_memory_budget);
+    ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c_, comm_));
+    dev_ = std::move(backend.device);
+    tensor_comm_ = std::move(backend.tensor_comm);
     comm_.set_ledger(&dev_->ledger());
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
-    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, comm_, model_->units()));
+    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units()));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
     if (c_.eval_every > 0) {
       if (c_.model_type == "gpt2" && c_.data_val.empty())
@@ -203,7 +202,7 @@ class TrainJob {
 
   Result<double> one_step(int64_t s, Progress& progress) {
     auto t0 = std::chrono::steady_clock::now();
-    comm_.reset_counters();
+    tensor().reset_counters();
     dev_->ledger().reset_peaks();
     Profiler::get().take_step_times();
     double local[2] = {0, 0};  // loss sum, tokens
@@ -226,7 +225,7 @@ class TrainJob {
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto times = Profiler::get().take_step_times();
-    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), comm_.bytes_sent())));
+    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), tensor().bytes_sent())));
     if (comm_.rank() != 0) return loss;
     nlohmann::json line = {
         {"step", s + 1}, {"loss", loss}, {"val_loss", val_loss}, {"lr", lr},
@@ -247,6 +246,8 @@ class TrainJob {
   Comm& comm_;
   TrainOptions o_;
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<Comm> tensor_comm_;  // null: comm_ carries the tensors too
+  Comm& tensor() { return tensor_comm_ ? *tensor_comm_ : comm_; }
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<BatchSource> source_, val_;

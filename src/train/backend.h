@@ -1,0 +1,25 @@
+// The backend a config names: the device and the communicator for its tensor traffic. The one
+// place that knows the concrete backends; the trainer, the engine and the models see only
+// Device and Comm.
+#pragma once
+#include <memory>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "zoe/device.h"
+
+namespace zoe {
+
+struct Backend {
+  std::unique_ptr<Device> device;
+  // The tensor-traffic communicator paired with the device; null when the control communicator
+  // (MPI, or the one-rank SelfComm) carries the tensors too, as on the CPU device.
+  std::unique_ptr<Comm> tensor_comm;
+};
+
+// zoe.device: "cpu", "cpu-strict" (device memory untouchable outside Device calls) or "cuda"
+// (the GPU of this rank's local index, NCCL between ranks). Without a GPU, or in a build without
+// CUDA, "cuda" is an input error naming the key.
+Result<Backend> make_backend(const Config& c, Comm& control);
+
+}  // namespace zoe
