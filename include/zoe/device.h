@@ -1,6 +1,15 @@
-// The device interface: buffers on tiers, asynchronous copies ordered by events, and the few
-// kernels the engine runs. Two implementations: CpuDevice (a budgeted host arena stands in for
-// device memory) and, later, CudaDevice. The engine never asks which one it runs on.
+// The device interface: buffers on tiers, asynchronous copies and kernels ordered on streams and
+// events, and the few kernels the engine runs. Two implementations: CpuDevice (a budgeted host
+// arena stands in for device memory; `cpu-strict` makes that memory untouchable by host code
+// outside Device calls) and CudaDevice. The engine never asks which one it runs on.
+//
+// Memory rules, which the strict CPU device enforces:
+//   - device memory (Tier::kDevice) is touched only by Device calls and by the Comm paired with
+//     the device; host code moves it with upload/download;
+//   - kernels take device memory, or host memory the device can reach: Tier::kHost buffers from
+//     alloc() (pinned) and ranges given to register_host() (the NVMe tier's pinned pool);
+//   - work is enqueued on a stream and runs in order there; a stream waits for another's work
+//     with wait_on(); the host waits with wait() or synchronize().
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +22,8 @@
 
 namespace zoe {
 
+class ModelOps;
+
 struct Buffer {
   void* data = nullptr;
   size_t bytes = 0;
@@ -22,9 +33,9 @@ struct Buffer {
   template <typename T> T* as() const { return static_cast<T*>(data); }
 };
 
-// Streams order work: 0 computes, 1 copies host->device, 2 copies device->host.
-enum class Stream : uint8_t { kCompute = 0, kH2D = 1, kD2H = 2 };
-inline constexpr int kNumStreams = 3;
+// Streams order work: compute kernels, host->device copies, device->host copies, collectives.
+enum class Stream : uint8_t { kCompute = 0, kH2D = 1, kD2H = 2, kComm = 3 };
+inline constexpr int kNumStreams = 4;
 
 struct Event {
   Stream stream = Stream::kCompute;
@@ -35,40 +46,80 @@ struct Event {
 struct AdamHyper;
 struct AdamRange;
 
+// One input of sum_squares: n elements of dtype at x.
+struct Span {
+  const void* x = nullptr;
+  DType dtype = DType::kF32;
+  size_t n = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual const char* name() const = 0;
 
-  // Allocates `bytes` on `tier` (kDevice or kHost) within that tier's budget; accounted in the
-  // ledger under `kind`. Never returns uninitialised pages to the hot path twice: freed memory
-  // is reused.
+  // Allocates `bytes` on `tier` within that tier's budget, booked in the ledger under `kind`:
+  // kDevice is device memory, kHost pinned host memory (async copies, kernels may read it).
   virtual Result<Buffer> alloc(size_t bytes, Tier tier, Kind kind) = 0;
   virtual void free(Buffer& b) = 0;
+  // Host memory allocated elsewhere (the NVMe tier's pinned pool) becomes usable like kHost
+  // buffers until unregistered.
+  virtual Status register_host(void* p, size_t bytes) = 0;
+  virtual void unregister_host(void* p) = 0;
 
   // Copies bytes between any two buffers, in order on `stream`.
   virtual Status copy_async(const Buffer& dst, size_t dst_off, const Buffer& src, size_t src_off,
                             size_t bytes, Stream stream) = 0;
-  // Host memory -> device-owned memory, synchronous (initial values, checkpoint loads).
+  // The same between raw addresses of device or device-reachable host memory.
+  virtual Status copy(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  // Synchronous: any host memory -> device memory, and back. Each waits for the compute stream
+  // first, so what kernels enqueued before is what moves.
   virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual Status zero(void* dst, size_t bytes) = 0;
-  virtual Event record(Stream stream) = 0;
-  virtual Status wait(Event e) = 0;           // the host waits
-  virtual Status synchronize() = 0;           // every stream drained
+  virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual Status zero(void* dst, size_t bytes, Stream stream = Stream::kCompute) = 0;
 
-  // Kernels the engine itself runs (the model's kernels live with the model).
+  virtual Event record(Stream stream) = 0;
+  virtual Status wait(Event e) = 0;                  // the host waits
+  virtual Status wait_on(Stream waiter, Event e) = 0;  // later work on `waiter` waits for e
+  virtual Status synchronize() = 0;                  // every stream drained
+
+  // Kernels the engine itself runs, on the compute stream (the model's are in ops()).
   // dst[i] = (accumulate ? dst[i] : 0) + src[i], summed in fp32, stored as dst_dtype.
   virtual Status accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
                             bool accumulate) = 0;
-  // Sum of squares of x[0, n) in float64, in a fixed order (independent of threads).
-  virtual Result<double> sum_squares(const void* x, DType dtype, size_t n) = 0;
-  // Fused Adam over one range; returns the count of non-finite gradients met.
-  virtual Result<size_t> adam(const AdamHyper& h, const AdamRange& r) = 0;
+  // out[i] = sum over k = 0..n-1, in that order and in fp32, of chunk k's element i; the chunks
+  // (`count` elements of dtype each) lie back to back. The reduction of every Comm.
+  virtual Status sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) = 0;
+  // *out (device memory) += the sum of squares of every span, in float64 and a fixed order
+  // (independent of threads or launch shapes).
+  virtual Status sum_squares(const Span* spans, size_t count, double* out) = 0;
+  // Fused Adam over every range (see cpu/adam.h; a range with decay false gets no weight decay);
+  // adds the count of non-finite gradient elements met to *nonfinite (device memory).
+  virtual Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) = 0;
+
+  // The compute kernels models are written in (GEMMs, norms, attention, ...), on this device.
+  virtual ModelOps& ops() = 0;
 
   Ledger& ledger() { return ledger_; }
   const Ledger& ledger() const { return ledger_; }
 
+  // The device's memory as host code may see it, for the Comm paired with the device (MPI moves
+  // the CPU device's bytes itself): while a HostAccess lives, the strict CPU device lets host
+  // code touch device memory. No-op elsewhere.
+  class HostAccess {
+   public:
+    explicit HostAccess(Device& d) : d_(d) { d_.begin_host_access(); }
+    ~HostAccess() { d_.end_host_access(); }
+    HostAccess(const HostAccess&) = delete;
+    HostAccess& operator=(const HostAccess&) = delete;
+
+   private:
+    Device& d_;
+  };
+
  protected:
+  virtual void begin_host_access() {}
+  virtual void end_host_access() {}
   Ledger ledger_;
 };
 

@@ -1,5 +1,12 @@
 // Collectives between ranks, with byte counters. MpiComm runs over OpenMPI between processes;
-// SelfComm is the one-rank case. (NcclComm comes with the CUDA backend.)
+// SelfComm is the one-rank case; NcclComm (src/gpu) runs over NCCL between GPUs.
+//
+// Two kinds of traffic:
+//   - tensor traffic (all_gather, reduce_scatter) moves device memory of the paired device
+//     (set_device) and is ordered on its streams: it starts after the work enqueued before it on
+//     the compute stream, and work enqueued after it on the compute stream sees its result;
+//   - control traffic (all_reduce_sum, broadcast, barrier, gather_to_root, all_gather_control,
+//     barrier_within) moves host memory and is synchronous; it always runs over MPI.
 //
 // Reductions are deterministic: reduce_scatter receives every rank's chunk and sums them in rank
 // order 0..N-1 in fp32, so a given element's sum does not depend on message sizes, bucketing or
@@ -19,6 +26,8 @@
 #include "zoe/status.h"
 
 namespace zoe {
+
+class Device;
 
 struct CommBytes {
   uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0;
@@ -52,6 +61,10 @@ class Comm {
   // stuck in a collective (then it aborts the job instead of waiting forever).
   virtual bool barrier_within(double seconds) = 0;
 
+  // The device whose memory tensor traffic moves, and whose sum_chunks kernel reduces. Set once,
+  // before the first tensor collective; nullptr before that device goes away.
+  virtual void set_device(Device* d) { device_ = d; }
+
   // Staging buffers the communicator holds are booked here (host tier, kind comm); what is held
   // already moves to the new ledger. nullptr unbooks (before that ledger goes away).
   virtual void set_ledger(Ledger* l) { ledger_ = l; }
@@ -62,6 +75,7 @@ class Comm {
  protected:
   CommBytes bytes_;
   Ledger* ledger_ = nullptr;
+  Device* device_ = nullptr;
 };
 
 // One rank's outcome made everyone's (collective): every rank returns an error when any rank
@@ -70,7 +84,7 @@ class Comm {
 Status agree(Comm& comm, const Status& mine, const Status& elsewhere);
 
 // Sums chunk r of `n` chunks (each `count` elements of `dtype`, stored back to back in `chunks`)
-// into out, in chunk order, accumulating in fp32.
+// into out, in chunk order, accumulating in fp32: the CPU device's sum_chunks kernel.
 void sum_chunks_in_order(const void* chunks, int n, size_t count, DType dtype, void* out);
 
 std::unique_ptr<Comm> make_self_comm();

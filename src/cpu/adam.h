@@ -23,7 +23,7 @@ struct AdamHyper {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;    // already 0 for tensors that take no decay
+  double weight_decay = 0.0;    // for ranges with decay set (>= 2-D tensors)
   bool decoupled = true;        // true: AdamW, false: Adam with L2 added to the gradient
   int64_t step = 1;             // 1-based step count after this update (bias correction)
   float grad_scale = 1.0f;      // multiplies every gradient before use
@@ -40,6 +40,7 @@ struct AdamRange {
   void* param_out = nullptr;
   DType param_dtype = DType::kBF16;
   size_t n = 0;
+  bool decay = true;            // false: weight_decay does not apply (biases, norms)
 };
 
 // Steps elements [0, n) of `r` with the given ISA on the calling thread. Lanes whose scaled

@@ -66,9 +66,15 @@ static size_t run_range(const AdamConsts& c, const AdamRange& r, Isa isa) {
   }
 }
 
+// The constants of range r: weight decay only where the range takes it.
+static AdamConsts range_consts(AdamHyper h, const AdamRange& r) {
+  if (!r.decay) h.weight_decay = 0.0;
+  return adam_consts(h);
+}
+
 size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa) {
   if (r.n == 0) return 0;
-  return run_range(adam_consts(h), r, usable_isa(isa));
+  return run_range(range_consts(h, r), r, usable_isa(isa));
 }
 
 // Elements [begin, end) of r as a range of their own.
@@ -85,7 +91,7 @@ static AdamRange sub_range(const AdamRange& r, size_t begin, size_t end) {
 
 size_t adam_step(const AdamHyper& h, const AdamRange& r, Isa isa, int threads) {
   if (r.n == 0) return 0;
-  const AdamConsts c = adam_consts(h);
+  const AdamConsts c = range_consts(h, r);
   const Isa use = usable_isa(isa);
   return parallel_chunks(r.n, threads, [&](size_t begin, size_t end) {
     return run_range(c, sub_range(r, begin, end), use);

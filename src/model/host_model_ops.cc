@@ -1,0 +1,77 @@
+// host_model_ops(): ModelOps straight onto the fp32 CPU reference (gpt2_ops.h).
+#include <algorithm>
+
+#include "model/gpt2_ops.h"
+#include "model/gpt2_ops_util.h"
+#include "model/model_ops.h"
+
+namespace zoe {
+namespace {
+
+class HostModelOps final : public ModelOps {
+ public:
+  void zero(float* x, int64_t n) override {
+    gpt2::detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { std::fill(x + a, x + b, 0.f); });
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    gpt2::detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { std::copy(src + a, src + b, dst + a); });
+  }
+  void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                       int C) override {
+    gpt2::encoder_forward(out, inp, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                        int C) override {
+    gpt2::encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int N, int C) override {
+    gpt2::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override {
+    gpt2::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
+                      int OC) override {
+    gpt2::matmul_forward(out, inp, W, bias, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W,
+                       int N, int C, int OC) override {
+    gpt2::matmul_backward(dinp, dW, dbias, dout, inp, W, N, C, OC);
+  }
+  void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override {
+    gpt2::lm_head_forward(logits, inp, wte, N, C, V);
+  }
+  void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte, int N,
+                        int C, int V) override {
+    gpt2::lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+    gpt2::attention_forward(out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
+                          int NH) override {
+    gpt2::attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t N) override { gpt2::gelu_forward(out, inp, N); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
+    gpt2::gelu_backward(dinp, inp, dout, N);
+  }
+  void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override {
+    gpt2::residual_forward(out, inp1, inp2, N);
+  }
+  void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                    float dscale) override {
+    *loss = gpt2::crossentropy_forward_backward(dlogits, nullptr, logits, targets, N, V, dscale);
+  }
+};
+
+}  // namespace
+
+ModelOps& host_model_ops() {
+  static HostModelOps ops;
+  return ops;
+}
+
+}  // namespace zoe

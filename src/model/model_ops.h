@@ -1,0 +1,51 @@
+// ModelOps: the compute kernels models are written in, one implementation per device (the
+// device's ops()). Every pointer is memory of that device (or host memory it can reach, see
+// zoe/device.h); every call is enqueued on the device's compute stream and returns at once, so a
+// model reads a result on the host only through Device::download.
+//
+// The semantics, sizes and output rules are those of the fp32 CPU reference in gpt2_ops.h
+// (forward outputs overwritten, backward outputs ACCUMULATED, a null d* skipped); host_model_ops()
+// runs exactly those functions on host memory (tests, and the CPU device's ops underneath).
+#pragma once
+#include <cstdint>
+
+namespace zoe {
+
+class ModelOps {
+ public:
+  virtual ~ModelOps() = default;
+
+  virtual void zero(float* x, int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+
+  virtual void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                               int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                                int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                 const float* b, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                  const float* w, const float* mean, const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
+                              int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                               const float* W, int N, int C, int OC) = 0;
+  virtual void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) = 0;
+  virtual void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte,
+                                int N, int C, int V) = 0;
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
+                                  int C, int NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
+  virtual void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) = 0;
+  // *loss (device memory) = the mean over N positions of -log softmax(logits)[target];
+  // dlogits as gpt2::crossentropy_forward_backward (may alias logits; null: forward only).
+  virtual void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                            float dscale) = 0;
+};
+
+// The CPU reference functions of gpt2_ops.h on host memory, run on the calling thread.
+ModelOps& host_model_ops();
+
+}  // namespace zoe
