@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gpu/device_kernels.h"
+#include "gpu/dtype_bits.h"
 
 namespace zoe::gpu {
 namespace {
@@ -16,60 +17,17 @@ constexpr uint8_t kF32 = uint8_t(DType::kF32);
 constexpr uint8_t kBF16 = uint8_t(DType::kBF16);
 constexpr uint8_t kF16 = uint8_t(DType::kF16);
 
-// --- zoe/dtype.h, bit for bit ---------------------------------------------------------------
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
-
-__device__ __forceinline__ uint16_t f32_to_f16(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (ax < 0x38800000u) {  // subnormal half or zero: add magic to round at the right bit
-    const float r = __fadd_rn(__uint_as_float(ax), 0.5f);
-    return static_cast<uint16_t>(sign | (__float_as_uint(r) - 0x3f000000u));
-  }
-  const uint32_t mant_odd = (ax >> 13) & 1u;
-  ax += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
-  return static_cast<uint16_t>(sign | (ax >> 13));
-}
-__device__ __forceinline__ float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0) {  // mant * 2^-24: exact in fp32
-    const float r = __fmul_rn(__uint2float_rn(mant), 5.9604644775390625e-8f);
-    return __uint_as_float(__float_as_uint(r) | sign);
-  }
-  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
-  return __uint_as_float(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
 template <uint8_t T>
 __device__ __forceinline__ float load(const void* p, uint64_t i) {
   if constexpr (T == kF32) return static_cast<const float*>(p)[i];
-  else if constexpr (T == kBF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  else return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  else if constexpr (T == kBF16) return bits::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  else return bits::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
 }
 template <uint8_t T>
 __device__ __forceinline__ void store(void* p, uint64_t i, float v) {
   if constexpr (T == kF32) static_cast<float*>(p)[i] = v;
-  else if constexpr (T == kBF16) static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
-  else static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
-}
-
-// a + b with x86 SSE's NaN results (see device_kernels.h).
-__device__ __forceinline__ float add_x86(float a, float b) {
-  if (isnan(a)) return __uint_as_float(__float_as_uint(a) | 0x00400000u);
-  if (isnan(b)) return __uint_as_float(__float_as_uint(b) | 0x00400000u);
-  const float r = __fadd_rn(a, b);
-  return isnan(r) ? __uint_as_float(0xffc00000u) : r;
+  else if constexpr (T == kBF16) static_cast<uint16_t*>(p)[i] = bits::f32_to_bf16(v);
+  else static_cast<uint16_t*>(p)[i] = bits::f32_to_f16(v);
 }
 
 // --- accumulate ------------------------------------------------------------------------------
@@ -79,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) accumulate_kernel(void* dst, const v
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float v = load<S>(src, i);
-    if constexpr (kAcc) v = add_x86(load<D>(dst, i), v);
+    if constexpr (kAcc) v = bits::add_x86(load<D>(dst, i), v);
     store<D>(dst, i, v);
   }
 }
@@ -119,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) sum_chunks_kernel(void* out, const v
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     float s = load<T>(base, i);
-    for (int k = 1; k < n; ++k) s = add_x86(s, load<T>(base + k * chunk_bytes, i));
+    for (int k = 1; k < n; ++k) s = bits::add_x86(s, load<T>(base + k * chunk_bytes, i));
     store<T>(out, i, s);
   }
 }

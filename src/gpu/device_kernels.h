@@ -3,12 +3,12 @@
 // memory the device can reach.
 //
 // accumulate and sum_chunks are bitwise those of the CPU device: elements are converted with
-// zoe/dtype.h's exact conversions (ported bit for bit, NaN payloads included), summed in fp32 in
-// the CPU's order with x86 SSE's NaN rule (a NaN operand is returned quieted, the first one when
-// both are; an invalid sum such as inf - inf gives the default NaN 0xffc00000), where the GPU
-// itself would return its canonical NaN. (Where both operands are NaNs with different payloads
-// the CPU's result depends on the order its compiler put the operands in; that case alone is not
-// pinned down.)
+// zoe/dtype.h's exact conversions (gpu/dtype_bits.h, checked against dtype.h on the CPU by
+// tests/dtype_bits_test.cc; NaN payloads kept), summed in fp32 in the CPU's order with x86 SSE's
+// NaN rule (a NaN operand is returned quieted, the first one when both are; an invalid sum such
+// as inf - inf gives the default NaN 0xffc00000), where the GPU itself would return its
+// canonical NaN. (Where both operands are NaNs with different payloads the CPU's result depends
+// on the order its compiler put the operands in; that case alone is not pinned down.)
 //
 // sum_squares is deterministic, not bitwise the CPU's: the elements of each span are cut into
 // fixed blocks of 65536; each block's float64 sum of squares is one partial (256 threads, each
