@@ -71,7 +71,8 @@ CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget) : gpu_
   gpu::RawMemory host_raw{
       [](size_t n) -> Result<void*> {
         void* p = nullptr;
-        const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocPortable);
+        // Mapped: kernels may read it at its host address (unified addressing makes them equal).
+        const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocPortable | cudaHostAllocMapped);
         if (e != cudaSuccess) {
           cudaGetLastError();
           return Status::OutOfMemory("cudaHostAlloc: " + cuda_error(e));
@@ -159,8 +160,19 @@ Status CudaDevice::register_host(void* p, size_t bytes) {
   ZOE_RETURN_IF_ERROR(make_current());
   std::lock_guard<std::mutex> lock(host_mu_);
   if (registered_.count(p)) return Status::Invalid(fmt::format("register_host: {} is registered already", p));
-  ZOE_RETURN_IF_ERROR(check(cudaHostRegister(p, bytes, cudaHostRegisterPortable),
+  ZOE_RETURN_IF_ERROR(check(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
                             fmt::format("cudaHostRegister of {} bytes at {}", bytes, p)));
+  // Kernels take the host address itself (device.h): the GPU must map the range there.
+  void* mapped = nullptr;
+  Status s = check(cudaHostGetDevicePointer(&mapped, p, 0), "cudaHostGetDevicePointer");
+  if (s.ok() && mapped != p)
+    s = Status::Unsupported(fmt::format("GPU {} maps registered host memory at {} instead of its host address {}: "
+                                        "kernels cannot read it there", gpu_, mapped, p));
+  if (!s.ok()) {
+    cudaHostUnregister(p);
+    cudaGetLastError();
+    return s;
+  }
   registered_.emplace(p, bytes);
   return Status::Ok();
 }
