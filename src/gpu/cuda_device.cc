@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -29,6 +30,13 @@ Status check(cudaError_t e, std::string_view what) {
   if (e == cudaSuccess) return Status::Ok();
   cudaGetLastError();
   return Status::Runtime(fmt::format("CUDA {} failed: {}", what, cuda_error(e)));
+}
+// The same with the description built only on failure (calls on the hot path).
+template <typename F>
+  requires std::invocable<F>
+Status check(cudaError_t e, F&& what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return check(e, std::string_view(what()));
 }
 
 [[noreturn]] void fatal(const std::string& m) {
@@ -126,7 +134,7 @@ CudaDevice::~CudaDevice() {
 }
 
 Status CudaDevice::make_current() const {
-  return check(cudaSetDevice(gpu_), fmt::format("cudaSetDevice({})", gpu_));
+  return check(cudaSetDevice(gpu_), [&] { return fmt::format("cudaSetDevice({})", gpu_); });
 }
 
 // --- memory ----------------------------------------------------------------------------------
@@ -161,7 +169,7 @@ Status CudaDevice::register_host(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(host_mu_);
   if (registered_.count(p)) return Status::Invalid(fmt::format("register_host: {} is registered already", p));
   ZOE_RETURN_IF_ERROR(check(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
-                            fmt::format("cudaHostRegister of {} bytes at {}", bytes, p)));
+                            [&] { return fmt::format("cudaHostRegister of {} bytes at {}", bytes, p); }));
   // Kernels take the host address itself (device.h): the GPU must map the range there.
   void* mapped = nullptr;
   Status s = check(cudaHostGetDevicePointer(&mapped, p, 0), "cudaHostGetDevicePointer");
@@ -203,7 +211,7 @@ Status CudaDevice::copy(void* dst, const void* src, size_t bytes, Stream stream)
   if (!dst || !src) return Status::Invalid("copy: null pointer");
   ZOE_RETURN_IF_ERROR(make_current());
   return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, this->stream(stream)),
-               fmt::format("cudaMemcpyAsync of {} bytes", bytes));
+               [&] { return fmt::format("cudaMemcpyAsync of {} bytes", bytes); });
 }
 
 Status CudaDevice::sync_copy(void* dst, const void* src, size_t bytes, Stream copy_stream, const char* what) {
@@ -213,8 +221,8 @@ Status CudaDevice::sync_copy(void* dst, const void* src, size_t bytes, Stream co
   ZOE_RETURN_IF_ERROR(wait_on(copy_stream, record(Stream::kCompute)));
   cudaStream_t s = stream(copy_stream);
   ZOE_RETURN_IF_ERROR(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
-                            fmt::format("cudaMemcpyAsync ({}) of {} bytes", what, bytes)));
-  return check(cudaStreamSynchronize(s), fmt::format("{} of {} bytes", what, bytes));
+                            [&] { return fmt::format("cudaMemcpyAsync ({}) of {} bytes", what, bytes); }));
+  return check(cudaStreamSynchronize(s), [&] { return fmt::format("{} of {} bytes", what, bytes); });
 }
 
 Status CudaDevice::upload(void* dst, const void* host_src, size_t bytes) {
@@ -230,7 +238,8 @@ Status CudaDevice::zero(void* dst, size_t bytes, Stream stream) {
   if (bytes == 0) return Status::Ok();
   if (!dst) return Status::Invalid("zero: null pointer");
   ZOE_RETURN_IF_ERROR(make_current());
-  return check(cudaMemsetAsync(dst, 0, bytes, this->stream(stream)), fmt::format("cudaMemsetAsync of {} bytes", bytes));
+  return check(cudaMemsetAsync(dst, 0, bytes, this->stream(stream)),
+               [&] { return fmt::format("cudaMemsetAsync of {} bytes", bytes); });
 }
 
 // --- ordering --------------------------------------------------------------------------------
@@ -279,7 +288,8 @@ Status CudaDevice::wait_on(Stream waiter, Event e) {
 Status CudaDevice::synchronize() {
   ZOE_RETURN_IF_ERROR(make_current());
   for (int s = 0; s < kNumStreams; ++s)
-    ZOE_RETURN_IF_ERROR(check(cudaStreamSynchronize(streams_[s]), fmt::format("cudaStreamSynchronize (stream {})", s)));
+    ZOE_RETURN_IF_ERROR(
+        check(cudaStreamSynchronize(streams_[s]), [&] { return fmt::format("cudaStreamSynchronize (stream {})", s); }));
   return Status::Ok();
 }
 
