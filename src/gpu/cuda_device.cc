@@ -343,8 +343,10 @@ Status CudaDevice::adam(const AdamHyper& h, const AdamRange* ranges, size_t coun
 }
 
 ModelOps& CudaDevice::ops() {
-  std::call_once(ops_once_, [this] { ops_ = make_cuda_model_ops(*this); });
-  if (!ops_) fatal("make_cuda_model_ops returned no model ops");
+  std::call_once(ops_once_, [this] {
+    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute));
+  });
+  if (!ops_) fatal(fmt::format("no CUDA model ops for GPU {}: cudaSetDevice failed or make_cuda_model_ops returned none", gpu_));
   return *ops_;
 }
 

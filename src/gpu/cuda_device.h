@@ -73,7 +73,8 @@ class CudaDevice final : public Device {
   Status sum_squares(const Span* spans, size_t count, double* out) override;
   Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) override;
 
-  // Built on first use by make_cuda_model_ops (src/gpu/cuda_model_ops.h).
+  // Built on first use by gpu::make_cuda_model_ops (src/gpu/cuda_model_ops.h) on the compute
+  // stream; their own errors are kept by them (see that header).
   ModelOps& ops() override;
 
  private:

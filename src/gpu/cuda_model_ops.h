@@ -1,15 +1,19 @@
-// The CUDA implementation of ModelOps (model/model_ops.h): the model's kernels on a CudaDevice's
-// compute stream. CudaDevice::ops() builds it on first use.
+// PLACEHOLDER — the branch with the CUDA model ops brings the real header at this path (the
+// CudaModelOps class and this factory); take that one when merging, with this declaration
+// unchanged, and delete src/gpu/cuda_model_ops_missing.cc.
+//
+// The CUDA implementation of ModelOps (model/model_ops.h): the model's kernels on a CUDA stream.
+// CudaDevice::ops() builds it on first use, on the device's compute stream.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <memory>
 
 #include "model/model_ops.h"
 
-namespace zoe {
+namespace zoe::gpu {
 
-class CudaDevice;
+// Model ops enqueued on `compute_stream` (the stream outlives them).
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream);
 
-// The model ops of `dev`, enqueued on dev.stream(Stream::kCompute); `dev` outlives them.
-std::unique_ptr<ModelOps> make_cuda_model_ops(CudaDevice& dev);
-
-}  // namespace zoe
+}  // namespace zoe::gpu

@@ -7,13 +7,13 @@
 
 #include "gpu/cuda_model_ops.h"
 
-namespace zoe {
+namespace zoe::gpu {
 
-__attribute__((weak)) std::unique_ptr<ModelOps> make_cuda_model_ops(CudaDevice&) {
+__attribute__((weak)) std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t) {
   std::fprintf(stderr,
                "zoe: internal error: this build has no CUDA model ops (src/gpu/cuda_model_ops.cu is "
                "missing), so the cuda device cannot run a model\n");
   std::abort();
 }
 
-}  // namespace zoe
+}  // namespace zoe::gpu
