@@ -1,7 +1,7 @@
 #include "train/backend.h"
 
 #include "cpu/cpu_device.h"
-#if defined(ZOE_HAVE_CUDA) && defined(ZOE_CUDA_DEVICE_MERGED)  // TODO(merge cudadev): plain ZOE_HAVE_CUDA
+#ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/nccl_comm.h"
 #endif
@@ -14,7 +14,7 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
     b.device = std::make_unique<CpuDevice>(c.device_memory_budget, c.host_memory_budget, c.device == "cpu-strict");
     return b;
   }
-#if defined(ZOE_HAVE_CUDA) && defined(ZOE_CUDA_DEVICE_MERGED)  // TODO(merge cudadev): plain ZOE_HAVE_CUDA
+#ifdef ZOE_HAVE_CUDA
   ZOE_ASSIGN_OR_RETURN(b.device, make_cuda_device(local_gpu_index(), c.device_memory_budget, c.host_memory_budget));
   if (control.size() > 1) {
     ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device)));

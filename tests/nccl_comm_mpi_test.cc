@@ -1,0 +1,147 @@
+// NcclComm between ranks, one GPU each: reduce_scatter is bitwise MpiComm's on the same bytes
+// (the rank-order fp32 sum), all_gather gathers every rank's chunk, in place and out of place,
+// and the byte counters are MpiComm's. Needs as many GPUs on the node as ranks (NCCL puts one
+// rank on a GPU); skips otherwise, and where there is no CUDA build.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "test_util.h"
+#include "zoe/device.h"
+
+#ifdef ZOE_HAVE_CUDA
+#include "gpu/cuda_device.h"
+#include "gpu/gpu_info.h"
+#include "gpu/nccl_comm.h"
+
+namespace zoe {
+namespace {
+
+Comm* g_mpi = nullptr;
+
+// Rank r's send buffer: `size` chunks of `count` elements, values a function of (r, seed).
+std::vector<uint8_t> send_of(int r, int size, size_t count, DType t, uint64_t seed) {
+  std::vector<float> v = test::random_floats(count * size, seed * 131 + r, -3.f, 3.f);
+  std::vector<uint8_t> b(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) store_from_f32(b.data(), t, i, v[i]);
+  return b;
+}
+
+TEST(NcclCommMpi, CollectivesAreMpiCommsBitForBit) {
+  Comm& mpi = *g_mpi;
+  std::string why;
+  const size_t gpus = gpu::list_gpus(&why).size();
+  // Every rank takes the same decision: skip unless every rank has a GPU of its own.
+  double short_of_gpus = gpus < static_cast<size_t>(mpi.size()) ? 1 : 0;
+  ASSERT_TRUE(mpi.all_reduce_sum(&short_of_gpus, 1).ok());
+  if (short_of_gpus > 0)
+    GTEST_SKIP() << mpi.size() << " ranks need as many GPUs, " << gpus << " visible" << (gpus ? "" : ": " + why);
+  mpi.reset_counters();
+
+  auto d = make_cuda_device(local_gpu_index(), size_t{4} << 30, size_t{1} << 30);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  auto& dev = static_cast<CudaDevice&>(*d.value());
+  auto c = make_nccl_comm(mpi, dev);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  Comm& nccl = *c.value();
+  ASSERT_EQ(nccl.rank(), mpi.rank());
+  ASSERT_EQ(nccl.size(), mpi.size());
+  const int rank = mpi.rank(), size = mpi.size();
+  std::vector<Buffer> held;
+  auto alloc = [&](size_t bytes) {
+    auto r = dev.alloc(bytes, Tier::kDevice, Kind::kGather);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    held.push_back(r.ok() ? r.value() : Buffer{});
+    return held.back().data;
+  };
+
+  uint64_t seed = 1;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " count " + std::to_string(count));
+      const size_t chunk = count * dtype_size(t);
+      std::vector<uint8_t> send = send_of(rank, size, count, t, seed++);
+      // MpiComm on host memory is the reference.
+      std::vector<uint8_t> expect(chunk);
+      ASSERT_TRUE(mpi.reduce_scatter(send.data(), expect.data(), count, t).ok());
+      void* d_send = alloc(send.size());
+      void* d_recv = alloc(chunk);
+      ASSERT_TRUE(d_send && d_recv);
+      ASSERT_TRUE(dev.upload(d_send, send.data(), send.size()).ok());
+      ASSERT_TRUE(nccl.reduce_scatter(d_send, d_recv, count, t).ok());
+      std::vector<uint8_t> got(chunk);
+      ASSERT_TRUE(dev.download(got.data(), d_recv, chunk).ok());
+      EXPECT_TRUE(got == expect) << "reduce_scatter out of place";
+      // In place: recv is this rank's chunk of send.
+      char* own = static_cast<char*>(d_send) + rank * chunk;
+      ASSERT_TRUE(nccl.reduce_scatter(d_send, own, count, t).ok());
+      ASSERT_TRUE(dev.download(got.data(), own, chunk).ok());
+      EXPECT_TRUE(got == expect) << "reduce_scatter in place";
+
+      // all_gather of each rank's reduced chunk, out of place then in place.
+      std::vector<uint8_t> all(chunk * size);
+      ASSERT_TRUE(mpi.all_gather(expect.data(), all.data(), chunk).ok());
+      void* d_all = alloc(chunk * size);
+      ASSERT_TRUE(d_all);
+      ASSERT_TRUE(nccl.all_gather(d_recv, d_all, chunk).ok());
+      std::vector<uint8_t> gathered(chunk * size);
+      ASSERT_TRUE(dev.download(gathered.data(), d_all, gathered.size()).ok());
+      EXPECT_TRUE(gathered == all) << "all_gather out of place";
+      ASSERT_TRUE(dev.zero(d_all, chunk * size).ok());
+      ASSERT_TRUE(dev.upload(static_cast<char*>(d_all) + rank * chunk, expect.data(), chunk).ok());
+      ASSERT_TRUE(nccl.all_gather(static_cast<char*>(d_all) + rank * chunk, d_all, chunk).ok());
+      ASSERT_TRUE(dev.download(gathered.data(), d_all, gathered.size()).ok());
+      EXPECT_TRUE(gathered == all) << "all_gather in place";
+    }
+  // The same traffic was counted alike (NCCL ran each reduce_scatter twice and each gather twice).
+  EXPECT_EQ(nccl.bytes_sent().reduce_scatter, 2 * mpi.bytes_sent().reduce_scatter);
+  EXPECT_EQ(nccl.bytes_sent().all_gather, 2 * mpi.bytes_sent().all_gather);
+  double v = rank + 1;
+  ASSERT_TRUE(nccl.all_reduce_sum(&v, 1).ok());
+  EXPECT_EQ(v, size * (size + 1) / 2.0);
+  EXPECT_EQ(nccl.bytes_sent().all_reduce, static_cast<uint64_t>(size - 1) * sizeof(double));
+
+  ASSERT_TRUE(dev.synchronize().ok());
+  for (Buffer& b : held) dev.free(b);
+  nccl.set_device(nullptr);
+  c.value().reset();
+}
+
+}  // namespace
+}  // namespace zoe
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto comm = zoe::make_mpi_comm();
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", comm.status().message().c_str());
+    return 1;
+  }
+  zoe::g_mpi = comm->get();
+  if (comm.value()->rank() != 0) {  // rank 0 prints the listing; every rank's failures count
+    auto& l = ::testing::UnitTest::GetInstance()->listeners();
+    delete l.Release(l.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  double worst = rc;
+  (void)comm.value()->all_reduce_sum(&worst, 1);
+  comm.value().reset();
+  zoe::finalize_mpi();
+  return worst != 0 ? 1 : 0;
+}
+
+#else  // !ZOE_HAVE_CUDA
+
+TEST(NcclCommMpi, NotBuilt) { GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)"; }
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
+
+#endif
