@@ -16,8 +16,8 @@
 #include "common/config.h"
 #include "common/profiler.h"
 #include "comm/comm.h"
-#include "cpu/cpu_device.h"
 #include "model/gpt2_model.h"
+#include "train/backend.h"
 #include "train/batch_source.h"
 #include "zoe/engine.h"
 
@@ -29,20 +29,16 @@ namespace {
 const std::string kCorpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
 constexpr double kLr = 3e-4, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
 
-// Step seconds: the best of the timed steps (what other processes on the machine add is never
-// negative, as in bench comm) and their median.
-struct Timing {
-  double step_s = 0, median_s = 0;
-  double forward = 0, backward = 0, optimizer = 0;  // mean seconds per step
-  double first_loss = 0, last_loss = 0;
-};
+using Timing = StepTiming;
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-Result<Timing> time_zoe(const StepBenchOptions& o, int threads) {
+}  // namespace
+
+Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
   openblas_set_num_threads(threads);
   Config c;
@@ -51,9 +47,19 @@ Result<Timing> time_zoe(const StepBenchOptions& o, int threads) {
   c.micro_batch = o.B;
   c.lr = kLr, c.beta1 = kBeta1, c.beta2 = kBeta2, c.eps = kEps, c.weight_decay = kWeightDecay;
   c.grad_clip = kClip;
-  c.device_memory_budget = c.host_memory_budget = uint64_t{16} << 30;
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget);
+  c.device = o.device;
+  c.device_memory_budget = o.device_budget;
+  c.host_memory_budget = uint64_t{16} << 30;
+  if (!o.nvme_dir.empty()) {
+    c.stage = 3;
+    for (OffloadConfig* oc : {&c.offload_param, &c.offload_optimizer}) {
+      oc->device = OffloadDevice::kNvme;
+      oc->nvme_path = o.nvme_dir;
+    }
+  }
   auto comm = make_self_comm();
+  ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c, *comm));
+  Device& dev = *backend.device;
   Gpt2Model model(o.shape, /*activation_checkpointing=*/false);
   ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
   std::vector<float> buf;
@@ -84,8 +90,13 @@ Result<Timing> time_zoe(const StepBenchOptions& o, int threads) {
   }
   t.step_s = *std::min_element(secs.begin(), secs.end());
   t.median_s = median_of(secs);
+  LedgerSnapshot l = dev.ledger().snapshot();
+  t.peak_device_bytes = l.peak[int(Tier::kDevice)];
+  t.persistent_device_bytes = l.persistent(Tier::kDevice);
   return t;
 }
+
+namespace {
 
 // Runs cmd, returns its stdout (stderr passes through).
 Result<std::string> capture(const std::string& cmd, int* rc) {
@@ -100,7 +111,9 @@ Result<std::string> capture(const std::string& cmd, int* rc) {
   return out;
 }
 
-Result<std::string> find_python(const StepBenchOptions& o) {
+}  // namespace
+
+Result<std::string> find_torch_python(const StepBenchOptions& o) {
   if (!o.python.empty()) return o.python;
   for (const char* py : {"python3", "/usr/bin/python3"}) {
     int rc = 0;
@@ -114,15 +127,15 @@ Result<std::string> find_python(const StepBenchOptions& o) {
 // The same model trained by PyTorch (bench/torch_gpt2_step.py prints one JSON line last). Its
 // OpenMP and OpenBLAS pools get the same thread count as zoe's; OpenMP waits passively, since
 // spinning workers on a shared machine made torch's optimizer step 20x slower here.
-Result<nlohmann::json> time_torch(const StepBenchOptions& o, const std::string& py, int threads) {
+Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads) {
   const auto& s = o.shape;
   std::string cmd = fmt::format(
       "OMP_NUM_THREADS={0} OPENBLAS_NUM_THREADS={0} OMP_WAIT_POLICY=PASSIVE {1} {2}/bench/torch_gpt2_step.py "
       "--n_layer {3} --n_head {4} --n_embd {5} --vocab_size {6} --n_positions {7} --B {8} --T {9} "
       "--threads {0} --warmup {10} --iters {11} --lr {12} --beta1 {13} --beta2 {14} --eps {15} --weight_decay {16} "
-      "--clip {17} --data {18}",
+      "--clip {17} --data {18} --device {19}",
       threads, py, ZOE_SOURCE_DIR, s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.n_positions, o.B, o.T, o.warmup,
-      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kCorpus);
+      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kCorpus, o.device == "cuda" ? "cuda" : "cpu");
   int rc = 0;
   ZOE_ASSIGN_OR_RETURN(std::string out, capture(cmd, &rc));
   size_t at = out.rfind("\n{");
@@ -133,8 +146,6 @@ Result<nlohmann::json> time_torch(const StepBenchOptions& o, const std::string& 
   if (j.is_discarded()) return Status::Runtime("bench step: the PyTorch side printed no JSON:\n" + out);
   return j;
 }
-
-}  // namespace
 
 namespace {
 
@@ -191,7 +202,7 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
   if (*std::min_element(threads.begin(), threads.end()) < 1) return Status::Invalid("--threads: expected >= 1");
   std::string py;
   if (o.torch) {
-    ZOE_ASSIGN_OR_RETURN(py, find_python(o));
+    ZOE_ASSIGN_OR_RETURN(py, find_torch_python(o));
   }
   const auto& s = o.shape;
   std::string model = fmt::format("gpt2 L{} C{} H{} V{} T{} B{}", s.n_layer, s.n_embd, s.n_head, s.vocab_size,
@@ -199,10 +210,10 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
   if (human) print_header(human, o, model);
   nlohmann::json results = nlohmann::json::array();
   for (int n : threads) {
-    ZOE_ASSIGN_OR_RETURN(Timing z, time_zoe(o, n));
+    ZOE_ASSIGN_OR_RETURN(Timing z, time_zoe_step(o, n));
     nlohmann::json torch;
     if (o.torch) {
-      ZOE_ASSIGN_OR_RETURN(torch, time_torch(o, py, n));
+      ZOE_ASSIGN_OR_RETURN(torch, time_torch_step(o, py, n));
     }
     results.push_back(result_row(model, n, double(o.B) * o.T, z, torch));
     if (human) print_row(human, results.back(), z);

@@ -22,8 +22,26 @@ struct StepBenchOptions {
   int warmup = 2, iters = 5;
   bool torch = true;         // false: no baseline (ratio null)
   std::string python;        // empty: the first of python3, /usr/bin/python3 that imports torch
+  // The device zoe trains on (zoe.device) and PyTorch's ("cpu" or "cuda").
+  std::string device = "cpu";
+  uint64_t device_budget = uint64_t{16} << 30;
+  // Non-empty: stage 3 with the parameter shard and the optimizer state on NVMe in this folder.
+  std::string nvme_dir;
 };
 
 Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* human);
+
+// The pieces bench gpu reuses. Step seconds: the best of the timed steps and their median, and
+// the mean forward / backward / optimizer seconds per step.
+struct StepTiming {
+  double step_s = 0, median_s = 0;
+  double forward = 0, backward = 0, optimizer = 0;
+  double first_loss = 0, last_loss = 0;
+  uint64_t peak_device_bytes = 0, persistent_device_bytes = 0;  // the ledger's, after the run
+};
+Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads);
+Result<std::string> find_torch_python(const StepBenchOptions& o);
+// PyTorch training the same model: bench/torch_gpt2_step.py's JSON line.
+Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads);
 
 }  // namespace zoe

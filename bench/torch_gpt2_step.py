@@ -57,8 +57,8 @@ class Gpt2(torch.nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
             x = b(x, mask)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # tied LM head
@@ -73,10 +73,14 @@ def main():
     for k, v in dict(lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0).items():
         ap.add_argument(f"--{k}", type=float, default=v)
     ap.add_argument("--data", default="", help="a file whose bytes are the tokens")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    # A GPU runs asynchronously: each timestamp waits for the work queued before it.
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = Gpt2(a)
+    model = Gpt2(a).to(dev)
     ps = list(model.parameters())
     groups = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": a.weight_decay},
               {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
@@ -91,16 +95,20 @@ def main():
         data = [(rnd[i, :, :-1].contiguous(), rnd[i, :, 1:].contiguous()) for i in range(n)]
     steps, fwd, bwd, optim, losses = [], 0.0, 0.0, 0.0, []
     for i in range(n):
-        x, y = data[i]
+        x, y = (t.to(dev) for t in data[i])
+        sync()
         t0 = time.perf_counter()
         loss = model(x, y)
+        sync()
         t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(ps, a.clip)
         opt.step()
+        sync()
         t3 = time.perf_counter()
         losses.append(loss.item())
         if i >= a.warmup:

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "adam_bench.h"
 #include "comm_bench.h"
+#include "gpu_bench.h"
 #include "nvme_bench.h"
 #include "step_bench.h"
 
@@ -66,10 +67,17 @@ int bench_command(const BenchArgs& a) {
     if (a.iters > 0) o.reps = a.iters;
     if (!a.dir.empty()) o.dir = a.dir;
     st = bench_nvme(o, &out, human);
+  } else if (a.what == "gpu") {
+    GpuBenchOptions o;
+    if (a.iters > 0) o.iters = a.iters;
+    if (!a.dir.empty()) o.nvme_dir = a.dir;
+    o.torch = !a.no_torch;
+    o.python = a.python;
+    st = bench_gpu(o, &out, human);
   } else if (a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
-    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, nvme, copy, step", a.what));
+    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, gpu, nvme, copy, step", a.what));
   }
   if (!st.ok()) return report_error(st);
   if (a.json && !out.is_null()) fmt::print("{}\n", out.dump(2));

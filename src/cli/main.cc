@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
 
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "benchmarks: measured figure, in-run baseline and their ratio");
-  bench->add_option("what", ba.what, "adam | comm | nvme | copy | step")->required();
+  bench->add_option("what", ba.what, "adam | comm | gpu | nvme | copy | step")->required();
   bench->add_flag("--json", ba.json, "machine-readable output");
   bench->add_option("--size", ba.sizes, "problem sizes (bench-specific; repeatable)");
   bench->add_option("--threads", ba.threads, "thread counts (repeatable)");

@@ -1,0 +1,33 @@
+// `zoe bench gpu`: the GPU path against its own ceilings, in one run on one GPU:
+//   h2d, d2h   the engine's copies (Device::copy_async from pinned memory) vs cudaMemcpyAsync
+//              between the same pinned buffer and the device;
+//   adam       CudaDevice::adam's bytes moved per second vs a device-to-device copy of the same
+//              bytes (every byte Adam reads or writes, read and written once);
+//   gpt2       zoe's GPT-2 tokens/s (resident, stage 0) vs PyTorch training the same model on the
+//              same GPU (bench/torch_gpt2_step.py --device cuda);
+//   offload    a stage-3 step with the device budget cut to a quarter of the resident run's
+//              persistent bytes (plus its activations), parameters and optimizer state on NVMe,
+//              vs the resident step (ratio = offloaded / resident step time, lower is better).
+// Without CUDA (build or GPU) it is an error that says which.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct GpuBenchOptions {
+  size_t copy_bytes = size_t{1} << 30;
+  size_t adam_elems = size_t{256} << 20;
+  int iters = 10;             // timed repetitions of copies and Adam; the best is reported
+  std::string nvme_dir = "out/nvme";
+  std::string python;         // empty: the first python3 that imports torch
+  bool torch = true;
+};
+
+Status bench_gpu(const GpuBenchOptions& o, nlohmann::json* out, std::FILE* human);
+
+}  // namespace zoe
