@@ -63,9 +63,10 @@ PRUNE_UNNEEDED='perl openssh-client googletest libhwloc-plugins libevent-dev lib
   libnuma-dev libpmix-dev zlib1g-dev libjs-jquery libjs-jquery-ui libltdl-dev libnl-3-dev
   libnl-route-3-dev'
 
-prune_regex() {
+prune_regex() {  # (not xargs: it would eat the backslashes of libstdc\+\+6)
   local words
-  words=$(echo "$PRUNE_BASE $PRUNE_TOOLCHAIN $PRUNE_UNNEEDED" | xargs | tr ' ' '|')
+  words=$(printf '%s' "$PRUNE_BASE $PRUNE_TOOLCHAIN $PRUNE_UNNEEDED" | tr -s ' \n' '  ' |
+    sed -E 's/^ +| +$//g; s/ /|/g')
   echo "^($words)\$"
 }
 
@@ -77,6 +78,9 @@ prune_regex() {
 dep_closure() {
   local prune todo=("${ROOTS[@]}") next cand deps
   prune=$(prune_regex)
+  for cand in libc6 libstdc++6 libgcc-s1 g++-12 libpam-modules; do  # the regex's own check
+    [[ $cand =~ $prune ]] || { echo "gpu-check: the prune list does not match $cand" >&2; return 1; }
+  done
   declare -A seen
   for cand in "${todo[@]}"; do seen[$cand]=1; done
   while ((${#todo[@]})); do
@@ -200,9 +204,22 @@ unpack_deps() {
     [[ -f $DEBS/$f ]] || { echo "missing $DEBS/$f: run tools/gpu-check.sh --prepare again"; return 1; }
     extract_deb "$DEBS/$f" "$root" || { echo "cannot unpack $f"; return 1; }
   done <"$DEBS/MANIFEST"
-  fix_alternatives "$root" && fix_absolute_paths "$root" || return 1
+  fix_alternatives "$root" && fix_absolute_paths "$root" && no_runtime_shadowing "$root" || return 1
   echo "$stamp" >"$root/.zoe-unpacked"
   echo "unpack: $(wc -l <"$DEBS/MANIFEST") packages into $root ($(du -sh "$root" | cut -f1))"
+}
+
+# The prefix goes first on LD_LIBRARY_PATH: an older C or C++ runtime in it would shadow the
+# machine's own, which its compiler's programs need (GLIBCXX_3.4.32 of GCC 13, say).
+no_runtime_shadowing() {
+  local f bad=0
+  for f in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 libz.so.1; do
+    if [[ -e $1/usr/lib/$MULTIARCH/$f || -e $1/lib/$MULTIARCH/$f ]]; then
+      echo "the prefix holds $f: the machine's own must not be shadowed (see PRUNE_BASE)"
+      bad=1
+    fi
+  done
+  return $bad
 }
 
 # dpkg-deb where there is one; else a .deb is an ar archive whose data.tar.* is the payload.
@@ -265,6 +282,16 @@ deps_env() {
   export OMPI_MCA_rmaps_base_oversubscribe=1
 }
 
+# CMake and ninja may be pip's, in the bin folder of the python3 that holds PyTorch, with that
+# folder off PATH (python3 itself reached through a link): then that folder joins PATH.
+add_python_bin() {
+  local prefix
+  command -v cmake >/dev/null && command -v ninja >/dev/null && return 0
+  prefix=$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null) || return 0
+  [[ -x $prefix/bin/cmake || -x $prefix/bin/ninja ]] && export PATH=$PATH:$prefix/bin
+  return 0
+}
+
 # The CMake options that tie a configure to the prefix's pkg-config and MPI wrapper.
 deps_cmake_args() {
   local root=$1
@@ -278,17 +305,25 @@ generator_args() {
 # ================================ the steps of a run ================================================
 
 step_preflight() {
-  local ok=0 t
-  for t in cmake c++ timeout; do
+  local ok=0 t glibc
+  for t in cmake timeout; do
     command -v "$t" >/dev/null || { echo "missing: $t"; ok=1; }
   done
+  command -v c++ >/dev/null || command -v g++ >/dev/null || { echo "missing: c++ (g++)"; ok=1; }
+  # The .deb files are Debian 12's: their libraries need glibc 2.36 or newer (Ubuntu 24.04 has 2.39).
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  if [[ -n $glibc ]] && ! printf '2.36\n%s\n' "$glibc" | sort -V -C; then
+    echo "glibc $glibc is older than Debian 12's 2.36: the carried libraries cannot load here"
+    ok=1
+  fi
   [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "missing: /usr/local/cuda/bin/nvcc"; ok=1; }
   command -v dpkg-deb >/dev/null || command -v ar >/dev/null || { echo "missing: dpkg-deb or ar"; ok=1; }
   # make is among the .deb files (unpacked in the next step), ninja may be the machine's
   command -v ninja >/dev/null || command -v make >/dev/null || grep -q '^make ' "$DEBS/MANIFEST" ||
     { echo "missing: ninja or make"; ok=1; }
   cmake --version | head -n1
-  c++ --version | head -n1
+  { command -v c++ >/dev/null && c++ --version || g++ --version; } | head -n1
+  echo "glibc ${glibc:-?}"
   /usr/local/cuda/bin/nvcc --version | tail -n2
   command -v ninja >/dev/null && echo "ninja $(ninja --version)"
   grep -h PRETTY_NAME /etc/os-release 2>/dev/null
@@ -311,7 +346,7 @@ step_build() {
 }
 
 step_ctest_gpu() {
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --no-tests=error --timeout 120)
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --no-tests=error --timeout 60)
 }
 
 # zoe's --json is a flag that prints the JSON on stdout (as for every bench): it goes to the file.
@@ -531,6 +566,7 @@ check() {
   rm -f "$out/bench_gpu.json"
   GPUS=$(gpu_info)
   SRC=$(source_info)
+  add_python_bin
   deps_env "$DEPS_ROOT"
   local ok_pre=0 ok_unpack=0 ok_conf=0 ok_build=0
   run_step preflight 30 step_preflight && ok_pre=1
@@ -548,8 +584,8 @@ check() {
       skip_step bench_gpu "build did not pass"
     fi
   fi
-  write_json "$out/gpu_check.json" "$mode"
-  write_summary "$out/summary.md" "$mode"
+  write_json "$out/gpu_check.json" "$mode" || echo "gpu-check: cannot write $out/gpu_check.json" >&2
+  write_summary "$out/summary.md" "$mode" || echo "gpu-check: cannot write $out/summary.md" >&2
   log "wrote $out/summary.md, $out/gpu_check.json, $out/gpu_check.log"
   all_passed
 }
