@@ -1,19 +1,111 @@
-// PLACEHOLDER — the branch with the CUDA model ops brings the real header at this path (the
-// CudaModelOps class and this factory); take that one when merging, with this declaration
-// unchanged, and delete src/gpu/cuda_model_ops_missing.cc.
+// CudaModelOps: the model's compute kernels (model/model_ops.h) on one CUDA device, fp32.
 //
-// The CUDA implementation of ModelOps (model/model_ops.h): the model's kernels on a CUDA stream.
-// CudaDevice::ops() builds it on first use, on the device's compute stream.
+// Every pointer is device memory (or host memory the device can reach); every call is enqueued on
+// the compute stream given at construction and returns at once. Semantics, sizes and output rules
+// are exactly those of the fp32 CPU reference (model/gpt2_ops.h): forward outputs overwritten,
+// backward outputs ACCUMULATED, a null d* skipped, the same aliasing allowances.
+//
+// GEMMs run through cuBLASLt in plain fp32 (CUBLAS_COMPUTE_32F) so that results agree with the CPU
+// to fp32 rounding; `allow_tf32` trades that parity for TF32 tensor-core speed. Everything else is
+// this file's own kernels. Every reduction has a fixed order (no float atomics), so a call gives
+// bitwise the same result every time on the same GPU model with the same shapes.
+//
+// Errors: ModelOps calls return nothing, so the first failure (a CUDA or cuBLASLt error, a shape
+// the kernels do not support) is kept and returned by status(); later calls still run. Errors that
+// happen asynchronously inside kernels surface at the next synchronization of the stream, as
+// for any CUDA work.
+//
+// Device memory held besides the caller's buffers (workspace_bytes()): the cuBLASLt workspace and
+// a scratch buffer for reduction partials, which grows to the largest need it has met (a few MiB
+// for GPT-2 shapes; growing waits for the compute stream once).
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <memory>
 
 #include "model/model_ops.h"
+#include "zoe/status.h"
 
 namespace zoe::gpu {
 
-// Model ops enqueued on `compute_stream` (the stream outlives them).
+class CudaModelOps final : public ModelOps {
+ public:
+  // `compute_stream` is borrowed (the device owns it; destroy the ops first). allow_tf32: GEMMs
+  // may round their inputs to TF32 on tensor cores (many times faster on A100/H100, but no longer
+  // within 1e-5 of the CPU).
+  explicit CudaModelOps(cudaStream_t compute_stream, bool allow_tf32 = false);
+  ~CudaModelOps() override;
+  CudaModelOps(const CudaModelOps&) = delete;
+  CudaModelOps& operator=(const CudaModelOps&) = delete;
+
+  // The first error since construction (or since clear_status()); ok when there was none.
+  Status status() const { return status_; }
+  void clear_status() { static_cast<void>(status_ = Status::Ok()); }
+  // Device bytes this object holds: cuBLASLt workspace + scratch.
+  size_t workspace_bytes() const;
+  bool allow_tf32() const { return allow_tf32_; }
+
+  void zero(float* x, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+  void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                       int C) override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                        int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int N, int C) override;
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override;
+  void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
+                      int OC) override;
+  void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W,
+                       int N, int C, int OC) override;
+  void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override;
+  void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte, int N,
+                        int C, int V) override;
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
+                          int NH) override;
+  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
+  void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override;
+  void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                    float dscale) override;
+
+ private:
+  struct Gemm;  // cuBLASLt handle, workspace and cached matmul plans (cuda_model_ops.cu)
+
+  // Records the first error; each returns whether the call succeeded.
+  bool fail(Status s);
+  bool check(cudaError_t e, const char* what);
+  bool check_launch(const char* what);
+  // Device scratch of at least `bytes`, valid until the next scratch() call (nullptr on failure,
+  // with the error recorded).
+  void* scratch(size_t bytes);
+  // D[m x n] = op(A) op(B) + beta * D in cuBLAS's column-major view (cuda_model_ops.cu).
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B,
+            int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
+  // dst[c] += sum over rows r < N of val(r, c), c < ncols, in a fixed order (defined and used in
+  // cuda_model_ops.cu only).
+  template <class Val>
+  void column_reduce(float* dst, const Val& val, int64_t N, int ncols, const char* what);
+  template <int HSP>
+  void attention_forward_hsp(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+  template <int HSP>
+  void attention_backward_hsp(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
+                              int C, int NH);
+
+  cudaStream_t stream_;
+  bool allow_tf32_;
+  std::unique_ptr<Gemm> gemm_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  Status status_;
+};
+
+// The factory CudaDevice calls: ops on `compute_stream` in exact fp32 (no TF32). Check
+// static_cast<CudaModelOps&>(*ops).status() after construction: without a usable GPU or cuBLASLt
+// it holds the reason, and GEMM calls fail.
 std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream);
 
 }  // namespace zoe::gpu

@@ -1,0 +1,526 @@
+// CudaModelOps: launches of the kernels in cuda_model_kernels.cuh / cuda_attention.cuh and the
+// GEMMs through cuBLASLt. See cuda_model_ops.h for the contract.
+#include "gpu/cuda_model_ops.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda_attention.cuh"
+#include "gpu/cuda_model_kernels.cuh"
+
+namespace zoe::gpu {
+
+namespace {
+
+namespace k = kernels;
+
+constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;  // what NVIDIA suggests for Hopper
+constexpr size_t kMinScratchBytes = size_t{1} << 20;
+constexpr int64_t kColChunkRows = 256;  // rows per partial of a column sum
+
+// Blocks for a grid-stride loop over n > 0 items: enough to fill any GPU, few enough that each
+// thread does several items of a large tensor.
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
+}
+
+// The largest power of two (at most 256) dividing the address: what cuBLASLt's heuristic must
+// assume about a matrix (its default is 256, which offsets inside a flat buffer do not meet).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+std::string shape_text(const char* what, std::initializer_list<int64_t> dims) {
+  std::string s = what;
+  s += "(";
+  bool first = true;
+  for (int64_t d : dims) {
+    if (!first) s += ", ";
+    s += std::to_string(d);
+    first = false;
+  }
+  return s + ")";
+}
+
+}  // namespace
+
+// ---- cuBLASLt -------------------------------------------------------------------------------------
+
+// One cached matmul configuration: everything cuBLASLt needs but the pointers. The heuristic's
+// choice depends on the shapes and the pointers' alignments, so those are the key; the same key
+// always runs the same algorithm, which keeps results bitwise reproducible.
+struct GemmKey {
+  bool ta, tb;
+  int64_t m, n, k, lda, ldb, ldd;
+  uint32_t align_a, align_b, align_d;
+  bool operator==(const GemmKey&) const = default;
+};
+
+struct CudaModelOps::Gemm {
+  struct Plan {
+    GemmKey key;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::vector<Plan> plans;
+
+  static void destroy(Plan& p) {
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+    p = Plan{};
+  }
+  ~Gemm() {
+    for (Plan& p : plans) destroy(p);
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+namespace {
+
+std::string cublas_text(const char* what, cublasStatus_t s) {
+  return std::string(what) + ": cuBLASLt " + cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")";
+}
+
+}  // namespace
+
+CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
+    : stream_(compute_stream), allow_tf32_(allow_tf32), gemm_(std::make_unique<Gemm>()) {
+  const cublasStatus_t s = cublasLtCreate(&gemm_->handle);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    gemm_->handle = nullptr;
+    fail(Status::Runtime(cublas_text("cublasLtCreate", s)));
+    return;
+  }
+  if (check(cudaMalloc(&gemm_->workspace, kGemmWorkspaceBytes), "cudaMalloc of the cuBLASLt workspace"))
+    gemm_->workspace_bytes = kGemmWorkspaceBytes;
+  else
+    gemm_->workspace = nullptr;  // GEMMs still run, with algorithms that need no workspace
+}
+
+CudaModelOps::~CudaModelOps() {
+  // Kernels enqueued earlier may still use the scratch: let them finish before freeing it.
+  if (scratch_) {
+    cudaStreamSynchronize(stream_);
+    cudaFree(scratch_);
+  }
+  gemm_.reset();
+}
+
+size_t CudaModelOps::workspace_bytes() const { return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_; }
+
+bool CudaModelOps::fail(Status s) {
+  if (status_.ok()) static_cast<void>(status_ = std::move(s));  // (Status is [[nodiscard]])
+  return false;
+}
+
+bool CudaModelOps::check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  return fail(Status::Runtime(std::string(what) + ": " + cudaGetErrorString(e)));
+}
+
+bool CudaModelOps::check_launch(const char* what) { return check(cudaGetLastError(), what); }
+
+void* CudaModelOps::scratch(size_t bytes) {
+  if (scratch_ && bytes <= scratch_bytes_) return scratch_;
+  if (scratch_) {
+    // The old buffer may be in use by kernels still queued: wait for them (once per growth).
+    if (!check(cudaStreamSynchronize(stream_), "synchronize before growing the scratch")) return nullptr;
+    check(cudaFree(scratch_), "cudaFree of the scratch");
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+  }
+  const size_t want = (std::max(bytes, kMinScratchBytes) + kMinScratchBytes - 1) / kMinScratchBytes * kMinScratchBytes;
+  if (!check(cudaMalloc(&scratch_, want), "cudaMalloc of the ops scratch")) {
+    scratch_ = nullptr;
+    return nullptr;
+  }
+  scratch_bytes_ = want;
+  return scratch_;
+}
+
+// D[m x n] = op(A) op(B) + beta * D, column-major (cuBLAS's view), alpha 1. Every caller passes a
+// contiguous D (ldd == m).
+void CudaModelOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what) {
+  if (m <= 0 || n <= 0) return;
+  if (kk <= 0) {  // an empty sum: D = beta * D
+    if (beta == 0.f) check(cudaMemsetAsync(D, 0, sizeof(float) * m * n, stream_), what);
+    return;
+  }
+  if (!gemm_->handle) {
+    fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
+    return;
+  }
+  const GemmKey key{ta, tb, m, n, kk, lda, ldb, ldd, alignment_of(A), alignment_of(B), alignment_of(D)};
+  Gemm::Plan* plan = nullptr;
+  for (Gemm::Plan& p : gemm_->plans)
+    if (p.key == key) plan = &p;
+  if (!plan) {
+    Gemm::Plan p;
+    p.key = key;
+    // Plain fp32 unless TF32 was asked for: CUBLAS_COMPUTE_32F never uses tensor cores.
+    const cublasComputeType_t compute = allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const uint64_t ws = gemm_->workspace_bytes;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    // Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed.
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? kk : m, ta ? m : kk, lda);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, tb ? n : kk, tb ? kk : n, ldb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attr, value] : aligns)
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulAlgoGetHeuristic(gemm_->handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+      Gemm::destroy(p);
+      const std::string shape = shape_text(what, {m, n, kk, lda, ldb, ldd});
+      fail(s != CUBLAS_STATUS_SUCCESS ? Status::Runtime(cublas_text(shape.c_str(), s))
+                                      : Status::Unsupported(shape + ": cuBLASLt has no algorithm for this GEMM"));
+      return;
+    }
+    p.algo = result.algo;
+    gemm_->plans.push_back(p);
+    plan = &gemm_->plans.back();
+  }
+  const float alpha = 1.f;
+  const cublasStatus_t s = cublasLtMatmul(gemm_->handle, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, D,
+                                          plan->d, D, plan->d, &plan->algo, gemm_->workspace,
+                                          gemm_->workspace_bytes, stream_);
+  if (s != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, s)));
+}
+
+// ---- GEMM ops -------------------------------------------------------------------------------------
+//
+// The model's matrices are row-major; cuBLAS reads memory column-major, where a row-major R x K
+// array is its K x R transpose. So every product is computed transposed, Y^T = op(B)^T op(A)^T:
+//   out[N,OC] = inp[N,C] W[C,OC]         ->  out^T = W^T inp^T        (m OC, n N, k C)
+//   dinp[N,C] += dout[N,OC] W^T          ->  dinp^T = W dout^T        (m C, n N, k OC)
+//   dW[C,OC] += inp^T dout               ->  dW^T = dout^T inp        (m OC, n C, k N)
+//   logits[N,V] = inp[N,C] wte[V,C]^T    ->  logits^T = wte inp^T     (m V, n N, k C)
+//   dinp[N,C] += dlogits[N,V] wte[V,C]   ->  dinp^T = wte^T dlogits^T (m C, n N, k V)
+//   dwte[V,C] += dlogits^T inp           ->  dwte^T = inp^T dlogits   (m C, n V, k N)
+
+void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
+                                  int OC) {
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_forward: negative size", {N, C, OC})));
+    return;
+  }
+  if (N == 0 || OC == 0) return;
+  // The bias seeds out and the GEMM adds onto it (beta = 1), as the CPU does: one code path for
+  // any alignment of the bias (cuBLASLt's bias epilogue wants 16-byte aligned vectors).
+  if (bias) {
+    const int64_t n = int64_t{N} * OC;
+    ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
+    if (!check_launch("matmul_forward bias")) return;
+  }
+  gemm(false, false, OC, N, C, W, OC, inp, C, out, OC, bias ? 1.f : 0.f, "matmul_forward");
+}
+
+void CudaModelOps::matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                                   const float* W, int N, int C, int OC) {
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_backward: negative size", {N, C, OC})));
+    return;
+  }
+  if (dinp) gemm(true, false, C, N, OC, W, OC, dout, OC, dinp, C, 1.f, "matmul_backward dinp");
+  if (dW) gemm(false, true, OC, C, N, dout, OC, inp, C, dW, OC, 1.f, "matmul_backward dW");
+  if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward dbias");
+}
+
+void CudaModelOps::lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) {
+  if (N < 0 || C < 0 || V < 0) {
+    fail(Status::Invalid(shape_text("lm_head_forward: negative size", {N, C, V})));
+    return;
+  }
+  gemm(true, false, V, N, C, wte, C, inp, C, logits, V, 0.f, "lm_head_forward");
+}
+
+void CudaModelOps::lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp,
+                                    const float* wte, int N, int C, int V) {
+  if (N < 0 || C < 0 || V < 0) {
+    fail(Status::Invalid(shape_text("lm_head_backward: negative size", {N, C, V})));
+    return;
+  }
+  if (dinp) gemm(false, false, C, N, V, wte, C, dlogits, V, dinp, C, 1.f, "lm_head_backward dinp");
+  if (dwte) gemm(false, true, C, V, N, inp, C, dlogits, V, dwte, C, 1.f, "lm_head_backward dwte");
+}
+
+// dst[c] += sum over rows r < N of val(r, c), c < ncols: one launch when N fits one chunk,
+// else per-chunk partials in the scratch and a second launch that adds them in chunk order.
+template <class Val>
+void CudaModelOps::column_reduce(float* dst, const Val& val, int64_t N, int ncols, const char* what) {
+  if (N <= 0 || ncols <= 0) return;
+  int64_t chunk = kColChunkRows;
+  while ((N + chunk - 1) / chunk > 65535) chunk *= 2;  // gridDim.y limit
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  const dim3 grid((ncols + 31) / 32, static_cast<unsigned>(chunks));
+  if (chunks == 1) {
+    ZOE_LAUNCH(grid, k::kColThreads, 0, stream_, k::column_partial_kernel<Val>)(dst, 1, val, N, ncols, chunk);
+    check_launch(what);
+    return;
+  }
+  auto* part = static_cast<float*>(scratch(sizeof(float) * chunks * ncols));
+  if (!part) return;
+  ZOE_LAUNCH(grid, k::kColThreads, 0, stream_, k::column_partial_kernel<Val>)(part, 0, val, N, ncols, chunk);
+  if (!check_launch(what)) return;
+  ZOE_LAUNCH(grid_for(ncols, k::kThreads), k::kThreads, 0, stream_, k::column_finish_kernel)(dst, part, chunks,
+                                                                                             ncols);
+  check_launch(what);
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+void CudaModelOps::zero(float* x, int64_t n) {
+  if (n > 0) check(cudaMemsetAsync(x, 0, sizeof(float) * n, stream_), "zero");
+}
+
+void CudaModelOps::copy(float* dst, const float* src, int64_t n) {
+  if (n > 0 && dst != src)
+    check(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDefault, stream_), "copy");
+}
+
+// ---- encoder --------------------------------------------------------------------------------------
+
+void CudaModelOps::encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                                   int C) {
+  if (B < 0 || T < 0 || C < 0) {
+    fail(Status::Invalid(shape_text("encoder_forward: negative size", {B, T, C})));
+    return;
+  }
+  const int64_t BT = int64_t{B} * T, n = BT * C;
+  if (n == 0) return;
+  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::encoder_forward_kernel)(out, inp, wte, wpe, BT,
+                                                                                           T, C);
+  check_launch("encoder_forward");
+}
+
+void CudaModelOps::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                                    int C) {
+  if (B < 0 || T < 0 || C < 0) {
+    fail(Status::Invalid(shape_text("encoder_backward: negative size", {B, T, C})));
+    return;
+  }
+  const int64_t BT = int64_t{B} * T;
+  if (BT == 0 || C == 0) return;
+  if (BT > INT_MAX) {
+    fail(Status::Unsupported(shape_text("encoder_backward: more than 2^31 positions", {B, T, C})));
+    return;
+  }
+  if (dwpe) {
+    const int64_t n = int64_t{T} * C;
+    ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::encoder_dwpe_kernel)(dwpe, dout, B, T, C);
+    if (!check_launch("encoder_backward dwpe")) return;
+  }
+  if (dwte) {
+    auto* links = static_cast<int32_t*>(scratch(2 * sizeof(int32_t) * BT));
+    if (!links) return;
+    int32_t* next = links;
+    int32_t* head = links + BT;
+    const unsigned blocks = static_cast<unsigned>((BT + k::kLinkThreads - 1) / k::kLinkThreads);
+    ZOE_LAUNCH(blocks, k::kLinkThreads, 0, stream_, k::encoder_links_kernel)(next, head, inp, static_cast<int>(BT));
+    if (!check_launch("encoder_backward links")) return;
+    ZOE_LAUNCH(static_cast<unsigned>(BT), k::kThreads, 0, stream_, k::encoder_dwte_kernel)(dwte, dout, inp, next,
+                                                                                           head, C);
+    check_launch("encoder_backward dwte");
+  }
+}
+
+// ---- layernorm ------------------------------------------------------------------------------------
+
+void CudaModelOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                     const float* b, int N, int C) {
+  if (N < 0 || C <= 0) {
+    if (N != 0) fail(Status::Invalid(shape_text("layernorm_forward: bad size", {N, C})));
+    return;
+  }
+  if (N == 0) return;
+  constexpr int rows_per_block = k::kThreads / 32;
+  const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+  ZOE_LAUNCH(blocks, k::kThreads, 0, stream_, k::layernorm_forward_kernel)(out, mean, rstd, inp, w, b, N, C);
+  check_launch("layernorm_forward");
+}
+
+void CudaModelOps::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                      const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (N < 0 || C <= 0) {
+    if (N != 0) fail(Status::Invalid(shape_text("layernorm_backward: bad size", {N, C})));
+    return;
+  }
+  if (N == 0) return;
+  if (dinp) {
+    constexpr int rows_per_block = k::kThreads / 32;
+    const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+    ZOE_LAUNCH(blocks, k::kThreads, 0, stream_, k::layernorm_dinp_kernel)(dinp, dout, inp, w, mean, rstd, N, C);
+    if (!check_launch("layernorm_backward dinp")) return;
+  }
+  if (dw) column_reduce(dw, k::LnDw{dout, inp, mean, rstd, C}, N, C, "layernorm_backward dw");
+  if (db) column_reduce(db, k::Rows{dout, C}, N, C, "layernorm_backward db");
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+namespace {
+
+// Checks the shapes and sets *hsp to the padded head size (32, 64, 128) the kernels run for.
+Status attention_shape(int B, int T, int C, int NH, int* hsp) {
+  const std::string shape = "attention" + shape_text("", {B, T, C, NH});
+  if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
+    return Status::Invalid(shape + ": C must be a positive multiple of NH, B and T >= 0");
+  const int hs = C / NH;
+  if (hs > 128)
+    return Status::Unsupported(shape + ": head size " + std::to_string(hs) +
+                               " > 128 is not supported by the CUDA kernels");
+  if (int64_t{B} * NH > 65535) return Status::Unsupported(shape + ": B * NH > 65535 (the grid's y limit)");
+  *hsp = hs <= 32 ? 32 : hs <= 64 ? 64 : 128;
+  return Status::Ok();
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above the 48 KiB default needs an opt-in).
+template <class Kernel>
+cudaError_t allow_smem(Kernel* kernel, size_t bytes) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+}  // namespace
+
+template <int HSP>
+void CudaModelOps::attention_forward_hsp(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  using G = k::AttnTile<HSP>;
+  const int hs = C / NH;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
+  const size_t smem = sizeof(float) * G::kForwardFloats;
+  if (!check(allow_smem(k::attention_forward_kernel<HSP>, smem), "attention_forward shared memory")) return;
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem, stream_, k::attention_forward_kernel<HSP>)(out, lse, qkv, T, C, NH, hs,
+                                                                                     scale);
+  check_launch("attention_forward");
+}
+
+template <int HSP>
+void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
+                                          int T, int C, int NH) {
+  using G = k::AttnTile<HSP>;
+  const int hs = C / NH;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  auto* D = static_cast<float*>(scratch(sizeof(float) * int64_t{B} * NH * T));
+  if (!D) return;
+  const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
+  const size_t smem_dq = sizeof(float) * G::kDqFloats, smem_dkv = sizeof(float) * G::kDkvFloats;
+  if (!check(allow_smem(k::attention_dq_kernel<HSP>, smem_dq), "attention_backward shared memory") ||
+      !check(allow_smem(k::attention_dkv_kernel<HSP>, smem_dkv), "attention_backward shared memory"))
+    return;
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dq, stream_, k::attention_dq_kernel<HSP>)(dqkv, D, dout, qkv, lse, T, C,
+                                                                                   NH, hs, scale);
+  if (!check_launch("attention_backward dq")) return;
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dkv, stream_, k::attention_dkv_kernel<HSP>)(dqkv, dout, qkv, lse, D, T, C,
+                                                                                     NH, hs, scale);
+  check_launch("attention_backward dkv");
+}
+
+void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  int hsp = 0;
+  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
+    fail(std::move(s));
+    return;
+  }
+  if (B == 0 || T == 0) return;
+  if (hsp == 32) attention_forward_hsp<32>(out, lse, qkv, B, T, C, NH);
+  else if (hsp == 64) attention_forward_hsp<64>(out, lse, qkv, B, T, C, NH);
+  else attention_forward_hsp<128>(out, lse, qkv, B, T, C, NH);
+}
+
+void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
+                                      int T, int C, int NH) {
+  int hsp = 0;
+  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
+    fail(std::move(s));
+    return;
+  }
+  if (B == 0 || T == 0) return;
+  if (hsp == 32) attention_backward_hsp<32>(dqkv, dout, qkv, lse, B, T, C, NH);
+  else if (hsp == 64) attention_backward_hsp<64>(dqkv, dout, qkv, lse, B, T, C, NH);
+  else attention_backward_hsp<128>(dqkv, dout, qkv, lse, B, T, C, NH);
+}
+
+// ---- elementwise ----------------------------------------------------------------------------------
+
+void CudaModelOps::gelu_forward(float* out, const float* inp, int64_t N) {
+  if (N <= 0) return;
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel)(out, inp, N);
+  check_launch("gelu_forward");
+}
+
+void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  if (N <= 0) return;
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_kernel)(dinp, inp, dout, N);
+  check_launch("gelu_backward");
+}
+
+void CudaModelOps::residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
+  if (N <= 0) return;
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::residual_forward_kernel)(out, inp1, inp2, N);
+  check_launch("residual_forward");
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------------
+
+void CudaModelOps::crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N,
+                                int V, float dscale) {
+  if (N < 0 || (N > 0 && V <= 0)) {
+    fail(Status::Invalid(shape_text("crossentropy: bad size", {N, V})));
+    return;
+  }
+  double* losses = nullptr;
+  if (N > 0) {
+    losses = static_cast<double*>(scratch(sizeof(double) * N));
+    if (!losses) return;
+    ZOE_LAUNCH(static_cast<unsigned>(N), k::kCeThreads, 0, stream_, k::crossentropy_rows_kernel)(
+        losses, dlogits, logits, targets, V, dscale);
+    if (!check_launch("crossentropy")) return;
+  }
+  ZOE_LAUNCH(1, k::kMeanThreads, 0, stream_, k::mean_kernel)(loss, losses, N);
+  check_launch("crossentropy mean");
+}
+
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream) {
+  return std::make_unique<CudaModelOps>(compute_stream, /*allow_tf32=*/false);
+}
+
+}  // namespace zoe::gpu

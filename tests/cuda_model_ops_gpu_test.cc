@@ -1,0 +1,652 @@
+// CudaModelOps against the fp32 CPU reference (host_model_ops()): every op on random inputs at
+// small, odd and GPT-2 sizes (B=2, T up to 1024, C=768, NH=12, V=50257), forward outputs and the
+// loss within 1e-5 and gradients within 1e-4 of the CPU (error relative to the tensor's largest
+// value), null d* outputs skipped, backward outputs accumulated (the increment over a random
+// starting value is what is compared), reruns bitwise identical (no order-dependent atomics); and
+// one GPT-2 block forward + backward composed of the ops as gpt2_block.cc composes them.
+// Skips where there is no CUDA build or no GPU. tools/cuda_emu/run.sh runs the small cases on the
+// CPU through an emulation of the kernels (ZOE_CUDA_EMU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gpt2_block.h"
+#include "model/model_ops.h"
+#include "test_util.h"
+
+#ifdef ZOE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "gpu/cuda_model_ops.h"
+#include "gpu/gpu_info.h"
+
+namespace zoe {
+namespace {
+
+using Vf = std::vector<float>;
+using Vi = std::vector<int32_t>;
+
+#ifdef ZOE_CUDA_EMU
+constexpr bool kFull = false;  // the CPU emulation runs the small cases only
+#else
+constexpr bool kFull = true;
+#endif
+
+constexpr double kFwdTol = 1e-5;  // forward outputs and the loss
+constexpr double kBwdTol = 1e-4;  // gradients
+
+Vf rnd(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) { return test::random_floats(n, seed, lo, hi); }
+Vi tokens(size_t n, int V, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  Vi t(n);
+  for (auto& x : t) x = static_cast<int32_t>(g() % static_cast<uint64_t>(V));
+  return t;
+}
+
+// max |got - want| / max |want|: the error relative to the tensor's scale (as gpt2_ops_test).
+// With `base`, the increments got - base and want - base are compared (accumulated outputs).
+// A non-finite value in got counts as an infinite error.
+double rel_err(const Vf& got, const Vf& want, const Vf* base = nullptr) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); i++) {
+    const double b = base ? (*base)[i] : 0.0;
+    const double g = double(got[i]) - b, w = double(want[i]) - b;
+    if (!std::isfinite(g)) return INFINITY;
+    num = std::max(num, std::fabs(g - w));
+    den = std::max(den, std::fabs(w));
+  }
+  return num / den;
+}
+bool bitwise_equal(const Vf& a, const Vf& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A device array freed on scope exit. `offset` elements are skipped at the front, so that
+// get() is misaligned for the GEMM tests.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(size_t n, size_t offset = 0) : n_(n), offset_(offset) {
+    if (cudaMalloc(&base_, (n + offset + 1) * sizeof(T)) != cudaSuccess) {
+      base_ = nullptr;
+      ADD_FAILURE() << "cudaMalloc of " << n << " elements failed";
+    }
+  }
+  explicit Dev(const std::vector<T>& v, size_t offset = 0) : Dev(v.size(), offset) { upload(v); }
+  ~Dev() { cudaFree(base_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+
+  T* get() const { return base_ ? static_cast<T*>(base_) + offset_ : nullptr; }
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n_);
+    ASSERT_EQ(cudaMemcpy(get(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    EXPECT_EQ(cudaMemcpy(v.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t n_, offset_;
+};
+using DevF = Dev<float>;
+using DevI = Dev<int32_t>;
+
+class CudaModelOpsTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    std::string why;
+    if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, CUDA model ops not tested: " << why;
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+    ops_ = gpu::make_cuda_model_ops(stream_);
+    ASSERT_TRUE(status().ok()) << status().message();
+  }
+  void TearDown() override {
+    ops_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Status status() const { return static_cast<const gpu::CudaModelOps&>(*ops_).status(); }
+  // Waits for the compute stream; every op so far must have succeeded.
+  void sync() {
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_TRUE(status().ok()) << status().message();
+  }
+  ModelOps& gpu() { return *ops_; }
+  static ModelOps& cpu() { return host_model_ops(); }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<ModelOps> ops_;
+};
+
+// ---- memory -------------------------------------------------------------------------------------
+
+TEST_F(CudaModelOpsTest, ZeroAndCopy) {
+  const Vf x = rnd(1001, 1);
+  DevF a(x), b(x.size());
+  gpu().copy(b.get(), a.get(), 1001);
+  gpu().zero(a.get() + 1, 999);
+  gpu().zero(a.get(), 0);  // empty: nothing happens
+  sync();
+  EXPECT_TRUE(bitwise_equal(b.download(), x));
+  const Vf z = a.download();
+  EXPECT_EQ(z[0], x[0]);
+  EXPECT_EQ(z[1000], x[1000]);
+  for (int i = 1; i < 1000; i++) ASSERT_EQ(z[i], 0.f) << i;
+}
+
+// ---- encoder ------------------------------------------------------------------------------------
+
+void check_encoder(CudaModelOpsTest& t, int B, int T, int C, int V, uint64_t seed) {
+  SCOPED_TRACE("encoder B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " V=" + std::to_string(V));
+  const int64_t BT = int64_t{B} * T;
+  const Vi inp = tokens(BT, V, seed);
+  const Vf wte = rnd(int64_t{V} * C, seed + 1), wpe = rnd(int64_t{T} * C, seed + 2);
+  const Vf dout = rnd(BT * C, seed + 3), dwte0 = rnd(int64_t{V} * C, seed + 4), dwpe0 = rnd(int64_t{T} * C, seed + 5);
+  DevI d_inp(inp);
+  DevF d_wte(wte), d_wpe(wpe), d_out(BT * C), d_dout(dout), d_dwte(dwte0), d_dwpe(dwpe0);
+
+  Vf out(BT * C);
+  t.cpu().encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  t.gpu().encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), B, T, C);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
+
+  Vf dwte = dwte0, dwpe = dwpe0;
+  t.cpu().encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
+  t.gpu().encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), B, T, C);
+  t.sync();
+  const Vf g_dwte = d_dwte.download(), g_dwpe = d_dwpe.download();
+  EXPECT_LT(rel_err(g_dwte, dwte, &dwte0), kBwdTol) << "dwte";
+  EXPECT_LT(rel_err(g_dwpe, dwpe, &dwpe0), kBwdTol) << "dwpe";
+
+  // Deterministic: the same sums again, bit for bit; a null output is left alone.
+  d_dwte.upload(dwte0);
+  d_dwpe.upload(dwpe0);
+  t.gpu().encoder_backward(d_dwte.get(), nullptr, d_dout.get(), d_inp.get(), B, T, C);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dwte.download(), g_dwte)) << "dwte differs on a rerun";
+  EXPECT_TRUE(bitwise_equal(d_dwpe.download(), dwpe0)) << "null dwpe was written";
+  t.gpu().encoder_backward(nullptr, d_dwpe.get(), d_dout.get(), d_inp.get(), B, T, C);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dwpe.download(), g_dwpe)) << "dwpe differs on a rerun";
+}
+
+TEST_F(CudaModelOpsTest, Encoder) {
+  check_encoder(*this, 2, 5, 12, 7, 1);
+  check_encoder(*this, 3, 37, 20, 3, 2);  // long chains of repeated tokens
+  check_encoder(*this, 1, 300, 8, 1000, 3);  // more positions than one link tile
+  if (!kFull) return;
+  check_encoder(*this, 2, 1024, 768, 50257, 4);
+  check_encoder(*this, 2, 1024, 768, 5, 5);  // ~400 positions per token
+}
+
+// ---- layernorm ----------------------------------------------------------------------------------
+
+void check_layernorm(CudaModelOpsTest& t, int N, int C, float offset, uint64_t seed) {
+  SCOPED_TRACE("layernorm N=" + std::to_string(N) + " C=" + std::to_string(C));
+  Vf inp = rnd(int64_t{N} * C, seed);
+  for (float& x : inp) x += offset;  // rows with a large mean
+  const Vf w = rnd(C, seed + 1, 0.5f, 1.5f), b = rnd(C, seed + 2);
+  DevF d_inp(inp), d_w(w), d_b(b), d_out(inp.size()), d_mean(N), d_rstd(N);
+  Vf out(inp.size()), mean(N), rstd(N);
+  t.cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+  t.gpu().layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N, C);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
+  EXPECT_LT(rel_err(d_mean.download(), mean), kFwdTol) << "mean";
+  EXPECT_LT(rel_err(d_rstd.download(), rstd), kFwdTol) << "rstd";
+
+  // Backward from the CPU's saved statistics, so that only the backward is compared.
+  d_mean.upload(mean);
+  d_rstd.upload(rstd);
+  const Vf dout = rnd(inp.size(), seed + 3), dinp0 = rnd(inp.size(), seed + 4), dw0 = rnd(C, seed + 5),
+           db0 = rnd(C, seed + 6);
+  DevF d_dout(dout), d_dinp(dinp0), d_dw(dw0), d_db(db0);
+  Vf dinp = dinp0, dw = dw0, db = db0;
+  t.cpu().layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                             rstd.data(), N, C);
+  t.gpu().layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                             d_mean.get(), d_rstd.get(), N, C);
+  t.sync();
+  const Vf g_dinp = d_dinp.download(), g_dw = d_dw.download(), g_db = d_db.download();
+  EXPECT_LT(rel_err(g_dinp, dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(g_dw, dw, &dw0), kBwdTol) << "dw";
+  EXPECT_LT(rel_err(g_db, db, &db0), kBwdTol) << "db";
+
+  // Each output on its own, from the same start: bitwise the same as together.
+  d_dinp.upload(dinp0);
+  d_dw.upload(dw0);
+  d_db.upload(db0);
+  t.gpu().layernorm_backward(d_dinp.get(), nullptr, nullptr, d_dout.get(), d_inp.get(), d_w.get(), d_mean.get(),
+                             d_rstd.get(), N, C);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dinp.download(), g_dinp)) << "dinp alone / rerun";
+  EXPECT_TRUE(bitwise_equal(d_dw.download(), dw0)) << "null dw was written";
+  t.gpu().layernorm_backward(nullptr, d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(), d_mean.get(),
+                             d_rstd.get(), N, C);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dw.download(), g_dw)) << "dw alone / rerun";
+  EXPECT_TRUE(bitwise_equal(d_db.download(), g_db)) << "db alone / rerun";
+}
+
+TEST_F(CudaModelOpsTest, LayerNorm) {
+  check_layernorm(*this, 3, 5, 0.f, 10);
+  check_layernorm(*this, 7, 33, 10.f, 11);
+  check_layernorm(*this, 600, 40, 0.f, 12);  // dw/db over several row chunks
+  if (!kFull) return;
+  check_layernorm(*this, 2048, 768, 0.f, 13);
+  check_layernorm(*this, 2048, 768, 30.f, 14);
+}
+
+// ---- matmul -------------------------------------------------------------------------------------
+
+void check_matmul(CudaModelOpsTest& t, int N, int C, int OC, bool with_bias, size_t offset, uint64_t seed) {
+  SCOPED_TRACE("matmul N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+               (with_bias ? " bias" : " no bias") + " offset=" + std::to_string(offset));
+  const Vf inp = rnd(int64_t{N} * C, seed), W = rnd(int64_t{C} * OC, seed + 1), bias = rnd(OC, seed + 2);
+  DevF d_inp(inp, offset), d_W(W, offset), d_bias(bias, offset), d_out(int64_t{N} * OC, offset);
+  Vf out(int64_t{N} * OC);
+  t.cpu().matmul_forward(out.data(), inp.data(), W.data(), with_bias ? bias.data() : nullptr, N, C, OC);
+  t.gpu().matmul_forward(d_out.get(), d_inp.get(), d_W.get(), with_bias ? d_bias.get() : nullptr, N, C, OC);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
+
+  const Vf dout = rnd(out.size(), seed + 3), dinp0 = rnd(inp.size(), seed + 4), dW0 = rnd(W.size(), seed + 5),
+           dbias0 = rnd(OC, seed + 6);
+  DevF d_dout(dout, offset), d_dinp(dinp0, offset), d_dW(dW0, offset), d_dbias(dbias0, offset);
+  Vf dinp = dinp0, dW = dW0, dbias = dbias0;
+  t.cpu().matmul_backward(dinp.data(), dW.data(), dbias.data(), dout.data(), inp.data(), W.data(), N, C, OC);
+  t.gpu().matmul_backward(d_dinp.get(), d_dW.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.sync();
+  const Vf g_dinp = d_dinp.download(), g_dW = d_dW.download(), g_dbias = d_dbias.download();
+  EXPECT_LT(rel_err(g_dinp, dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(g_dW, dW, &dW0), kBwdTol) << "dW";
+  EXPECT_LT(rel_err(g_dbias, dbias, &dbias0), kBwdTol) << "dbias";
+
+  d_dinp.upload(dinp0);
+  d_dW.upload(dW0);
+  d_dbias.upload(dbias0);
+  t.gpu().matmul_backward(nullptr, d_dW.get(), nullptr, d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dW.download(), g_dW)) << "dW alone / rerun";
+  EXPECT_TRUE(bitwise_equal(d_dinp.download(), dinp0)) << "null dinp was written";
+  EXPECT_TRUE(bitwise_equal(d_dbias.download(), dbias0)) << "null dbias was written";
+  t.gpu().matmul_backward(d_dinp.get(), nullptr, d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dinp.download(), g_dinp)) << "dinp alone / rerun";
+  EXPECT_TRUE(bitwise_equal(d_dbias.download(), g_dbias)) << "dbias alone / rerun";
+}
+
+TEST_F(CudaModelOpsTest, Matmul) {
+  check_matmul(*this, 7, 5, 3, true, 0, 20);
+  check_matmul(*this, 1, 1, 1, false, 0, 21);
+  check_matmul(*this, 33, 17, 65, true, 1, 22);  // odd shapes, pointers 4 bytes off alignment
+  check_matmul(*this, 600, 16, 24, true, 3, 23);  // dbias over several row chunks
+  if (!kFull) return;
+  check_matmul(*this, 128, 768, 2304, true, 0, 24);
+  check_matmul(*this, 2048, 768, 3072, true, 0, 25);
+  check_matmul(*this, 2048, 3072, 768, true, 0, 26);
+  check_matmul(*this, 128, 768, 768, false, 2, 27);
+}
+
+// ---- LM head ------------------------------------------------------------------------------------
+
+void check_lm_head(CudaModelOpsTest& t, int N, int C, int V, uint64_t seed) {
+  SCOPED_TRACE("lm_head N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V));
+  const Vf inp = rnd(int64_t{N} * C, seed), wte = rnd(int64_t{V} * C, seed + 1);
+  DevF d_inp(inp), d_wte(wte), d_logits(int64_t{N} * V);
+  Vf logits(int64_t{N} * V);
+  t.cpu().lm_head_forward(logits.data(), inp.data(), wte.data(), N, C, V);
+  t.gpu().lm_head_forward(d_logits.get(), d_inp.get(), d_wte.get(), N, C, V);
+  t.sync();
+  EXPECT_LT(rel_err(d_logits.download(), logits), kFwdTol) << "logits";
+
+  const Vf dlogits = rnd(logits.size(), seed + 2), dinp0 = rnd(inp.size(), seed + 3),
+           dwte0 = rnd(wte.size(), seed + 4);
+  DevF d_dlogits(dlogits), d_dinp(dinp0), d_dwte(dwte0);
+  Vf dinp = dinp0, dwte = dwte0;
+  t.cpu().lm_head_backward(dinp.data(), dwte.data(), dlogits.data(), inp.data(), wte.data(), N, C, V);
+  t.gpu().lm_head_backward(d_dinp.get(), d_dwte.get(), d_dlogits.get(), d_inp.get(), d_wte.get(), N, C, V);
+  t.sync();
+  const Vf g_dinp = d_dinp.download(), g_dwte = d_dwte.download();
+  EXPECT_LT(rel_err(g_dinp, dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(g_dwte, dwte, &dwte0), kBwdTol) << "dwte";
+
+  d_dinp.upload(dinp0);
+  d_dwte.upload(dwte0);
+  t.gpu().lm_head_backward(d_dinp.get(), nullptr, d_dlogits.get(), d_inp.get(), d_wte.get(), N, C, V);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dinp.download(), g_dinp)) << "dinp alone / rerun";
+  EXPECT_TRUE(bitwise_equal(d_dwte.download(), dwte0)) << "null dwte was written";
+  t.gpu().lm_head_backward(nullptr, d_dwte.get(), d_dlogits.get(), d_inp.get(), d_wte.get(), N, C, V);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dwte.download(), g_dwte)) << "dwte alone / rerun";
+}
+
+TEST_F(CudaModelOpsTest, LmHead) {
+  check_lm_head(*this, 3, 4, 11, 30);
+  check_lm_head(*this, 10, 24, 101, 31);
+  if (!kFull) return;
+  check_lm_head(*this, 128, 768, 50257, 32);
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------
+
+void check_crossentropy(CudaModelOpsTest& t, int N, int V, float logit_scale, uint64_t seed) {
+  SCOPED_TRACE("crossentropy N=" + std::to_string(N) + " V=" + std::to_string(V) +
+               " scale=" + std::to_string(logit_scale));
+  const Vf logits = rnd(int64_t{N} * V, seed, -logit_scale, logit_scale);
+  const Vi targets = tokens(N, V, seed + 1);
+  const float dscale = 7.f / static_cast<float>(std::max(N, 1));  // a loss scale over the mean
+  float loss = 0.f;
+  Vf dlogits = logits;
+  t.cpu().crossentropy(&loss, dlogits.data(), dlogits.data(), targets.data(), N, V, dscale);
+
+  DevF d_logits(logits), d_dlogits(logits.size()), d_loss(3);
+  DevI d_targets(targets);
+  // Forward only: the loss, logits untouched.
+  t.gpu().crossentropy(d_loss.get(), nullptr, d_logits.get(), d_targets.get(), N, V, dscale);
+  // Into a separate buffer, and in place.
+  t.gpu().crossentropy(d_loss.get() + 1, d_dlogits.get(), d_logits.get(), d_targets.get(), N, V, dscale);
+  t.sync();
+  const Vf g_dlogits = d_dlogits.download();
+  EXPECT_TRUE(bitwise_equal(d_logits.download(), logits)) << "forward-only call wrote the logits";
+  t.gpu().crossentropy(d_loss.get() + 2, d_logits.get(), d_logits.get(), d_targets.get(), N, V, dscale);
+  t.sync();
+  const Vf g_loss = d_loss.download();
+  EXPECT_LT(rel_err({g_loss[0]}, {loss}), kFwdTol) << "loss " << g_loss[0] << " vs " << loss;
+  EXPECT_EQ(g_loss[1], g_loss[0]);
+  EXPECT_EQ(g_loss[2], g_loss[0]);
+  EXPECT_LT(rel_err(g_dlogits, dlogits), kBwdTol) << "dlogits";
+  EXPECT_TRUE(bitwise_equal(d_logits.download(), g_dlogits)) << "in place differs from out of place";
+}
+
+TEST_F(CudaModelOpsTest, CrossEntropy) {
+  check_crossentropy(*this, 5, 7, 1.f, 40);
+  check_crossentropy(*this, 3, 1000, 10.f, 41);
+  check_crossentropy(*this, 4, 1, 1.f, 42);  // one class: loss 0, gradient 0
+  if (kFull) {
+    check_crossentropy(*this, 128, 50257, 1.f, 43);
+    check_crossentropy(*this, 128, 50257, 20.f, 44);
+  }
+  // No positions: the loss is 0 (the CPU's mean of nothing).
+  DevF d_loss(Vf{5.f});
+  gpu().crossentropy(d_loss.get(), nullptr, nullptr, nullptr, 0, 50257, 1.f);
+  sync();
+  EXPECT_EQ(d_loss.download()[0], 0.f);
+}
+
+// ---- GELU, residual -----------------------------------------------------------------------------
+
+void check_elementwise(CudaModelOpsTest& t, int64_t n, uint64_t seed) {
+  SCOPED_TRACE("elementwise n=" + std::to_string(n));
+  const Vf x = rnd(n, seed, -6.f, 6.f), y = rnd(n, seed + 1), dout = rnd(n, seed + 2), dinp0 = rnd(n, seed + 3);
+  Vf out(n);
+  t.cpu().gelu_forward(out.data(), x.data(), n);
+  DevF d_x(x), d_out(n);
+  t.gpu().gelu_forward(d_out.get(), d_x.get(), n);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "gelu";
+  t.gpu().gelu_forward(d_x.get(), d_x.get(), n);  // in place
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_x.download(), d_out.download())) << "gelu in place";
+
+  d_x.upload(x);
+  Vf dinp = dinp0;
+  t.cpu().gelu_backward(dinp.data(), x.data(), dout.data(), n);
+  DevF d_dout(dout), d_dinp(dinp0);
+  t.gpu().gelu_backward(d_dinp.get(), d_x.get(), d_dout.get(), n);
+  t.sync();
+  EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "gelu backward";
+
+  t.cpu().residual_forward(out.data(), x.data(), y.data(), n);
+  DevF d_y(y);
+  t.gpu().residual_forward(d_out.get(), d_x.get(), d_y.get(), n);
+  t.gpu().residual_forward(d_x.get(), d_x.get(), d_y.get(), n);  // out aliases inp1
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_out.download(), out)) << "residual";
+  EXPECT_TRUE(bitwise_equal(d_x.download(), out)) << "residual in place";
+}
+
+TEST_F(CudaModelOpsTest, GeluAndResidual) {
+  check_elementwise(*this, 17, 50);
+  check_elementwise(*this, 1000, 51);
+  if (kFull) check_elementwise(*this, int64_t{2} * 1024 * 3072 + 5, 52);
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+void check_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, float scale, uint64_t seed) {
+  SCOPED_TRACE("attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " NH=" + std::to_string(NH) + " scale=" + std::to_string(scale));
+  const int64_t BT = int64_t{B} * T;
+  const Vf qkv = rnd(BT * 3 * C, seed, -scale, scale);
+  DevF d_qkv(qkv), d_out(BT * C), d_lse(int64_t{B} * NH * T);
+  Vf out(BT * C), lse(int64_t{B} * NH * T);
+  t.cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  t.gpu().attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
+  EXPECT_LT(rel_err(d_lse.download(), lse), kFwdTol) << "lse";
+
+  d_lse.upload(lse);  // backward from the CPU's lse: only the backward is compared
+  const Vf dout = rnd(BT * C, seed + 1), dqkv0 = rnd(qkv.size(), seed + 2);
+  DevF d_dout(dout), d_dqkv(dqkv0);
+  Vf dqkv = dqkv0;
+  t.cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH);
+  t.gpu().attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
+  t.sync();
+  const Vf g_dqkv = d_dqkv.download();
+  // q, k and v parts separately: each has its own scale.
+  for (int part = 0; part < 3; part++) {
+    Vf g, w, b;
+    for (int64_t r = 0; r < BT; r++)
+      for (int c = 0; c < C; c++) {
+        const int64_t i = r * 3 * C + part * C + c;
+        g.push_back(g_dqkv[i]);
+        w.push_back(dqkv[i]);
+        b.push_back(dqkv0[i]);
+      }
+    EXPECT_LT(rel_err(g, w, &b), kBwdTol) << "d" << "qkv"[part];
+  }
+  d_dqkv.upload(dqkv0);
+  t.gpu().attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
+  t.sync();
+  EXPECT_TRUE(bitwise_equal(d_dqkv.download(), g_dqkv)) << "dqkv differs on a rerun";
+}
+
+TEST_F(CudaModelOpsTest, Attention) {
+  check_attention(*this, 1, 1, 8, 2, 1.f, 60);     // hs 4, one query
+  check_attention(*this, 2, 7, 64, 2, 1.f, 61);    // hs 32
+  check_attention(*this, 1, 150, 64, 2, 1.f, 70);  // hs 32, 3 tiles of 64
+  check_attention(*this, 2, 65, 96, 2, 1.f, 62);   // hs 48 (padded to 64), a tile and one row
+  check_attention(*this, 1, 130, 200, 2, 2.f, 63);  // hs 100 (padded to 128), 5 tiles of 32
+  check_attention(*this, 1, 64, 64, 1, 3.f, 64);   // hs 64, exactly one tile, peaked softmax
+  if (!kFull) return;
+  check_attention(*this, 2, 64, 768, 12, 1.f, 65);
+  check_attention(*this, 2, 200, 768, 12, 1.f, 66);
+  check_attention(*this, 2, 1024, 768, 12, 1.f, 67);
+  check_attention(*this, 2, 1024, 768, 12, 3.f, 68);
+  check_attention(*this, 2, 256, 256, 2, 1.f, 69);  // hs 128
+}
+
+TEST_F(CudaModelOpsTest, AttentionRejectsHeadsAbove128) {
+  DevF buf(3 * 2 * 258);
+  gpu().attention_forward(buf.get(), buf.get(), buf.get(), 1, 1, 258, 1);
+  EXPECT_EQ(status().code(), Code::kUnsupported) << status().message();
+  static_cast<gpu::CudaModelOps&>(gpu()).clear_status();
+  gpu().attention_forward(buf.get(), buf.get(), buf.get(), 1, 1, 258, 4);  // C % NH != 0
+  EXPECT_EQ(status().code(), Code::kInvalidInput) << status().message();
+  static_cast<gpu::CudaModelOps&>(gpu()).clear_status();
+}
+
+TEST_F(CudaModelOpsTest, Tf32IsOptIn) {
+  // The factory's ops are exact fp32; TF32 is a constructor flag and trades parity for speed.
+  EXPECT_FALSE(static_cast<gpu::CudaModelOps&>(gpu()).allow_tf32());
+  gpu::CudaModelOps tf32(stream_, /*allow_tf32=*/true);
+  ASSERT_TRUE(tf32.status().ok()) << tf32.status().message();
+  const int N = 64, C = kFull ? 768 : 32, OC = 48;
+  const Vf inp = rnd(int64_t{N} * C, 90), W = rnd(int64_t{C} * OC, 91);
+  Vf out(int64_t{N} * OC);
+  cpu().matmul_forward(out.data(), inp.data(), W.data(), nullptr, N, C, OC);
+  DevF d_inp(inp), d_W(W), d_out(out.size());
+  tf32.matmul_forward(d_out.get(), d_inp.get(), d_W.get(), nullptr, N, C, OC);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  ASSERT_TRUE(tf32.status().ok()) << tf32.status().message();
+  EXPECT_LT(rel_err(d_out.download(), out), 1e-2);  // TF32 keeps 10 mantissa bits
+}
+
+// ---- one GPT-2 block ----------------------------------------------------------------------------
+
+using gpt2::BlockActs;
+using gpt2::BlockDims;
+using gpt2::BlockTensors;
+
+// gpt2_block.cc's forward and backward, written against ModelOps (its fill() is zero / copy).
+void block_forward_ops(ModelOps& ops, float* out, const BlockActs& a, const BlockTensors<const float*>& p,
+                       const float* inp, const BlockDims& d) {
+  const int BT = d.B * d.T, C = d.C;
+  ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
+  ops.matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
+  ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  ops.matmul_forward(a.res1, a.atty, p.attproj_w, p.attproj_b, BT, C, C);
+  ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
+  ops.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
+  ops.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
+  ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
+  ops.matmul_forward(out, a.fc_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+  ops.residual_forward(out, out, a.res1, int64_t{BT} * C);
+}
+
+void block_backward_ops(ModelOps& ops, float* dinp, const BlockTensors<float*>& g, const float* dout,
+                        const BlockActs& a, const BlockTensors<const float*>& p, const float* inp, float* scratch,
+                        const BlockDims& d) {
+  const int BT = d.B * d.T, C = d.C;
+  const int64_t BTC = int64_t{BT} * C;
+  float* buf_a = scratch;
+  float* buf_b = buf_a + 4 * BTC;
+  float* dres1 = buf_b + 4 * BTC;
+  float* dln = dres1 + BTC;
+  ops.zero(buf_a, 4 * BTC);
+  ops.matmul_backward(buf_a, g.fcproj_w, g.fcproj_b, dout, a.fc_gelu, p.fcproj_w, BT, 4 * C, C);
+  ops.zero(buf_b, 4 * BTC);
+  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC);
+  ops.zero(dln, BTC);
+  ops.matmul_backward(dln, g.fc_w, g.fc_b, buf_b, a.ln2, p.fc_w, BT, C, 4 * C);
+  ops.copy(dres1, dout, BTC);
+  ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
+  ops.zero(buf_a, BTC);
+  ops.matmul_backward(buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, p.attproj_w, BT, C, C);
+  ops.zero(buf_b, 3 * BTC);
+  ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  ops.zero(dln, BTC);
+  ops.matmul_backward(dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, p.qkv_w, BT, C, 3 * C);
+  ops.copy(dinp, dres1, BTC);
+  ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
+}
+
+// GPT-2-like parameters: layernorm weights near 1, small biases, matrices at about init scale.
+Vf block_params(int C, uint64_t seed) {
+  Vf flat(gpt2::block_numel(C));
+  const auto t = gpt2::block_tensors<float*>(flat.data(), C);
+  auto fill = [&](float* p, int64_t n, float lo, float hi, uint64_t s) {
+    const Vf v = rnd(n, s, lo, hi);
+    std::copy(v.begin(), v.end(), p);
+  };
+  const int64_t c = C;
+  fill(t.ln1_w, c, 0.8f, 1.2f, seed);
+  fill(t.ln1_b, c, -0.05f, 0.05f, seed + 1);
+  fill(t.qkv_w, c * 3 * c, -0.06f, 0.06f, seed + 2);
+  fill(t.qkv_b, 3 * c, -0.02f, 0.02f, seed + 3);
+  fill(t.attproj_w, c * c, -0.04f, 0.04f, seed + 4);
+  fill(t.attproj_b, c, -0.02f, 0.02f, seed + 5);
+  fill(t.ln2_w, c, 0.8f, 1.2f, seed + 6);
+  fill(t.ln2_b, c, -0.05f, 0.05f, seed + 7);
+  fill(t.fc_w, c * 4 * c, -0.04f, 0.04f, seed + 8);
+  fill(t.fc_b, 4 * c, -0.02f, 0.02f, seed + 9);
+  fill(t.fcproj_w, 4 * c * c, -0.02f, 0.02f, seed + 10);
+  fill(t.fcproj_b, c, -0.02f, 0.02f, seed + 11);
+  return flat;
+}
+
+void check_block(CudaModelOpsTest& t, const BlockDims& d, uint64_t seed) {
+  SCOPED_TRACE("block B=" + std::to_string(d.B) + " T=" + std::to_string(d.T) + " C=" + std::to_string(d.C) +
+               " NH=" + std::to_string(d.NH));
+  const int64_t BTC = int64_t{d.B} * d.T * d.C;
+  const Vf params = block_params(d.C, seed), inp = rnd(BTC, seed + 20), dout = rnd(BTC, seed + 21);
+  const int64_t np = gpt2::block_numel(d.C), na = gpt2::block_acts_numel(d), ns = gpt2::block_scratch_numel(d);
+
+  // CPU, through ModelOps; first make sure the composition is gpt2_block.cc's, bit for bit.
+  Vf acts_mem(na), scratch(ns), out(BTC), dinp(BTC), dparams(np, 0.f);
+  const BlockActs acts = gpt2::block_acts_bind(acts_mem.data(), d);
+  const auto p = gpt2::block_tensors<const float*>(params.data(), d.C);
+  block_forward_ops(t.cpu(), out.data(), acts, p, inp.data(), d);
+  block_backward_ops(t.cpu(), dinp.data(), gpt2::block_tensors<float*>(dparams.data(), d.C), dout.data(), acts, p,
+                     inp.data(), scratch.data(), d);
+  {
+    gpt2::BlockBuffers bb(d);
+    Vf out2(BTC), dinp2(BTC), dparams2(np, 0.f);
+    gpt2::block_forward(out2.data(), bb.acts, params.data(), inp.data(), d);
+    gpt2::block_backward(dinp2.data(), dparams2.data(), dout.data(), bb.acts, params.data(), inp.data(), d,
+                         bb.scratch.data(), false);
+    ASSERT_TRUE(bitwise_equal(out, out2) && bitwise_equal(dinp, dinp2) && bitwise_equal(dparams, dparams2))
+        << "the test's composition is not gpt2_block.cc's";
+  }
+
+  // GPU.
+  DevF d_params(params), d_inp(inp), d_dout(dout), d_acts(na), d_scratch(ns), d_out(BTC), d_dinp(BTC),
+      d_dparams(Vf(np, 0.f));
+  const BlockActs g_acts = gpt2::block_acts_bind(d_acts.get(), d);
+  const auto gp = gpt2::block_tensors<const float*>(d_params.get(), d.C);
+  block_forward_ops(t.gpu(), d_out.get(), g_acts, gp, d_inp.get(), d);
+  block_backward_ops(t.gpu(), d_dinp.get(), gpt2::block_tensors<float*>(d_dparams.get(), d.C), d_dout.get(), g_acts,
+                     gp, d_inp.get(), d_scratch.get(), d);
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "block out";
+  EXPECT_LT(rel_err(d_dinp.download(), dinp), kBwdTol) << "block dinp";
+  // Each parameter's gradient on its own scale.
+  const Vf g_dparams = d_dparams.download();
+  const auto want = gpt2::block_tensors<const float*>(dparams.data(), d.C);
+  const auto got = gpt2::block_tensors<const float*>(g_dparams.data(), d.C);
+  const char* names[] = {"ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
+                         "ln2_w", "ln2_b", "fc_w",  "fc_b",  "fcproj_w",  "fcproj_b"};
+  auto list = [](const BlockTensors<const float*>& b) {
+    return std::array<const float*, 12>{b.ln1_w, b.ln1_b, b.qkv_w,     b.qkv_b,    b.attproj_w, b.attproj_b,
+                                        b.ln2_w, b.ln2_b, b.fc_w,      b.fc_b,     b.fcproj_w,  b.fcproj_b};
+  };
+  const auto w_ptrs = list(want), g_ptrs = list(got);
+  for (int i = 0; i < 12; i++) {
+    const int64_t n = (i + 1 < 12 ? w_ptrs[i + 1] : dparams.data() + np) - w_ptrs[i];
+    const Vf w(w_ptrs[i], w_ptrs[i] + n), g(g_ptrs[i], g_ptrs[i] + n);
+    EXPECT_LT(rel_err(g, w), kBwdTol) << "d" << names[i];
+  }
+}
+
+TEST_F(CudaModelOpsTest, Gpt2BlockForwardBackward) {
+  check_block(*this, {1, 9, 32, 2}, 70);
+  check_block(*this, {2, 40, 48, 3}, 71);
+  if (!kFull) return;
+  check_block(*this, {2, 64, 768, 12}, 72);
+  check_block(*this, {2, 256, 768, 12}, 73);
+}
+
+}  // namespace
+}  // namespace zoe
+
+#else  // !ZOE_HAVE_CUDA
+
+TEST(CudaModelOpsTest, Skipped) { GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)"; }
+
+#endif

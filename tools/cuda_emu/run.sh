@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs tests/cuda_model_ops_gpu_test.cc (its small cases) on the CPU: src/gpu/cuda_model_ops.cu is
+# compiled as C++ against the emulation in this folder (cuda_emu.h: fiber-scheduled blocks, a naive
+# cuBLASLt) and compared with the fp32 CPU reference, as on a GPU. For working on the kernels
+# without a GPU; it is no substitute for the gpu-labelled test on a real one (see cuda_emu.h for
+# what it cannot check).
+#   tools/cuda_emu/run.sh [gtest args...]
+# Objects go to $CUDA_EMU_BUILD (default /tmp/zoe-cuda-emu). The tests run once per thread schedule
+# of the emulation (CUDA_EMU_SCHEDULE: ascending, alternating, random; all three unless it is set),
+# since each schedule exposes different missing barriers.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${CUDA_EMU_BUILD:-/tmp/zoe-cuda-emu}
+mkdir -p "$out"
+CXX=${CXX:-g++}
+cuda=${CUDA_HOME:-/usr/local/cuda}
+flags=(-std=c++20 -O2 -g -Wall -Wextra -Wno-unused-parameter -I"$root/include" -I"$root/src" -I"$root/tests"
+       -I"$root/tools/cuda_emu" -I"$cuda/include" $(pkg-config --cflags openblas)
+       -DZOE_HAVE_CUDA=1 -DZOE_CUDA_EMU=1 -DZOE_BINARY=\"zoe\" -Wno-clobbered -Wno-psabi)
+
+objs=()
+compile() {  # compile <source> [extra flags...]: rebuilds the object when the source or a header changed
+  local src=$1; shift
+  local obj="$out/$(echo "${src#$root/}" | tr / _).o"
+  if [[ ! -f $obj || -n $(find "$root/src" "$root/tests" "$root/tools/cuda_emu" -newer "$obj" \
+        \( -name '*.h' -o -name '*.cuh' -o -name '*.cc' -o -name '*.cu' \) -print -quit) ]]; then
+    echo "compile ${src#$root/}"
+    "$CXX" "${flags[@]}" "$@" -c "$src" -o "$obj"
+  fi
+  objs+=("$obj")
+}
+
+compile "$root/src/gpu/cuda_model_ops.cu" -x c++ -include cuda_emu.h
+compile "$root/tools/cuda_emu/cuda_emu_runtime.cc"
+compile "$root/tests/cuda_model_ops_gpu_test.cc"
+compile "$root/tests/test_util.cc"
+for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$root"/src/model/gpt2_block.cc; do
+  compile "$f"
+done
+"$CXX" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lpthread
+for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
+  echo "== schedule $schedule"
+  CUDA_EMU_SCHEDULE=$schedule "$out/cuda_model_ops_emu_test" "$@"
+done
