@@ -598,8 +598,8 @@ void check_block(CudaModelOpsTest& t, const BlockDims& d, uint64_t seed) {
   {
     gpt2::BlockBuffers bb(d);
     Vf out2(BTC), dinp2(BTC), dparams2(np, 0.f);
-    gpt2::block_forward(out2.data(), bb.acts, params.data(), inp.data(), d);
-    gpt2::block_backward(dinp2.data(), dparams2.data(), dout.data(), bb.acts, params.data(), inp.data(), d,
+    gpt2::block_forward(host_model_ops(), out2.data(), bb.acts, params.data(), inp.data(), d);
+    gpt2::block_backward(host_model_ops(), dinp2.data(), dparams2.data(), dout.data(), bb.acts, params.data(), inp.data(), d,
                          bb.scratch.data(), false);
     ASSERT_TRUE(bitwise_equal(out, out2) && bitwise_equal(dinp, dinp2) && bitwise_equal(dparams, dparams2))
         << "the test's composition is not gpt2_block.cc's";
