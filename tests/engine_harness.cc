@@ -50,11 +50,12 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
       loss += l;
     }
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine.step(c.lr));
-    (void)r;
+    run.host_stepped = r.host_stepped;
     run.losses.push_back(loss);
     run.comm.push_back(comm.bytes_sent());
   }
   run.ledger = dev.ledger().snapshot();
+  for (int u = 0; u < engine.num_units(); ++u) run.owned += engine.owned_range(u).end - engine.owned_range(u).begin;
   for (int u = 0; u < engine.num_units(); ++u) {
     size_t at = run.params.size();
     run.params.resize(at + engine.unit(u).numel);
@@ -84,7 +85,8 @@ std::string check_nvme_matches_memory(Comm& comm) {
       struct Home {
         OffloadDevice device;
         double ratio;
-      } homes[] = {{OffloadDevice::kNvme, 1.0}, {OffloadDevice::kNvme, 0.5}, {OffloadDevice::kCpu, 0.5}};
+      } homes[] = {{OffloadDevice::kNvme, 1.0}, {OffloadDevice::kNvme, 0.5}, {OffloadDevice::kCpu, 0.5},
+                   {OffloadDevice::kCpu, 1.0}};
       for (const Home& home : homes) {
         double ratio = home.ratio;
         Tier tier = home.device == OffloadDevice::kNvme ? Tier::kNvme : Tier::kHost;
@@ -106,6 +108,15 @@ std::string check_nvme_matches_memory(Comm& comm) {
         uint64_t v = nv->ledger.bytes[static_cast<int>(tier)][static_cast<int>(Kind::kExpAvgSq)];
         uint64_t want_v = 4 * static_cast<uint64_t>(std::llround(ratio * static_cast<double>(nv->shard)));
         if (total_nv != total_mem) return what + ": persistent bytes changed, not moved";
+        // ZeRO-Offload: the CPU Adam steps the state that is not device memory: all of it at ratio 1,
+        // no more than the offloaded part (padding is never stepped) otherwise, none in memory. (A
+        // rank's count depends on where its padding falls; these bounds hold on every rank.)
+        int64_t off = std::llround(ratio * static_cast<double>(nv->shard));
+        bool right = ratio == 1.0 ? nv->host_stepped == nv->owned
+                                  : nv->host_stepped <= off && nv->host_stepped <= nv->owned;
+        if (mem->host_stepped != 0 || !right)
+          return what + fmt::format(": the CPU Adam stepped {} of {} elements (in memory: {}), {} offloaded",
+                                    nv->host_stepped, nv->owned, mem->host_stepped, off);
         if (v != want_v) return what + fmt::format(": exp_avg_sq offloaded {} bytes, expected {}", v, want_v);
         if (mem->ledger.persistent(Tier::kDevice) - nv->ledger.persistent(Tier::kDevice) != moved)
           return what + ": the device tier did not shrink by the offloaded bytes";

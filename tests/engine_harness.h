@@ -18,6 +18,8 @@ struct MlpRun {
   std::vector<CommBytes> comm;    // bytes this rank sent, per step
   LedgerSnapshot ledger;
   int64_t padded = 0, shard = 0;
+  int64_t host_stepped = 0;       // optimizer elements the CPU Adam stepped on the host, last step
+  int64_t owned = 0;              // optimizer elements this rank owns (real, no padding)
 };
 
 inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36) {

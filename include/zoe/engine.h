@@ -36,6 +36,7 @@ struct StepResult {
   double lr = 0;
   int64_t step = 0;          // optimizer steps applied so far
   uint64_t nonfinite = 0;    // non-finite gradient elements met by the kernel (0 when skipped early)
+  int64_t host_stepped = 0;  // optimizer elements the CPU Adam stepped on the host (ZeRO-Offload)
 };
 
 // Optimizer-owned state a checkpoint moves: fp32 master (the weights themselves in fp32 training),

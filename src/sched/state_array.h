@@ -41,6 +41,9 @@ class StateArray {
   // The end of the part holding element e: ranges the engine walks never cross it.
   int64_t part_end(int64_t e) const { return e < split_ ? split_ : elems_; }
 
+  // Whether element e is device memory (else host memory or NVMe): where Adam runs on it.
+  bool in_device_memory(int64_t e) const { return e < split_; }
+
   // Memory parts only (!on_nvme(e)).
   char* ptr(int64_t e) const;
   const Buffer& buffer_of(int64_t e) const { return e < split_ ? main_ : offload_; }

@@ -459,21 +459,32 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
       win.push_back({i, slots_of[i], i < 3, per_elem});
       per_elem += slots_of[i]->esize();
     }
-  // Sub-groups: at most group_elems_ when streaming, cut where any array changes part.
-  int64_t limit = win.empty() ? int64_t{1} << 60 : group_elems_;
+  // Sub-groups: at most group_elems_ when streaming, sub_group_size where the state is in host
+  // memory (its gradients are staged there), cut where any array changes part.
+  auto limit = [&](int64_t e) {
+    return !win.empty() ? group_elems_ : exp_avg_.in_device_memory(e) ? int64_t{1} << 60 : cfg_.sub_group_size;
+  };
   std::vector<std::pair<int64_t, int64_t>> groups;
   for (const AdamTask& t : tasks)
     for (int64_t e = t.e; e < t.e + t.n;) {
       if (groups.empty() || e >= groups.back().second) {
-        int64_t b = e + limit;
+        int64_t b = e + limit(e);
         for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
         if (plan_.shard_params) b = std::min(b, param_.part_end(e));
         groups.push_back({e, b});
       }
       e = std::min(t.e + t.n, groups.back().second);
     }
+  // ZeRO-Offload: sub-groups whose state is not device memory are stepped by the CPU Adam on the
+  // host, their gradients staged in pinned host memory (see run_host_adam_group).
+  HostStaging staging;
+  ZOE_RETURN_IF_ERROR(staging.prepare(*this, groups));
+  auto step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w) {
+    return exp_avg_.in_device_memory(a) ? run_adam_group(tasks, a, b, w, h)
+                                        : run_host_adam_group(tasks, a, b, w, h, staging.buf);
+  };
   if (win.empty()) {  // all in memory: in place
-    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(run_adam_group(tasks, a, b, {}, h));
+    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
     return Status::Ok();
   }
   struct Slot {
@@ -524,7 +535,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     auto w = window(cur, a, b);
     for (const Windowed& x : win)  // a write-only window holds zeros where Adam writes nothing (padding)
       if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
-    if (st.ok()) st = run_adam_group(tasks, a, b, w, h);
+    if (st.ok()) st = step_group(a, b, w);
     // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
     if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
     for (const Windowed& x : win)
@@ -565,6 +576,89 @@ Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a,
     ranges.push_back(r);
   }
   return dev_.adam(h, ranges.data(), ranges.size(), &scalars_.as<StepScalars>()->nonfinite);
+}
+
+// Pinned host memory for the host-stepped sub-groups: their gradients, and the device-resident
+// arrays Adam writes (the low-precision weights; in fp32 training the weights themselves).
+Status ZeroEngine::HostStaging::prepare(ZeroEngine& e, const std::vector<std::pair<int64_t, int64_t>>& groups) {
+  dev = &e.dev_;
+  int64_t most = 0;
+  for (auto [a, b] : groups)
+    if (!e.exp_avg_.in_device_memory(a)) most = std::max(most, b - a);
+  if (most == 0) return Status::Ok();
+  ZOE_ASSIGN_OR_RETURN(buf, dev->alloc(most * (e.gsize_ + 4 + e.wsize_), Tier::kHost, Kind::kStaging));
+  return Status::Ok();
+}
+
+ZeroEngine::HostStaging::~HostStaging() {
+  if (dev) dev->free(buf);
+}
+
+// The CPU Adam (AVX-512 / AVX2, chosen at run time) over sub-group [a, b), whose state is host
+// memory or an NVMe window: the gradients come down into `staging` first; arrays still in device
+// memory (the weight copy; the fp32 weights in fp32 training) are stepped in staging and go back
+// up. Bitwise the device kernel's result: all Adam paths agree bit for bit.
+Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                                       const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging) {
+  char* grads = staging.as<char>();
+  char* masters = grads + (b - a) * gsize_;  // fp32 weights staged from device memory
+  char* weights = masters + (b - a) * 4;     // low-precision copies staged for device memory
+  struct Up {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<AdamRange> ranges;
+  std::vector<Up> ups;
+  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kD2H, dev_.record(Stream::kCompute)));  // gradients are done
+  for (const AdamTask& t : tasks) {
+    int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b), n = e1 - e0, k = e0 - a;
+    if (n <= 0) continue;
+    int64_t x = t.x + (e0 - t.e);
+    AdamRange r;
+    r.decay = t.decay;
+    r.n = n;
+    r.grad = grads + k * gsize_;
+    r.grad_dtype = gdtype_;
+    ZOE_RETURN_IF_ERROR(dev_.copy(grads + k * gsize_, t.grad + (e0 - t.e) * gsize_, n * gsize_, Stream::kD2H));
+    // The fp32 master: a window, host memory, or (fp32 training, weights on the device) staged.
+    StateArray& m = master();
+    int64_t mi = cfg_.mixed_precision() || win[0] ? e0 : param_index(t.u, x);
+    if (win[0]) {
+      r.master = reinterpret_cast<float*>(win[0] + k * 4);
+    } else if (!m.in_device_memory(mi)) {
+      r.master = reinterpret_cast<float*>(m.ptr(mi));
+    } else {
+      r.master = reinterpret_cast<float*>(masters + k * 4);
+      ZOE_RETURN_IF_ERROR(dev_.copy(r.master, m.ptr(mi), n * 4, Stream::kD2H));
+      ups.push_back({m.ptr(mi), r.master, size_t(n) * 4});
+    }
+    r.exp_avg = reinterpret_cast<float*>(win[1] ? win[1] + k * 4 : exp_avg_.ptr(e0));
+    r.exp_avg_sq = reinterpret_cast<float*>(win[2] ? win[2] + k * 4 : exp_avg_sq_.ptr(e0));
+    r.param_dtype = dtype_;
+    if (cfg_.mixed_precision()) {
+      int64_t pi = param_index(t.u, x);
+      if (win[3]) {
+        r.param_out = win[3] + k * wsize_;
+      } else if (!param_.in_device_memory(pi)) {
+        r.param_out = param_.ptr(pi);
+      } else {
+        r.param_out = weights + k * wsize_;
+        ups.push_back({param_.ptr(pi), r.param_out, size_t(n) * wsize_});
+      }
+    }
+    ranges.push_back(r);
+  }
+  ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kD2H)));
+  for (const AdamRange& r : ranges) {
+    host_nonfinite_ += adam_step(h, r, best_isa());
+    host_stepped_ += static_cast<int64_t>(r.n);
+  }
+  for (const Up& u : ups) ZOE_RETURN_IF_ERROR(dev_.copy(u.dst, u.src, u.bytes, Stream::kH2D));
+  // The staging is reused by the next sub-group, and the compute stream reads the weights next.
+  Event up = dev_.record(Stream::kH2D);
+  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kCompute, up));
+  return dev_.wait(up);
 }
 
 Status ZeroEngine::gather_replicated_params() {
@@ -621,8 +715,12 @@ Result<StepResult> ZeroEngine::step(double lr) {
   ++steps_applied_;
   auto* sc = scalars_.as<StepScalars>();
   ZOE_RETURN_IF_ERROR(dev_.zero(&sc->nonfinite, sizeof(uint64_t)));
+  host_nonfinite_ = 0;
+  host_stepped_ = 0;
   ZOE_RETURN_IF_ERROR(apply_adam(lr, inv * coef));
+  res.host_stepped = host_stepped_;
   ZOE_RETURN_IF_ERROR(dev_.download(&res.nonfinite, &sc->nonfinite, sizeof(uint64_t)));
+  res.nonfinite += host_nonfinite_;
   ZOE_RETURN_IF_ERROR(gather_replicated_params());
   res.applied = true;
   res.step = steps_applied_;

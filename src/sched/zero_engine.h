@@ -103,6 +103,14 @@ class ZeroEngine final : public Engine {
   struct AdamTask;
   Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
                         AdamHyper h);
+  struct HostStaging {
+    Device* dev = nullptr;
+    Buffer buf;
+    Status prepare(ZeroEngine& e, const std::vector<std::pair<int64_t, int64_t>>& groups);
+    ~HostStaging();
+  };
+  Status run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                             const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging);
   Status gather_replicated_params();
 
   Config cfg_;
@@ -136,6 +144,8 @@ class ZeroEngine final : public Engine {
   std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally
   std::vector<int> reduced_;       // sharded grads: reductions into unit u's owned chunk this step
   int64_t steps_applied_ = 0;
+  uint64_t host_nonfinite_ = 0;  // non-finite gradients the host-stepped sub-groups met this step
+  int64_t host_stepped_ = 0;     // elements they stepped
   uint64_t activation_bytes_ = 0;
 };
 
