@@ -514,49 +514,6 @@ using gpt2::BlockActs;
 using gpt2::BlockDims;
 using gpt2::BlockTensors;
 
-// gpt2_block.cc's forward and backward, written against ModelOps (its fill() is zero / copy).
-void block_forward_ops(ModelOps& ops, float* out, const BlockActs& a, const BlockTensors<const float*>& p,
-                       const float* inp, const BlockDims& d) {
-  const int BT = d.B * d.T, C = d.C;
-  ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
-  ops.matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
-  ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
-  ops.matmul_forward(a.res1, a.atty, p.attproj_w, p.attproj_b, BT, C, C);
-  ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
-  ops.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
-  ops.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
-  ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
-  ops.matmul_forward(out, a.fc_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
-  ops.residual_forward(out, out, a.res1, int64_t{BT} * C);
-}
-
-void block_backward_ops(ModelOps& ops, float* dinp, const BlockTensors<float*>& g, const float* dout,
-                        const BlockActs& a, const BlockTensors<const float*>& p, const float* inp, float* scratch,
-                        const BlockDims& d) {
-  const int BT = d.B * d.T, C = d.C;
-  const int64_t BTC = int64_t{BT} * C;
-  float* buf_a = scratch;
-  float* buf_b = buf_a + 4 * BTC;
-  float* dres1 = buf_b + 4 * BTC;
-  float* dln = dres1 + BTC;
-  ops.zero(buf_a, 4 * BTC);
-  ops.matmul_backward(buf_a, g.fcproj_w, g.fcproj_b, dout, a.fc_gelu, p.fcproj_w, BT, 4 * C, C);
-  ops.zero(buf_b, 4 * BTC);
-  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC);
-  ops.zero(dln, BTC);
-  ops.matmul_backward(dln, g.fc_w, g.fc_b, buf_b, a.ln2, p.fc_w, BT, C, 4 * C);
-  ops.copy(dres1, dout, BTC);
-  ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
-  ops.zero(buf_a, BTC);
-  ops.matmul_backward(buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, p.attproj_w, BT, C, C);
-  ops.zero(buf_b, 3 * BTC);
-  ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
-  ops.zero(dln, BTC);
-  ops.matmul_backward(dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, p.qkv_w, BT, C, 3 * C);
-  ops.copy(dinp, dres1, BTC);
-  ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
-}
-
 // GPT-2-like parameters: layernorm weights near 1, small biases, matrices at about init scale.
 Vf block_params(int C, uint64_t seed) {
   Vf flat(gpt2::block_numel(C));
@@ -588,31 +545,18 @@ void check_block(CudaModelOpsTest& t, const BlockDims& d, uint64_t seed) {
   const Vf params = block_params(d.C, seed), inp = rnd(BTC, seed + 20), dout = rnd(BTC, seed + 21);
   const int64_t np = gpt2::block_numel(d.C), na = gpt2::block_acts_numel(d), ns = gpt2::block_scratch_numel(d);
 
-  // CPU, through ModelOps; first make sure the composition is gpt2_block.cc's, bit for bit.
-  Vf acts_mem(na), scratch(ns), out(BTC), dinp(BTC), dparams(np, 0.f);
-  const BlockActs acts = gpt2::block_acts_bind(acts_mem.data(), d);
-  const auto p = gpt2::block_tensors<const float*>(params.data(), d.C);
-  block_forward_ops(t.cpu(), out.data(), acts, p, inp.data(), d);
-  block_backward_ops(t.cpu(), dinp.data(), gpt2::block_tensors<float*>(dparams.data(), d.C), dout.data(), acts, p,
-                     inp.data(), scratch.data(), d);
-  {
-    gpt2::BlockBuffers bb(d);
-    Vf out2(BTC), dinp2(BTC), dparams2(np, 0.f);
-    gpt2::block_forward(host_model_ops(), out2.data(), bb.acts, params.data(), inp.data(), d);
-    gpt2::block_backward(host_model_ops(), dinp2.data(), dparams2.data(), dout.data(), bb.acts, params.data(), inp.data(), d,
-                         bb.scratch.data(), false);
-    ASSERT_TRUE(bitwise_equal(out, out2) && bitwise_equal(dinp, dinp2) && bitwise_equal(dparams, dparams2))
-        << "the test's composition is not gpt2_block.cc's";
-  }
-
-  // GPU.
+  // The same block (gpt2_block.cc) on the CPU reference ops and on the GPU's.
+  gpt2::BlockBuffers bb(d);
+  Vf out(BTC), dinp(BTC), dparams(np, 0.f);
+  gpt2::block_forward(t.cpu(), out.data(), bb.acts, params.data(), inp.data(), d);
+  gpt2::block_backward(t.cpu(), dinp.data(), dparams.data(), dout.data(), bb.acts, params.data(), inp.data(), d,
+                       bb.scratch.data(), /*recompute=*/false);
   DevF d_params(params), d_inp(inp), d_dout(dout), d_acts(na), d_scratch(ns), d_out(BTC), d_dinp(BTC),
       d_dparams(Vf(np, 0.f));
   const BlockActs g_acts = gpt2::block_acts_bind(d_acts.get(), d);
-  const auto gp = gpt2::block_tensors<const float*>(d_params.get(), d.C);
-  block_forward_ops(t.gpu(), d_out.get(), g_acts, gp, d_inp.get(), d);
-  block_backward_ops(t.gpu(), d_dinp.get(), gpt2::block_tensors<float*>(d_dparams.get(), d.C), d_dout.get(), g_acts,
-                     gp, d_inp.get(), d_scratch.get(), d);
+  gpt2::block_forward(t.gpu(), d_out.get(), g_acts, d_params.get(), d_inp.get(), d);
+  gpt2::block_backward(t.gpu(), d_dinp.get(), d_dparams.get(), d_dout.get(), g_acts, d_params.get(), d_inp.get(), d,
+                       d_scratch.get(), /*recompute=*/false);
   t.sync();
   EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "block out";
   EXPECT_LT(rel_err(d_dinp.download(), dinp), kBwdTol) << "block dinp";
