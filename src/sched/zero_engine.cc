@@ -549,32 +549,44 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   return st;
 }
 
-// Steps the parts of `tasks` inside optimizer indices [a, b). win[i] holds element a of master,
-// exp_avg, exp_avg_sq and the low-precision parameters when that array is in a window for this
-// sub-group; null means it is in memory.
-Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                                  const std::array<char*, 4>& win, AdamHyper h) {
+// The Adam ranges of the parts of `tasks` inside optimizer indices [a, b). win[i] holds element a
+// of master, exp_avg, exp_avg_sq and the low-precision parameters when that array is in a window
+// for this sub-group; null means it is in memory. Each range also says where its master and its
+// weight copy are (array indices), for the host path to stage what is device memory.
+std::vector<ZeroEngine::GroupRange> ZeroEngine::group_ranges(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                                                             const std::array<char*, 4>& win) {
   StateArray* arrays[3] = {&master(), &exp_avg_, &exp_avg_sq_};
   auto at = [&](int i, int64_t e) { return win[i] ? win[i] + (e - a) * arrays[i]->esize() : arrays[i]->ptr(e); };
-  std::vector<AdamRange> ranges;
+  std::vector<GroupRange> out;
   for (const AdamTask& t : tasks) {
     int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b);
     if (e0 >= e1) continue;
     int64_t x = t.x + (e0 - t.e);  // unit element of e0
-    AdamRange r;
+    GroupRange g;
+    AdamRange& r = g.r;
     r.decay = t.decay;
     r.grad = t.grad + (e0 - t.e) * gsize_;
     r.grad_dtype = gdtype_;
     // In fp32 training the master is the parameter array, indexed by parameter position (the
     // same as the optimizer's only at stages 0 and 3, the only ones where it may be windowed).
-    r.master = reinterpret_cast<float*>(cfg_.mixed_precision() || win[0] ? at(0, e0) : param_.ptr(param_index(t.u, x)));
+    g.master_at = cfg_.mixed_precision() || win[0] ? e0 : param_index(t.u, x);
+    g.param_at = param_index(t.u, x);
+    r.master = reinterpret_cast<float*>(cfg_.mixed_precision() || win[0] ? at(0, e0) : param_.ptr(g.param_at));
     r.exp_avg = reinterpret_cast<float*>(at(1, e0));
     r.exp_avg_sq = reinterpret_cast<float*>(at(2, e0));
-    if (cfg_.mixed_precision()) r.param_out = win[3] ? win[3] + (e0 - a) * wsize_ : param_.ptr(param_index(t.u, x));
+    if (cfg_.mixed_precision()) r.param_out = win[3] ? win[3] + (e0 - a) * wsize_ : param_.ptr(g.param_at);
     r.param_dtype = dtype_;
     r.n = e1 - e0;
-    ranges.push_back(r);
+    out.push_back(g);
   }
+  return out;
+}
+
+// Sub-group [a, b) in device memory (or device-reachable windows): one launch of the device kernel.
+Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                                  const std::array<char*, 4>& win, AdamHyper h) {
+  std::vector<AdamRange> ranges;
+  for (const GroupRange& g : group_ranges(tasks, a, b, win)) ranges.push_back(g.r);
   return dev_.adam(h, ranges.data(), ranges.size(), &scalars_.as<StepScalars>()->nonfinite);
 }
 
@@ -608,51 +620,30 @@ Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64
     const void* src;
     size_t bytes;
   };
-  std::vector<AdamRange> ranges;
+  std::vector<GroupRange> ranges = group_ranges(tasks, a, b, win);
   std::vector<Up> ups;
   ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kD2H, dev_.record(Stream::kCompute)));  // gradients are done
-  for (const AdamTask& t : tasks) {
-    int64_t e0 = std::max(t.e, a), e1 = std::min(t.e + t.n, b), n = e1 - e0, k = e0 - a;
-    if (n <= 0) continue;
-    int64_t x = t.x + (e0 - t.e);
-    AdamRange r;
-    r.decay = t.decay;
-    r.n = n;
+  int64_t k = 0;  // staging offset of the range, in elements
+  for (GroupRange& g : ranges) {
+    AdamRange& r = g.r;
+    ZOE_RETURN_IF_ERROR(dev_.copy(grads + k * gsize_, r.grad, r.n * gsize_, Stream::kD2H));
     r.grad = grads + k * gsize_;
-    r.grad_dtype = gdtype_;
-    ZOE_RETURN_IF_ERROR(dev_.copy(grads + k * gsize_, t.grad + (e0 - t.e) * gsize_, n * gsize_, Stream::kD2H));
-    // The fp32 master: a window, host memory, or (fp32 training, weights on the device) staged.
-    StateArray& m = master();
-    int64_t mi = cfg_.mixed_precision() || win[0] ? e0 : param_index(t.u, x);
-    if (win[0]) {
-      r.master = reinterpret_cast<float*>(win[0] + k * 4);
-    } else if (!m.in_device_memory(mi)) {
-      r.master = reinterpret_cast<float*>(m.ptr(mi));
-    } else {
-      r.master = reinterpret_cast<float*>(masters + k * 4);
-      ZOE_RETURN_IF_ERROR(dev_.copy(r.master, m.ptr(mi), n * 4, Stream::kD2H));
-      ups.push_back({m.ptr(mi), r.master, size_t(n) * 4});
+    if (!win[0] && master().in_device_memory(g.master_at)) {
+      float* staged = reinterpret_cast<float*>(masters + k * 4);
+      ZOE_RETURN_IF_ERROR(dev_.copy(staged, r.master, r.n * 4, Stream::kD2H));
+      ups.push_back({r.master, staged, r.n * 4});
+      r.master = staged;
     }
-    r.exp_avg = reinterpret_cast<float*>(win[1] ? win[1] + k * 4 : exp_avg_.ptr(e0));
-    r.exp_avg_sq = reinterpret_cast<float*>(win[2] ? win[2] + k * 4 : exp_avg_sq_.ptr(e0));
-    r.param_dtype = dtype_;
-    if (cfg_.mixed_precision()) {
-      int64_t pi = param_index(t.u, x);
-      if (win[3]) {
-        r.param_out = win[3] + k * wsize_;
-      } else if (!param_.in_device_memory(pi)) {
-        r.param_out = param_.ptr(pi);
-      } else {
-        r.param_out = weights + k * wsize_;
-        ups.push_back({param_.ptr(pi), r.param_out, size_t(n) * wsize_});
-      }
+    if (r.param_out && !win[3] && param_.in_device_memory(g.param_at)) {
+      ups.push_back({r.param_out, weights + k * wsize_, r.n * wsize_});
+      r.param_out = weights + k * wsize_;
     }
-    ranges.push_back(r);
+    k += static_cast<int64_t>(r.n);
   }
   ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kD2H)));
-  for (const AdamRange& r : ranges) {
-    host_nonfinite_ += adam_step(h, r, best_isa());
-    host_stepped_ += static_cast<int64_t>(r.n);
+  for (const GroupRange& g : ranges) {
+    host_nonfinite_ += adam_step(h, g.r, best_isa());
+    host_stepped_ += static_cast<int64_t>(g.r.n);
   }
   for (const Up& u : ups) ZOE_RETURN_IF_ERROR(dev_.copy(u.dst, u.src, u.bytes, Stream::kH2D));
   // The staging is reused by the next sub-group, and the compute stream reads the weights next.

@@ -101,6 +101,12 @@ class ZeroEngine final : public Engine {
   Result<double> owned_grad_sumsq();
   Status apply_adam(double lr, double grad_scale);
   struct AdamTask;
+  struct GroupRange {
+    AdamRange r;
+    int64_t master_at = 0, param_at = 0;  // array indices of the range's master and weight copy
+  };
+  std::vector<GroupRange> group_ranges(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
+                                       const std::array<char*, 4>& win);
   Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
                         AdamHyper h);
   struct HostStaging {
