@@ -123,4 +123,8 @@ class Device {
   Ledger ledger_;
 };
 
+// n elements of `dtype` at src (device memory) into host fp32: a plain download for fp32, else
+// converted on the device through a staging buffer first.
+Status download_f32(Device& d, float* host_dst, const void* src, DType dtype, size_t n);
+
 }  // namespace zoe

@@ -5,13 +5,8 @@
 namespace zoe {
 
 Status fetch_to_host(Engine& e, int u, float* dst) {
-  Device& d = e.device();
   ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(u));
-  Result<Buffer> staging = d.alloc(p.numel * 4, Tier::kDevice, Kind::kStaging);
-  Status st = staging.status();
-  if (st.ok()) st = d.accumulate(staging->data, DType::kF32, p.data, p.dtype, p.numel, false);
-  if (st.ok()) st = d.download(dst, staging->data, p.numel * 4);
-  if (staging.ok()) d.free(*staging);
+  Status st = download_f32(e.device(), dst, p.data, p.dtype, p.numel);
   Status rel = e.release(u);
   return st.ok() ? rel : st;
 }

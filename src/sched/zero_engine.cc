@@ -201,14 +201,8 @@ Status ZeroEngine::put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const 
 Status ZeroEngine::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, float* dst) {
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
-    if (!a.on_nvme(e) && dt == DType::kF32) {
-      ZOE_RETURN_IF_ERROR(dev_.download(dst, a.ptr(e), k * 4));
-    } else if (!a.on_nvme(e)) {  // converted on the device, then downloaded
-      ZOE_ASSIGN_OR_RETURN(Buffer staging, dev_.alloc(k * 4, Tier::kDevice, Kind::kStaging));
-      Status st = dev_.accumulate(staging.data, DType::kF32, a.ptr(e), dt, k, false);
-      if (st.ok()) st = dev_.download(dst, staging.data, k * 4);
-      dev_.free(staging);
-      ZOE_RETURN_IF_ERROR(st);
+    if (!a.on_nvme(e)) {
+      ZOE_RETURN_IF_ERROR(download_f32(dev_, dst, a.ptr(e), dt, k));
     } else {
       k = std::min<int64_t>(k, group_elems_);
       ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
