@@ -71,6 +71,18 @@ void CpuDevice::enqueue(Stream s, std::function<void()> fn) {
   q.cv.notify_all();
 }
 
+// Work on a copy stream runs on its worker, on the others at once; either way inside the fence.
+void CpuDevice::run_on(Stream s, std::function<void()> fn) {
+  auto fenced = [f = fence_.get(), fn = std::move(fn)] {
+    MemoryFence::Open o(f);
+    fn();
+  };
+  if (asynchronous(s))
+    enqueue(s, std::move(fenced));
+  else
+    fenced();
+}
+
 Result<Buffer> CpuDevice::alloc(size_t bytes, Tier tier, Kind kind) {
   Buffer b;
   b.bytes = bytes;
@@ -152,15 +164,7 @@ Status CpuDevice::copy_async(const Buffer& dst, size_t dst_off, const Buffer& sr
 Status CpuDevice::copy(void* dst, const void* src, size_t bytes, Stream stream) {
   ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "copy destination"));
   ZOE_RETURN_IF_ERROR(check_reachable(src, bytes, "copy source"));
-  MemoryFence* f = fence_.get();
-  auto run = [f, dst, src, bytes] {
-    MemoryFence::Open o(f);
-    std::memmove(dst, src, bytes);
-  };
-  if (asynchronous(stream))
-    enqueue(stream, run);
-  else
-    run();
+  run_on(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
   return Status::Ok();
 }
 
@@ -180,15 +184,7 @@ Status CpuDevice::download(void* host_dst, const void* src, size_t bytes) {
 
 Status CpuDevice::zero(void* dst, size_t bytes, Stream stream) {
   ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "zero destination"));
-  MemoryFence* f = fence_.get();
-  auto run = [f, dst, bytes] {
-    MemoryFence::Open o(f);
-    std::memset(dst, 0, bytes);
-  };
-  if (asynchronous(stream))
-    enqueue(stream, run);
-  else
-    run();
+  run_on(stream, [dst, bytes] { std::memset(dst, 0, bytes); });
   return Status::Ok();
 }
 

@@ -71,6 +71,7 @@ class CpuDevice final : public Device {
   void run_queue(Queue& q);
   bool asynchronous(Stream s) const { return s == Stream::kH2D || s == Stream::kD2H; }
   void enqueue(Stream s, std::function<void()> fn);
+  void run_on(Stream s, std::function<void()> fn);
 
   bool strict_;
   Arena arena_;
