@@ -1,7 +1,6 @@
 #include "model/gpt2_model.h"
 
 #include <algorithm>
-#include <functional>
 
 #include "common/profiler.h"
 #include "model/model_ops.h"
@@ -29,14 +28,6 @@ void Gpt2Model::free_buffers() {
   for (Buffer& b : bufs_) dev_->free(b);
   bufs_.clear();
 }
-
-namespace {
-// Frees the model's buffers when a micro-step ends, however it ends.
-struct BuffersFor {
-  std::function<void()> free;
-  ~BuffersFor() { free(); }
-};
-}  // namespace
 
 Result<float*> Gpt2Model::take(size_t floats) {
   ZOE_ASSIGN_OR_RETURN(Buffer b, dev_->alloc(std::max<size_t>(floats, 1) * 4, Tier::kDevice, Kind::kActivation));
@@ -119,7 +110,7 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
 }
 
 Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss_scale) {
-  BuffersFor scope{[this] { free_buffers(); }};
+  BuffersHeld held{this};
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
   ZOE_ASSIGN_OR_RETURN(double loss, forward(e, b, loss_scale / static_cast<float>(BT)));
   ModelOps& ops = dev_->ops();
@@ -157,7 +148,7 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
 }
 
 Result<double> Gpt2Model::eval_loss(Engine& e, const Batch& b) {
-  BuffersFor scope{[this] { free_buffers(); }};
+  BuffersHeld held{this};
   return forward(e, b, 0.0f);
 }
 

@@ -32,6 +32,11 @@ class Gpt2Model final : public Model {
   Status size_buffers(Engine& e, const Batch& b);  // allocates every buffer below
   Result<float*> take(size_t floats);  // one more device buffer of the current set
   void free_buffers();
+  // Frees the buffers when a micro-step ends, however it ends.
+  struct BuffersHeld {
+    Gpt2Model* m;
+    ~BuffersHeld() { m->free_buffers(); }
+  };
 
   gpt2::Gpt2Shape s_;
   bool ckpt_;
