@@ -16,20 +16,44 @@
 namespace zoe {
 namespace {
 
-// Best-of-iters seconds of fn(), all ranks in step (barrier before each repetition).
-Result<double> time_best(Comm& comm, int iters, const std::function<Status()>& fn) {
-  ZOE_RETURN_IF_ERROR(fn());  // warm-up: buffers and MPI's connections
-  double best = 1e30;
+// Seconds of one call of fn(), all ranks in step (a barrier first): the mean over ranks.
+Result<double> time_once(Comm& comm, const std::function<Status()>& fn) {
+  ZOE_RETURN_IF_ERROR(comm.barrier());
+  auto t0 = std::chrono::steady_clock::now();
+  ZOE_RETURN_IF_ERROR(fn());
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ZOE_RETURN_IF_ERROR(comm.all_reduce_sum(&t, 1));
+  return t / comm.size();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+struct PairTimes {
+  double zoe_s, base_s;  // medians
+  double ratio;          // median over repetitions of base time / zoe time (higher: zoe faster)
+};
+
+// zoe's call and the baseline, interleaved (the order flips every repetition) so both see the
+// same machine: load here drifts within seconds, and with more ranks than cores one call can
+// be 15 % off the next. The median of adjacent pairs' ratios is what that noise moves least.
+Result<PairTimes> time_pair(Comm& comm, int iters, const std::function<Status()>& zoe,
+                            const std::function<Status()>& base) {
+  ZOE_RETURN_IF_ERROR(zoe());  // warm-up: buffers and MPI's connections
+  ZOE_RETURN_IF_ERROR(base());
+  std::vector<double> tz, tb, ratio;
   for (int i = 0; i < iters; ++i) {
-    ZOE_RETURN_IF_ERROR(comm.barrier());
-    auto t0 = std::chrono::steady_clock::now();
-    ZOE_RETURN_IF_ERROR(fn());
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double slowest = t;
-    ZOE_RETURN_IF_ERROR(comm.all_reduce_sum(&slowest, 1));  // mean over ranks
-    best = std::min(best, slowest / comm.size());
+    double t[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      bool z = (i + k) % 2 == 0;
+      ZOE_ASSIGN_OR_RETURN(t[z ? 0 : 1], time_once(comm, z ? zoe : base));
+    }
+    tz.push_back(t[0]), tb.push_back(t[1]), ratio.push_back(t[1] / t[0]);
   }
-  return best;
+  return PairTimes{median(tz), median(tb), median(ratio)};
 }
 
 Status mpi(int rc) { return rc == MPI_SUCCESS ? Status::Ok() : Status::CommError("MPI call failed"); }
@@ -72,10 +96,12 @@ Status bench_comm(const CommBenchOptions& o, nlohmann::json* out, std::FILE* hum
          }},
     };
     for (auto& c : cases) {
-      ZOE_ASSIGN_OR_RETURN(double tz, time_best(*comm, o.iters, c.zoe));
-      ZOE_ASSIGN_OR_RETURN(double tb, time_best(*comm, o.iters, c.base));
+      // Small calls are the noisiest and the cheapest: up to 10x the repetitions below 16 MiB.
+      int reps = o.iters * static_cast<int>(std::clamp<size_t>((size_t{16} << 20) / std::max<size_t>(total, 1), 1, 10));
+      ZOE_ASSIGN_OR_RETURN(PairTimes pt, time_pair(*comm, reps, c.zoe, c.base));
+      double tz = pt.zoe_s, tb = pt.base_s;
       double algz = total / tz / 1e9, algb = total / tb / 1e9, f = double(n - 1) / n;
-      double ratio = (algz * f) / (algb * f);
+      double ratio = pt.ratio;
       results.push_back({{"case", fmt::format("{} {} B", c.name, total)}, {"op", c.name}, {"bytes", total},
                          {"measured", algz * f}, {"baseline", algb * f}, {"ratio", ratio}, {"unit", "GB/s busbw"},
                          {"time_us", tz * 1e6}, {"baseline_time_us", tb * 1e6}});

@@ -88,8 +88,11 @@ Status agree(Comm& comm, const Status& mine, const Status& elsewhere);
 void sum_chunks_in_order(const void* chunks, int n, size_t count, DType dtype, void* out);
 
 std::unique_ptr<Comm> make_self_comm();
-// Initialises MPI if needed. Fails with a clear Status when MPI cannot start.
-Result<std::unique_ptr<Comm>> make_mpi_comm();
+// MPI counts are int: tensor collectives move at most this many bytes per rank and call.
+constexpr size_t kMaxMpiPiece = size_t{1} << 30;
+// Initialises MPI if needed. Fails with a clear Status when MPI cannot start. Chunks larger
+// than max_piece_bytes are moved in pieces (tests make it small to reach that path).
+Result<std::unique_ptr<Comm>> make_mpi_comm(size_t max_piece_bytes = kMaxMpiPiece);
 // True when this process was launched by mpirun (OMPI/PMI environment present).
 bool launched_by_mpirun();
 // Finalizes MPI if it was initialised here; call once before exit.

@@ -27,12 +27,10 @@ Status check(int rc, const char* what) {
   return Status::CommError(fmt::format("MPI {} failed: {}", what, std::string(msg, len)));
 }
 
-// MPI counts are int: move large payloads as MPI_BYTE in pieces of at most 1 GiB.
-constexpr size_t kMaxPiece = size_t{1} << 30;
 
 class MpiComm final : public Comm {
  public:
-  MpiComm() {
+  explicit MpiComm(size_t max_piece) : max_piece_(max_piece) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     // Errors come back as return codes (and so as Status), instead of aborting the job from
@@ -45,19 +43,26 @@ class MpiComm final : public Comm {
   Status all_gather(const void* send, void* recv, size_t chunk_bytes) override {
     auto access = host_access();
     char* r = static_cast<char*>(recv);
-    char* mine = r + rank_ * chunk_bytes;
-    if (send != mine) std::memmove(mine, send, chunk_bytes);
-    for (size_t off = 0; off < chunk_bytes; off += kMaxPiece) {
-      size_t piece = std::min(kMaxPiece, chunk_bytes - off);
-      if (off == 0 && piece == chunk_bytes) {
-        ZOE_RETURN_IF_ERROR(check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, r, static_cast<int>(piece),
-                                                MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
-      } else {  // pieces of every chunk: gather into staging, then scatter into place
-        ZOE_RETURN_IF_ERROR(grow(piece * size_));
-        ZOE_RETURN_IF_ERROR(check(MPI_Allgather(mine + off, static_cast<int>(piece), MPI_BYTE, staging_,
-                                                static_cast<int>(piece), MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
-        for (int k = 0; k < size_; ++k) std::memcpy(r + k * chunk_bytes + off, staging_ + k * piece, piece);
+    const char* mine = r + rank_ * chunk_bytes;
+    // MPI counts are int: at most 1 GiB per rank and call. A piece's receive type has the
+    // extent of a whole chunk, so every rank's piece lands in its slot directly: no staging and
+    // no copies, whatever the size (one plain call below 1 GiB).
+    for (size_t off = 0; off < chunk_bytes; off += max_piece_) {
+      int piece = static_cast<int>(std::min(max_piece_, chunk_bytes - off));
+      const void* sbuf = send == mine ? MPI_IN_PLACE : static_cast<const char*>(send) + off;
+      if (static_cast<size_t>(piece) == chunk_bytes) {
+        ZOE_RETURN_IF_ERROR(
+            check(MPI_Allgather(sbuf, piece, MPI_BYTE, r, piece, MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
+        continue;
       }
+      MPI_Datatype bytes, slot;
+      MPI_Type_contiguous(piece, MPI_BYTE, &bytes);
+      MPI_Type_create_resized(bytes, 0, static_cast<MPI_Aint>(chunk_bytes), &slot);
+      MPI_Type_commit(&slot);
+      int rc = MPI_Allgather(sbuf, piece, MPI_BYTE, r + off, 1, slot, MPI_COMM_WORLD);
+      MPI_Type_free(&slot);
+      MPI_Type_free(&bytes);
+      ZOE_RETURN_IF_ERROR(check(rc, "Allgather"));
     }
     bytes_.all_gather += (size_ - 1) * chunk_bytes;
     return Status::Ok();
@@ -67,20 +72,27 @@ class MpiComm final : public Comm {
     size_t esz = dtype_size(dtype), chunk_bytes = count * esz;
     const char* s = static_cast<const char*>(send);
     auto access = host_access();
-    // Every rank sends its chunk k to rank k; we receive our chunk from all ranks, then sum in
-    // rank order. Piecewise for chunks beyond MPI's int counts.
-    size_t piece_elems = std::max<size_t>(1, kMaxPiece / esz / size_);
+    // Every rank sends its chunk k to rank k; we receive our chunk from all ranks into staging,
+    // then sum in rank order. Chunks beyond MPI's int counts go in pieces; a piece's send type
+    // has the extent of a whole chunk, so pieces are sent from where they are.
+    size_t piece_elems = std::max<size_t>(1, max_piece_ / esz / size_);
     for (size_t e0 = 0; e0 < count; e0 += piece_elems) {
-      size_t pe = std::min(piece_elems, count - e0), pb = pe * esz;
-      ZOE_RETURN_IF_ERROR(grow(2 * pb * size_));
-      char* sendbuf = staging_ + pb * size_;
-      const char* src = s;
-      if (pe != count) {  // gather the pieces of each destination chunk contiguously
-        for (int k = 0; k < size_; ++k) std::memcpy(sendbuf + k * pb, s + k * chunk_bytes + e0 * esz, pb);
-        src = sendbuf;
+      size_t pe = std::min(piece_elems, count - e0);
+      int pb = static_cast<int>(pe * esz);
+      ZOE_RETURN_IF_ERROR(grow(pe * esz * size_));
+      int rc;
+      if (pe == count) {
+        rc = MPI_Alltoall(s, pb, MPI_BYTE, staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
+      } else {
+        MPI_Datatype bytes, slot;
+        MPI_Type_contiguous(pb, MPI_BYTE, &bytes);
+        MPI_Type_create_resized(bytes, 0, static_cast<MPI_Aint>(chunk_bytes), &slot);
+        MPI_Type_commit(&slot);
+        rc = MPI_Alltoall(s + e0 * esz, 1, slot, staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
+        MPI_Type_free(&slot);
+        MPI_Type_free(&bytes);
       }
-      ZOE_RETURN_IF_ERROR(check(MPI_Alltoall(src, static_cast<int>(pb), MPI_BYTE, staging_, static_cast<int>(pb),
-                                             MPI_BYTE, MPI_COMM_WORLD), "Alltoall"));
+      ZOE_RETURN_IF_ERROR(check(rc, "Alltoall"));
       char* out = static_cast<char*>(recv) + e0 * esz;
       if (device_)
         ZOE_RETURN_IF_ERROR(device_->sum_chunks(out, staging_, size_, pe, dtype));
@@ -106,8 +118,8 @@ class MpiComm final : public Comm {
 
   Status broadcast(void* buf, size_t bytes, int root) override {
     char* b = static_cast<char*>(buf);
-    for (size_t off = 0; off < bytes; off += kMaxPiece)
-      ZOE_RETURN_IF_ERROR(check(MPI_Bcast(b + off, static_cast<int>(std::min(kMaxPiece, bytes - off)), MPI_BYTE,
+    for (size_t off = 0; off < bytes; off += max_piece_)
+      ZOE_RETURN_IF_ERROR(check(MPI_Bcast(b + off, static_cast<int>(std::min(max_piece_, bytes - off)), MPI_BYTE,
                                           root, MPI_COMM_WORLD), "Bcast"));
     if (rank_ == root) bytes_.broadcast += bytes;
     return Status::Ok();
@@ -183,6 +195,7 @@ class MpiComm final : public Comm {
   }
 
   int rank_ = 0, size_ = 1;
+  size_t max_piece_;  // bytes per rank and call (MPI counts are int)
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   Ledger* booked_ = nullptr;  // the ledger staging_ is booked in (it may change between grows)
@@ -194,7 +207,9 @@ bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }
 
-Result<std::unique_ptr<Comm>> make_mpi_comm() {
+Result<std::unique_ptr<Comm>> make_mpi_comm(size_t max_piece_bytes) {
+  if (max_piece_bytes == 0 || max_piece_bytes > kMaxMpiPiece)
+    return Status::Invalid(fmt::format("MPI piece of {} bytes: must be 1..{}", max_piece_bytes, kMaxMpiPiece));
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
@@ -203,7 +218,7 @@ Result<std::unique_ptr<Comm>> make_mpi_comm() {
     if (rc != MPI_SUCCESS) return Status::CommError("MPI_Init_thread failed: cannot start MPI");
     g_we_initialised = true;
   }
-  return std::unique_ptr<Comm>(new MpiComm());
+  return std::unique_ptr<Comm>(new MpiComm(max_piece_bytes));
 }
 
 void finalize_mpi() {
