@@ -55,6 +55,7 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
     run.comm.push_back(comm.bytes_sent());
   }
   run.ledger = dev.ledger().snapshot();
+  run.sched = engine.sched_stats();
   for (int u = 0; u < engine.num_units(); ++u) run.owned += engine.owned_range(u).end - engine.owned_range(u).begin;
   for (int u = 0; u < engine.num_units(); ++u) {
     size_t at = run.params.size();
@@ -62,6 +63,19 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
     ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, run.params.data() + at));
   }
   return run;
+}
+
+Config scheduler_off(Config c) {
+  c.prefetch_bucket_size = 0;
+  c.max_reuse_distance = 0;
+  return c;
+}
+
+Config scheduler_tight(Config c) {
+  c.prefetch_bucket_size = 1500;  // the MLP's units are 1333 elements
+  c.max_live_parameters = 3000;
+  c.max_reuse_distance = 3000;
+  return c;
 }
 
 Config with_nvme_offload(Config c, const std::string& dir, double ratio) {
@@ -80,7 +94,7 @@ std::string check_nvme_matches_memory(Comm& comm) {
   for (int stage = 1; stage <= 3; ++stage) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       Config c = mlp_config(stage, dt);
-      auto mem = run_mlp(c, comm, 4);
+      auto mem = run_mlp(scheduler_off(c), comm, 4);
       if (!mem.ok()) return mem.status().message();
       struct Home {
         OffloadDevice device;
@@ -94,11 +108,25 @@ std::string check_nvme_matches_memory(Comm& comm) {
         Config oc = with_nvme_offload(c, dir, ratio);
         oc.offload_optimizer.device = home.device;
         if (stage == 3) oc.offload_param.device = home.device;
-        auto nv = run_mlp(oc, comm, 4);
-        if (!nv.ok()) return what + ": " + nv.status().message();
-        if (nv->params.size() != mem->params.size() ||
-            std::memcmp(nv->params.data(), mem->params.data(), mem->params.size() * 4) != 0)
-          return what + ": weights differ from the in-memory run";
+        // The scheduler (prefetch and reuse) moves the same bytes as plain fetches: off, on with
+        // the defaults (everything ahead, everything kept), and on with room for about one unit.
+        Result<MlpRun> nv = Status::Runtime("not run");
+        for (const Config& sc : {scheduler_off(oc), oc, scheduler_tight(oc)}) {
+          nv = run_mlp(sc, comm, 4);
+          if (!nv.ok()) return what + ": " + nv.status().message();
+          std::string sched = sc.prefetch_bucket_size == 0 ? "off" : sc.prefetch_bucket_size == oc.prefetch_bucket_size
+                                                                         ? "on" : "tight";
+          if (nv->params.size() != mem->params.size() ||
+              std::memcmp(nv->params.data(), mem->params.data(), mem->params.size() * 4) != 0)
+            return what + ", scheduler " + sched + ": weights differ from the in-memory run";
+          // Stage 3: it really ran (off: it did nothing).
+          const auto& st = nv->sched;
+          bool worked = st.loads_ahead > 0 && st.fetched_loading > 0 && (sched != "on" || st.fetched_kept > 0);
+          bool idle = st.loads_ahead == 0 && st.fetched_kept == 0;
+          if (stage == 3 && (sched == "off" ? !idle : !worked))
+            return what + fmt::format(", scheduler {}: {} loads ahead, {} fetches found their load, {} kept", sched,
+                                      st.loads_ahead, st.fetched_loading, st.fetched_kept);
+        }
         uint64_t total_mem = 0, total_nv = 0;
         for (int t = 0; t < kNumTiers; ++t) {
           total_mem += mem->ledger.persistent(static_cast<Tier>(t));
@@ -123,6 +151,84 @@ std::string check_nvme_matches_memory(Comm& comm) {
       }
     }
   }
+  return "";
+}
+
+}  // namespace zoe::test
+
+namespace zoe::test {
+
+Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::vector<std::vector<int>>& orders,
+                                      ZeroEngine::SchedStats* stats) {
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
+  MlpModel model(c.n_layer, c.n_embd, 99);
+  ZeroEngine engine(c, dev, comm, model.units());
+  ZOE_RETURN_IF_ERROR(engine.allocate());
+  ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
+  std::vector<float> w, g;
+  for (const auto& order : orders) {
+    for (int u : order) {
+      w.resize(engine.unit(u).numel);
+      ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, w.data()));
+      g.resize(w.size());
+      for (size_t i = 0; i < w.size(); ++i) g[i] = 0.5f * w[i] + 0.01f * static_cast<float>(u + 1);
+      ZOE_RETURN_IF_ERROR(grads_from_host(engine, u, g.data()));
+    }
+    ZOE_RETURN_IF_ERROR(engine.step(c.lr).status());
+  }
+  if (stats) *stats = engine.sched_stats();
+  std::vector<float> all;
+  for (int u = 0; u < engine.num_units(); ++u) {
+    w.resize(engine.unit(u).numel);
+    ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, w.data()));
+    all.insert(all.end(), w.begin(), w.end());
+  }
+  return all;
+}
+
+std::string check_reordered_steps_match(Comm& comm) {
+  // The MLP's five units: forward and backward; then a step in another order, one that stops
+  // early, and the first order again. Each gradient is a function of what its fetch returned.
+  std::vector<int> a = {0, 1, 2, 3, 4, 4, 3, 2, 1, 0}, b = {0, 1, 3, 2, 4, 4, 2, 3, 1, 0}, early = {0, 1, 2};
+  std::vector<std::vector<int>> orders = {a, a, b, a, early, a, a};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Config c = mlp_config(3, dt);
+    auto ref = run_orders(scheduler_off(c), comm, orders, nullptr);
+    if (!ref.ok()) return ref.status().message();
+    for (const Config& sc : {c, scheduler_tight(c)}) {
+      ZeroEngine::SchedStats st;
+      auto run = run_orders(sc, comm, orders, &st);
+      if (!run.ok()) return run.status().message();
+      std::string what = fmt::format("{} bucket {}", dtype_name(dt), sc.prefetch_bucket_size);
+      if (*run != *ref) return what + ": weights differ from the run without the scheduler";
+      // b and early leave a's order, a leaves b's and early's: four deviations; and it worked.
+      if (st.deviations != 4 || st.loads_ahead == 0)
+        return what + fmt::format(": {} deviations (expected 4), {} loads ahead", st.deviations, st.loads_ahead);
+    }
+  }
+  return "";
+}
+
+std::string check_quarter_budget(Comm& comm) {
+  // A unit in flight is whole (gathered weights, fp32 gradient, reduction buffer: 8 bytes per
+  // element of the unit) while the footprint is 16 bytes per element of the shard: 32 units
+  // leave room beside it for a few kept and prefetched ones at N = 4.
+  Config c = mlp_config(3, DType::kBF16, 32, 24);
+  auto mem = run_mlp(c, comm, 4);
+  if (!mem.ok()) return mem.status().message();
+  uint64_t footprint = 0;  // stage 3's persistent bytes on this rank, every tier
+  for (int t = 0; t < kNumTiers; ++t) footprint += mem->ledger.persistent(static_cast<Tier>(t));
+  Config q = c;
+  q.device_memory_budget = footprint / 4;
+  q.offload_param.device = q.offload_optimizer.device = OffloadDevice::kCpu;
+  auto run = run_mlp(q, comm, 4);
+  if (!run.ok()) return "budget " + std::to_string(q.device_memory_budget) + ": " + run.status().message();
+  uint64_t peak = run->ledger.peak[static_cast<int>(Tier::kDevice)];
+  if (peak > q.device_memory_budget)
+    return fmt::format("device peak {} exceeds the budget {}", peak, q.device_memory_budget);
+  if (run->params != mem->params) return "weights differ from the run with everything on the device";
+  if (run->sched.loads_ahead == 0 || run->sched.fetched_kept == 0)
+    return "the scheduler did nothing within the budget (test too tight)";
   return "";
 }
 

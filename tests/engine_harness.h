@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "cpu/cpu_device.h"
 #include "model/mlp_model.h"
+#include "sched/zero_engine.h"
 #include "train/batch_source.h"
 #include "zoe/engine.h"
 
@@ -20,6 +21,7 @@ struct MlpRun {
   int64_t padded = 0, shard = 0;
   int64_t host_stepped = 0;       // optimizer elements the CPU Adam stepped on the host, last step
   int64_t owned = 0;              // optimizer elements this rank owns (real, no padding)
+  ZeroEngine::SchedStats sched;   // what stage 3's scheduler did
 };
 
 inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36) {
@@ -44,13 +46,29 @@ Status init_params(Engine& e, const Model& model, uint64_t seed);
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source);
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);
 
+// Stage 3's scheduler off (no prefetch, no reuse: every fetch loads and gathers), and on with
+// room for about one of the MLP's units ahead and two live.
+Config scheduler_off(Config c);
+Config scheduler_tight(Config c);
+
 // Homes the optimizer state (and at stage 3 the parameters) on NVMe under `dir` with `ratio`
 // of each kind there; small aio blocks so that a small model still spans many of them.
 Config with_nvme_offload(Config c, const std::string& dir, double ratio);
-// Checks that training with state on NVMe (ratio 1 and 0.5) or half of it in host memory gives
-// bitwise the in-memory weights at stages 1-3, and that the ledger moved exactly the offloaded
+// Checks that training with state on NVMe (ratio 1 and 0.5) or in host memory (0.5 and 1) gives
+// bitwise the in-memory weights at stages 1-3 with the scheduler off, on and tight, and that the ledger moved exactly the offloaded
 // bytes off the device tier.
 // Returns "" or what differed.
 std::string check_nvme_matches_memory(Comm& comm);
+
+// Drives fetch / grads_ready / step by hand, one unit order per step (gradients are a function
+// of what each fetch returned); the final weights.
+Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::vector<std::vector<int>>& orders,
+                                      ZeroEngine::SchedStats* stats);
+// Steps that leave the recorded unit order (another order, an early stop) give bitwise the
+// weights of the same steps without the scheduler. Returns "" or what differed.
+std::string check_reordered_steps_match(Comm& comm);
+// Stage 3 with a device budget of a quarter of its persistent footprint (state offloaded to
+// host memory) trains to the same weights with the ledger's device peak within the budget.
+std::string check_quarter_budget(Comm& comm);
 
 }  // namespace zoe::test

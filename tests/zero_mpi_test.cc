@@ -65,6 +65,7 @@ TEST(ZeroMpi, CommBytesStages012EqualStage3IsOneAndAHalf) {
   uint64_t agrs[4] = {0, 0, 0, 0}, ar[4] = {0, 0, 0, 0};
   for (int stage = 0; stage <= 3; ++stage) {
     Config c = mlp_config(stage, DType::kBF16);
+    c.max_reuse_distance = 0;  // every fetch gathers
     auto run = run_mlp(c, *g_comm, 2);
     ASSERT_TRUE(run.ok()) << run.status().message();
     const CommBytes& b = run->comm.back();
@@ -81,6 +82,13 @@ TEST(ZeroMpi, CommBytesStages012EqualStage3IsOneAndAHalf) {
   EXPECT_EQ(2 * agrs[3], 3 * agrs[0]);  // exactly 1.5x
   EXPECT_EQ(ar[1], ar[0]);              // the norm's scalar all-reduce, the same at every stage
   EXPECT_EQ(ar[3], ar[0]);
+  // Units kept for reuse (stage3_max_reuse_distance, default 1e9 elements) are not gathered
+  // again: the MLP's backward starts where its forward ended, so from the second step (the
+  // first one records the order) stage 3 gathers every unit once, like stages 0-2.
+  auto kept = run_mlp(mlp_config(3, DType::kBF16), *g_comm, 2);
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(kept->comm.front().all_gather, 2 * (N - 1) * kept->shard * 2);
+  EXPECT_EQ(kept->comm.back().all_gather, (N - 1) * kept->shard * 2);
 }
 
 TEST(ZeroMpi, Fp32StagesAreBitwiseIdenticalAfterFiveSteps) {
@@ -328,6 +336,14 @@ TEST(ZeroMpi, CollectivesInPiecesEqualOneCall) {
 
 TEST(ZeroMpi, StateOnNvmeTrainsBitwiseAsInMemory) {
   EXPECT_EQ(check_nvme_matches_memory(*g_comm), "");
+}
+
+TEST(ZeroMpi, StepsOutOfTheRecordedOrderStillGiveTheRightWeights) {
+  EXPECT_EQ(check_reordered_steps_match(*g_comm), "");
+}
+
+TEST(ZeroMpi, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
+  EXPECT_EQ(check_quarter_budget(*g_comm), "");
 }
 
 TEST(ZeroMpi, LossFallsInEveryPrecision) {

@@ -168,6 +168,30 @@ TEST(ZeroOneRank, StateOnNvmeTrainsBitwiseAsInMemory) {
   EXPECT_EQ(check_nvme_matches_memory(*self), "");
 }
 
+TEST(ZeroOneRank, StepsOutOfTheRecordedOrderStillGiveTheRightWeights) {
+  auto self = make_self_comm();
+  EXPECT_EQ(check_reordered_steps_match(*self), "");
+}
+
+TEST(ZeroOneRank, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
+  auto self = make_self_comm();
+  EXPECT_EQ(check_quarter_budget(*self), "");
+}
+
+TEST(ZeroOneRank, AUnitThatCannotFitIsAnErrorAtStartUp) {
+  auto self = make_self_comm();
+  Config c = mlp_config(3, DType::kBF16);
+  c.offload_param.device = c.offload_optimizer.device = OffloadDevice::kCpu;
+  c.device_memory_budget = 16384;  // the gradients fit (13.3 KB), a unit in flight (10.7 KB) does not
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+  MlpModel model(c.n_layer, c.n_embd, 1);
+  ZeroEngine e(c, dev, *self, model.units());
+  Status st = e.allocate();
+  EXPECT_EQ(st.code(), Code::kInvalidInput);
+  EXPECT_NE(st.message().find("unit 'layers.0' needs 10664 bytes"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("zoe.device_memory_budget"), std::string::npos) << st.message();
+}
+
 TEST(ZeroOneRank, Fp16OverflowSkipsTheStepLowersTheScaleAndTouchesNothing) {
   TinyEngine t(DType::kF16);
   EXPECT_EQ(t.e->loss_scale(), 65536.0);  // 2^initial_scale_power (16)

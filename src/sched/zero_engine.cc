@@ -14,6 +14,17 @@
 
 namespace zoe {
 
+namespace {
+
+// What the prefetcher weighs units by: their gathered elements.
+std::vector<int64_t> unit_elems(const ShardLayout& l) {
+  std::vector<int64_t> v;
+  for (int u = 0; u < l.num_units(); ++u) v.push_back(l.slot(u).full_size);
+  return v;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::create(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units) {
   if (units.empty()) return Status::Invalid("a model must have at least one unit");
   auto e = std::make_unique<ZeroEngine>(c, d, comm, std::move(units));
@@ -26,7 +37,9 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
       dtype_(c.dtype), wsize_(dtype_size(c.dtype)), gdtype_(c.grad_dtype()), gsize_(dtype_size(gdtype_)),
       scaler_(c.dtype == DType::kF16 && c.static_loss_scale == 0
                   ? LossScaler::dynamic(c.initial_scale_power, c.loss_scale_window, c.hysteresis, c.min_loss_scale)
-                  : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)) {
+                  : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)),
+      gather_pool_(d), prefetch_(unit_elems(layout_), PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters,
+                                                                     c.max_reuse_distance}) {
   gathered_.resize(layout_.num_units());
   local_seen_.assign(layout_.num_units(), 0);
   reduced_.assign(layout_.num_units(), 0);
@@ -40,7 +53,11 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 
 ZeroEngine::~ZeroEngine() {
   set_activation_bytes(0);
-  for (auto& g : gathered_) dev_.free(g.buf);
+  for (auto& g : gathered_) {
+    g.load.reset();  // waits for what it issued
+    dev_.free(g.buf);
+  }
+  gather_pool_.trim();
   dev_.free(grad_);
   dev_.free(scalars_);
   for (StateArray* a : {&param_, &master_, &exp_avg_, &exp_avg_sq_}) a->release(dev_);
@@ -147,7 +164,40 @@ Status ZeroEngine::allocate() {
   if (cfg_.mixed_precision())
     ZOE_RETURN_IF_ERROR(master_.allocate(dev_, home(oo, "master"), opt_elems, 4, Kind::kMaster));
   ZOE_RETURN_IF_ERROR(exp_avg_.allocate(dev_, home(oo, "exp_avg"), opt_elems, 4, Kind::kExpAvg));
-  return exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq);
+  ZOE_RETURN_IF_ERROR(exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq));
+  return check_device_fits();
+}
+
+// What one unit in flight needs on the device at once: its gathered weights (stage 3), the fp32
+// gradient the model hands over, and its reduction buffer (stages 2-3).
+uint64_t ZeroEngine::unit_device_need(int u) const {
+  uint64_t full = layout_.slot(u).full_size;
+  return full * ((plan_.shard_params ? wsize_ : 0) + 4 + (plan_.shard_grads ? gsize_ : 0));
+}
+
+uint64_t ZeroEngine::device_free() const {
+  LedgerSnapshot l = dev_.ledger().snapshot();
+  uint64_t used = 0;
+  for (uint64_t b : l.bytes[static_cast<int>(Tier::kDevice)]) used += b;
+  return cfg_.device_memory_budget > used ? cfg_.device_memory_budget - used : 0;
+}
+
+// A unit that cannot be in flight next to the persistent state is an error now, not an
+// out-of-memory error in the middle of a step.
+Status ZeroEngine::check_device_fits() {
+  uint64_t budget = cfg_.device_memory_budget, left = device_free();
+  reserve_ = 0;
+  for (int u = 0; u < num_units(); ++u) {
+    uint64_t need = unit_device_need(u);
+    reserve_ = std::max(reserve_, need);
+    if (need > left)
+      return Status::Invalid(fmt::format(
+          "unit '{}' needs {} bytes on the device at once (its gathered weights, its fp32 gradient and its "
+          "reduction buffer), but zoe.device_memory_budget ({} bytes) leaves {} after the persistent state ({} "
+          "bytes): raise the budget or offload the state (offload_param, offload_optimizer)",
+          unit(u).name, need, budget, left, budget - left));
+  }
+  return Status::Ok();
 }
 
 int64_t ZeroEngine::param_offset(int u) const {
@@ -214,25 +264,10 @@ Status ZeroEngine::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, 
   return Status::Ok();
 }
 
-Status ZeroEngine::copy_to_device(const StateArray& a, int64_t e, int64_t n, const Buffer& dst, size_t dst_off) {
-  while (n > 0) {
-    int64_t k = std::min(n, a.part_end(e) - e);
-    if (!a.on_nvme(e)) {
-      ZOE_RETURN_IF_ERROR(dev_.copy_async(dst, dst_off, a.buffer_of(e), a.buffer_offset(e), k * a.esize(),
-                                          Stream::kH2D));
-      ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kH2D)));
-    } else {  // NVMe -> pinned window -> device
-      k = std::min<int64_t>(k, group_elems_);
-      ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease w, pool_->acquire(k * a.esize()));
-      {
-        ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
-        ZOE_RETURN_IF_ERROR(a.wait(a.read_async(e, k, w.data())));
-      }
-      ZOE_RETURN_IF_ERROR(dev_.upload(dst.as<char>() + dst_off, w.data(), k * a.esize()));
-    }
-    e += k, dst_off += k * a.esize(), n -= k;
-  }
-  return Status::Ok();
+std::unique_ptr<ChunkLoad> ZeroEngine::chunk_load(int u, const Buffer& dst) {
+  const UnitSlot& s = layout_.slot(u);
+  return std::make_unique<ChunkLoad>(dev_, pool_.get(), param_, s.shard_offset, s.chunk, dst,
+                                     comm_.rank() * s.chunk * wsize_, group_elems_);
 }
 
 // Where owned elements [begin, end) of unit u's kind k are: in fp32 training the master is the
@@ -251,12 +286,14 @@ Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, fl
 }
 
 Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
+  unload_all();
   ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("write_owned", u, k, begin, end));
   return put_f32(*p.array, p.dtype, p.index, end - begin, src);
 }
 
 Status ZeroEngine::set_params(int u, const float* values) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("unit {} out of range", u));
+  unload_all();
   const UnitSlot& s = layout_.slot(u);
   // Replicated params hold the whole unit; sharded ones only this rank's chunk (none of it when
   // the chunk is all padding).
@@ -278,21 +315,39 @@ Result<ParamView> ZeroEngine::fetch(int u) {
     ++g.refs;
     return ParamView{g.buf.data, dtype_, s.numel};
   }
-  ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr));
-  ZOE_ASSIGN_OR_RETURN(Buffer buf, dev_.alloc(s.full_size * wsize_, Tier::kDevice, Kind::kGather));
-  // Our chunk moves from its home tier into our slot, then the slots are filled in place.
-  size_t chunk_bytes = s.chunk * wsize_;
-  Status st = copy_to_device(param_, s.shard_offset, s.chunk, buf, comm_.rank() * chunk_bytes);
-  if (st.ok()) {
-    ZOE_SPAN("all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
-    st = comm_.all_gather(buf.as<char>() + comm_.rank() * chunk_bytes, buf.data, chunk_bytes);
+  if (!trace_.observe(u) && !trace_.plan().empty() && !told_deviation_ && comm_.rank() == 0) {
+    told_deviation_ = true;
+    std::fprintf(stderr, "zoe: warning: a step fetched unit '%s' out of the recorded order: prefetching stops for "
+                 "this step and follows the new order from the next one\n", unit(u).name.c_str());
   }
-  if (!st.ok()) {  // counted only once it is really there
-    dev_.free(buf);
-    return st;
+  // Kept units need no gather here; but every rank gathers when any rank must (their residency
+  // may differ: a full device evicts), so collectives always match.
+  bool need = g.state != Residency::kGathered;
+  ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr, &need));
+  stats_.fetched_kept += !need;
+  stats_.fetched_loading += g.state == Residency::kLoading;
+  if (need) {
+    bool fresh = g.state == Residency::kAbsent;
+    if (fresh) {
+      ZOE_ASSIGN_OR_RETURN(g.buf, gather_buffer(u));
+      g.load = chunk_load(u, g.buf);
+    }
+    Status st = g.load ? g.load->finish() : Status::Ok();  // our chunk, from its home tier
+    g.load.reset();
+    size_t chunk_bytes = s.chunk * wsize_;
+    if (st.ok()) {
+      ZOE_SPAN("all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
+      st = comm_.all_gather(g.buf.as<char>() + comm_.rank() * chunk_bytes, g.buf.data, chunk_bytes);
+    }
+    if (!st.ok()) {  // nothing half-gathered stays behind
+      gather_pool_.give_back(g.buf);
+      g.state = Residency::kAbsent;
+      return st;
+    }
   }
-  g.buf = buf;
+  g.state = Residency::kGathered;
   g.refs = 1;
+  prefetch_ahead();
   return ParamView{g.buf.data, dtype_, s.numel};
 }
 
@@ -301,8 +356,66 @@ Status ZeroEngine::release(int u) {
   if (!plan_.shard_params) return Status::Ok();
   Gathered& g = gathered_[u];
   if (g.refs == 0) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
-  if (--g.refs == 0) dev_.free(g.buf);
+  if (--g.refs > 0) return Status::Ok();
+  // Kept only while a unit in flight still fits beside it: the budget is a hard limit for the
+  // model's allocations too, and they cannot evict.
+  bool room = device_free() >= reserve_;
+  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency())) unload(u);
+  prefetch_ahead();
   return Status::Ok();
+}
+
+std::vector<Residency> ZeroEngine::residency() const {
+  std::vector<Residency> r;
+  for (const Gathered& g : gathered_) r.push_back(g.state);
+  return r;
+}
+
+void ZeroEngine::unload(int u) {
+  Gathered& g = gathered_[u];
+  g.load.reset();  // waits for its reads and copies
+  gather_pool_.give_back(g.buf);
+  g.state = Residency::kAbsent;
+}
+
+void ZeroEngine::unload_all() {
+  for (int u = 0; u < num_units(); ++u)
+    if (gathered_[u].refs == 0 && gathered_[u].state != Residency::kAbsent) unload(u);
+}
+
+// Prefetching is an optimisation: whatever fails here (no room, a read that cannot start) is
+// left to the fetch, which does the same work and reports the error.
+void ZeroEngine::prefetch_ahead() {
+  if (!plan_.shard_params || !trace_.following()) return;
+  for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency())) {
+    Gathered& g = gathered_[v];
+    size_t bytes = layout_.slot(v).full_size * wsize_;
+    if (device_free() < bytes + reserve_) return;  // a unit in flight must still fit
+    auto buf = gather_pool_.acquire(bytes);
+    if (!buf.ok()) return;
+    g.buf = *buf;
+    g.load = chunk_load(v, g.buf);
+    if (!g.load->start().ok()) {
+      unload(v);
+      return;
+    }
+    g.state = Residency::kLoading;
+    ++stats_.loads_ahead;
+  }
+}
+
+// A gather buffer for a fetch: when the device is full, units kept for reuse make room first.
+Result<Buffer> ZeroEngine::gather_buffer(int u) {
+  size_t bytes = layout_.slot(u).full_size * wsize_;
+  auto b = gather_pool_.acquire(bytes);
+  for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
+    if (v == u || gathered_[v].refs > 0 || gathered_[v].state == Residency::kAbsent) continue;
+    unload(v);
+    ++stats_.evicted;
+    gather_pool_.trim();
+    b = gather_pool_.acquire(bytes);
+  }
+  return b;
 }
 
 Status ZeroEngine::reduce_unit_grad(int u, const void* full_grad) {
@@ -324,31 +437,35 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   return sync_point(OpKind::kGrads, u, grad);
 }
 
-Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad) {
+Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need) {
   if (comm_.size() == 1) return kind == OpKind::kGrads ? reduce_sharded_grad(u, grad) : Status::Ok();
   const int n = comm_.size();
-  int32_t mine[2] = {static_cast<int32_t>(kind), u};
-  std::vector<int32_t> all(2 * n);
+  int32_t mine[3] = {static_cast<int32_t>(kind), u, need && *need ? 1 : 0};
+  std::vector<int32_t> all(3 * n);
   for (;;) {
     ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine, all.data(), sizeof(mine)));
-    bool same = true;
-    for (int r = 1; r < n; ++r) same &= all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    bool same = true, any_need = false;
+    for (int r = 0; r < n; ++r) {
+      same &= all[3 * r] == all[0] && all[3 * r + 1] == all[1];
+      any_need |= all[3 * r + 2] != 0;
+    }
+    if (same && need) *need = any_need;
     if (same) return kind == OpKind::kGrads ? reduce_sharded_grad(u, grad) : Status::Ok();
     // Ranks differ. Gradients handed over anywhere are reduced now, in unit order, with zeros
     // from the ranks that have none for that unit; those ranks' calls are then done.
     std::vector<int> units;
     for (int r = 0; r < n; ++r)
-      if (all[2 * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[2 * r + 1]);
+      if (all[3 * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[3 * r + 1]);
     if (units.empty()) {
       auto what = [&](int r) {
-        auto k = static_cast<OpKind>(all[2 * r]);
-        int v = all[2 * r + 1];
+        auto k = static_cast<OpKind>(all[3 * r]);
+        int v = all[3 * r + 1];
         return k == OpKind::kStep ? std::string("step()")
                                   : fmt::format("{}('{}')", k == OpKind::kFetch ? "fetch" : "grads_ready",
                                                 v >= 0 && v < num_units() ? unit(v).name : "?");
       };
       int other = 1;
-      while (other < n && all[2 * other] == all[0] && all[2 * other + 1] == all[1]) ++other;
+      while (other < n && all[3 * other] == all[0] && all[3 * other + 1] == all[1]) ++other;
       return Status::Runtime(fmt::format("ranks are out of step: rank 0 calls {} while rank {} calls {} (every rank "
                                          "must fetch the same units in the same order)", what(0), other, what(other)));
     }
@@ -657,7 +774,17 @@ Status ZeroEngine::gather_replicated_params() {
   return Status::Ok();
 }
 
+// Gathered and loading units hold the parameters as they were: gone before the update. The
+// next step's first units start loading as soon as it is done.
 Result<StepResult> ZeroEngine::step(double lr) {
+  unload_all();
+  auto res = apply_step(lr);
+  trace_.begin_step();
+  if (res.ok()) prefetch_ahead();
+  return res;
+}
+
+Result<StepResult> ZeroEngine::apply_step(double lr) {
   StepResult res;
   res.loss_scale = scaler_.scale();
   res.lr = lr;
@@ -715,6 +842,7 @@ Result<StepResult> ZeroEngine::step(double lr) {
 // The low-precision weights are rewritten from the masters, piece by piece through host memory
 // (the masters may live on NVMe).
 Status ZeroEngine::commit_owned_state() {
+  unload_all();
   if (cfg_.mixed_precision()) {
     std::vector<float> piece;
     for (int u = 0; u < num_units(); ++u)

@@ -20,10 +20,14 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
+#include "sched/chunk_load.h"
+#include "sched/gather_pool.h"
 #include "sched/loss_scaler.h"
+#include "sched/prefetch_policy.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
 #include "sched/state_array.h"
+#include "sched/unit_trace.h"
 #include "cpu/adam.h"
 #include "zoe/device.h"
 #include "zoe/engine.h"
@@ -57,6 +61,20 @@ class ZeroEngine final : public Engine {
   // The optimizer's sub-group (elements) and the pinned pool's size; 0 without NVMe state.
   int64_t sub_group_elems() const { return group_elems_; }
   Status commit_owned_state() override;
+
+  // What stage 3's scheduler did since the engine was made.
+  struct SchedStats {
+    int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
+    int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way
+    int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
+    int64_t evicted = 0;           // kept units dropped to make room
+    int64_t deviations = 0;        // steps that left the recorded unit order
+  };
+  SchedStats sched_stats() const {
+    SchedStats s = stats_;
+    s.deviations = trace_.deviations();
+    return s;
+  }
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
   void scaler_state(int64_t* good, int* hyst) const override;
 
@@ -89,13 +107,28 @@ class ZeroEngine final : public Engine {
   Status put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src);
   // Elements [e, e+n) of `a` into device memory at dst (a gather slot).
   Status copy_to_device(const StateArray& a, int64_t e, int64_t n, const Buffer& dst, size_t dst_off);
+  std::unique_ptr<ChunkLoad> chunk_load(int u, const Buffer& dst);  // this rank's chunk of unit u
+
+  // Stage 3's scheduler (src/sched: UnitTrace, PrefetchPolicy, ChunkLoad, GatherPool). Every
+  // collective still runs at its fetch, after the agreement; what runs ahead is this rank's own
+  // chunk on its way from its home tier, and what stays is a gathered unit fetched again soon.
+  Status check_device_fits();               // start-up: the largest unit fits next to the state
+  uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
+  uint64_t device_free() const;             // the budget less what the ledger has on the device
+  Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
+  void prefetch_ahead();                    // starts the loads the policy asks for
+  void unload(int u);                       // drops a kept or loading unit (refs must be 0)
+  void unload_all();                        // before the parameters change
+  std::vector<Residency> residency() const;
 
   // Every collective the engine starts is preceded by an agreement on what it is (control
   // traffic), so ranks whose models call the unit API differently never mismatch collectives:
   // gradients one rank hands over are reduced with zeros from ranks that have none for that
   // unit; any other disagreement is an error on every rank, never a hang.
   enum class OpKind : int32_t { kFetch = 1, kGrads = 2, kStep = 3 };
-  Status sync_point(OpKind kind, int u, const float* grad);
+  // need (fetch only): in, this rank has to gather; out, some rank has to (then all do).
+  Status sync_point(OpKind kind, int u, const float* grad, bool* need = nullptr);
+  Result<StepResult> apply_step(double lr);
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq();
@@ -145,8 +178,16 @@ class ZeroEngine final : public Engine {
   struct Gathered {
     Buffer buf;
     int refs = 0;
+    Residency state = Residency::kAbsent;
+    std::unique_ptr<ChunkLoad> load;  // while kLoading
   };
+  GatherPool gather_pool_;  // before gathered_: gathered buffers go back to it
   std::vector<Gathered> gathered_;
+  UnitTrace trace_;
+  PrefetchPolicy prefetch_;
+  bool told_deviation_ = false;
+  SchedStats stats_;
+  uint64_t reserve_ = 0;  // the largest unit_device_need: what keeping and prefetching leave free
   std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally
   std::vector<int> reduced_;       // sharded grads: reductions into unit u's owned chunk this step
   int64_t steps_applied_ = 0;

@@ -1,0 +1,87 @@
+#include "sched/chunk_load.h"
+
+#include <algorithm>
+
+#include "common/profiler.h"
+
+namespace zoe {
+
+ChunkLoad::ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t e, int64_t n, const Buffer& dst,
+                     size_t dst_off, int64_t window_elems)
+    : dev_(dev), pool_(pool), a_(a), dst_(dst) {
+  // Cut [e, e + n) at part boundaries; NVMe parts further into windows.
+  while (n > 0) {
+    int64_t k = std::min(n, a.part_end(e) - e);
+    if (!a.on_nvme(e)) {
+      memory_.push_back({e, k, dst_off});
+    } else {
+      k = std::min<int64_t>(k, std::max<int64_t>(window_elems, 1));
+      nvme_.push_back({e, k, dst_off, {}, {}});
+    }
+    e += k, dst_off += k * a.esize(), n -= k;
+  }
+}
+
+ChunkLoad::~ChunkLoad() { drain(); }
+
+// Whatever was issued and not finished has to land before its window and its destination go.
+void ChunkLoad::drain() {
+  if (finished_) return;
+  for (NvmePiece& p : nvme_)
+    if (p.read.valid()) (void)a_.wait(p.read);
+  if (copy_issued_) (void)dev_.wait(copied_);
+  finished_ = true;
+}
+
+Status ChunkLoad::read_piece(NvmePiece& p, bool wait_for_window) {
+  size_t bytes = p.n * a_.esize();
+  if (wait_for_window) {
+    ZOE_ASSIGN_OR_RETURN(p.window, pool_->acquire(bytes));
+  } else {
+    ZOE_ASSIGN_OR_RETURN(p.window, pool_->try_acquire(bytes));
+    if (!p.window.data()) return Status::Ok();  // no window now: finish() reads it
+  }
+  p.read = a_.read_async(p.e, p.n, p.window.data());
+  return Status::Ok();
+}
+
+Status ChunkLoad::start() {
+  started_ = true;
+  if (!memory_.empty()) ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+  for (const MemoryPiece& p : memory_) {
+    ZOE_RETURN_IF_ERROR(dev_.copy_async(dst_, p.dst_off, a_.buffer_of(p.e), a_.buffer_offset(p.e), p.n * a_.esize(),
+                                        Stream::kH2D));
+    copied_ = dev_.record(Stream::kH2D);
+    copy_issued_ = true;
+  }
+  for (NvmePiece& p : nvme_) {
+    ZOE_RETURN_IF_ERROR(read_piece(p, false));
+    if (!p.read.valid()) break;  // the pool is busy: keep the pieces in order
+  }
+  return Status::Ok();
+}
+
+Status ChunkLoad::finish() {
+  if (!started_) ZOE_RETURN_IF_ERROR(start());
+  Status st;
+  for (NvmePiece& p : nvme_) {
+    if (!p.read.valid()) st = read_piece(p, true);
+    if (st.ok()) {
+      ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
+      st = a_.wait(p.read);
+    }
+    p.read = Ticket();
+    if (st.ok()) st = dev_.upload(dst_.as<char>() + p.dst_off, p.window.data(), p.n * a_.esize());
+    p.window = PinnedPool::Lease();
+    if (!st.ok()) break;
+  }
+  if (copy_issued_) {
+    Status c = dev_.wait(copied_);
+    copy_issued_ = false;
+    if (st.ok()) st = c;
+  }
+  drain();
+  return st;
+}
+
+}  // namespace zoe

@@ -1,0 +1,56 @@
+// ChunkLoad: elements [e, e + n) of a StateArray on their way into device memory (a gather
+// slot). The mechanism under both a fetch and a prefetch, so the two move the same bytes:
+//   - memory parts (device or host) are one async copy on the h2d stream, ordered after the
+//     compute stream's earlier work (the optimizer may just have written them);
+//   - NVMe parts are read into pinned windows by the store's I/O thread and uploaded when the
+//     load finishes.
+// start() never blocks on the pinned pool: a piece that gets no window now is read in finish().
+// A load that is dropped unfinished (a prefetch nobody used) waits for what it issued.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "nvme/pinned_pool.h"
+#include "sched/state_array.h"
+#include "zoe/device.h"
+
+namespace zoe {
+
+class ChunkLoad {
+ public:
+  // window_elems: the most elements one pinned window holds.
+  ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t e, int64_t n, const Buffer& dst,
+            size_t dst_off, int64_t window_elems);
+  ChunkLoad(const ChunkLoad&) = delete;
+  ChunkLoad& operator=(const ChunkLoad&) = delete;
+  ~ChunkLoad();
+
+  Status start();
+  // After it the elements are in dst (the h2d stream's copy is waited for).
+  Status finish();
+
+ private:
+  struct NvmePiece {
+    int64_t e, n;
+    size_t dst_off;
+    PinnedPool::Lease window;
+    Ticket read;
+  };
+  Status read_piece(NvmePiece& p, bool wait_for_window);
+  void drain();
+
+  Device& dev_;
+  PinnedPool* pool_;
+  const StateArray& a_;
+  Buffer dst_;
+  std::vector<NvmePiece> nvme_;
+  struct MemoryPiece {
+    int64_t e, n;
+    size_t dst_off;
+  };
+  std::vector<MemoryPiece> memory_;  // device and host-memory parts
+  Event copied_;
+  bool copy_issued_ = false, started_ = false, finished_ = false;
+};
+
+}  // namespace zoe

@@ -1,0 +1,47 @@
+#include "sched/prefetch_policy.h"
+
+#include <algorithm>
+
+namespace zoe {
+
+int64_t PrefetchPolicy::live_elems(const std::vector<Residency>& state) const {
+  int64_t live = 0;
+  for (size_t u = 0; u < state.size(); ++u)
+    if (state[u] != Residency::kAbsent) live += elems_[u];
+  return live;
+}
+
+std::vector<int> PrefetchPolicy::ahead(const std::vector<int>& plan, size_t next,
+                                       const std::vector<Residency>& state) const {
+  std::vector<int> start;
+  if (limits_.bucket_elems <= 0) return start;
+  int64_t live = live_elems(state), in_flight = 0;
+  std::vector<char> seen(state.size(), 0);
+  for (size_t i = next; i < plan.size(); ++i) {
+    int u = plan[i];
+    if (seen[u]) continue;
+    seen[u] = 1;
+    if (state[u] == Residency::kGathered) continue;
+    in_flight += elems_[u];
+    if (in_flight > limits_.bucket_elems) break;
+    if (state[u] == Residency::kLoading) continue;  // counted, already on its way
+    if (live + elems_[u] > limits_.max_live_elems) break;
+    live += elems_[u];
+    start.push_back(u);
+  }
+  return start;
+}
+
+bool PrefetchPolicy::keep(const std::vector<int>& plan, size_t next, int u,
+                          const std::vector<Residency>& state) const {
+  if (limits_.max_reuse_distance <= 0 || live_elems(state) > limits_.max_live_elems) return false;
+  int64_t distance = 0;
+  for (size_t i = next; i < plan.size(); ++i) {
+    if (plan[i] == u) return true;
+    distance += elems_[plan[i]];
+    if (distance > limits_.max_reuse_distance) return false;
+  }
+  return false;  // not fetched again this step: the step's update changes it anyway
+}
+
+}  // namespace zoe

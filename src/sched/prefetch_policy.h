@@ -1,0 +1,48 @@
+// PrefetchPolicy: which units to start loading ahead of compute, and which to keep gathered
+// after their release. A pure function of the trace, the units' sizes, what is resident and the
+// limits, so it is tested with fakes and runs the same on every device.
+//
+// DeepSpeed's meaning of the limits, in elements:
+//   bucket_elems       (stage3_prefetch_bucket_size): elements loading ahead of the next fetch;
+//                      0 turns prefetching off;
+//   max_live_elems     (stage3_max_live_parameters): gathered plus loading elements at once;
+//   max_reuse_distance (stage3_max_reuse_distance): a released unit stays gathered when the
+//                      plan fetches it again within this many elements; 0 never keeps.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace zoe {
+
+struct PrefetchLimits {
+  int64_t bucket_elems = 0;
+  int64_t max_live_elems = 0;
+  int64_t max_reuse_distance = 0;
+};
+
+// Where a unit's gathered parameters are.
+enum class Residency : uint8_t { kAbsent = 0, kLoading, kGathered };
+
+class PrefetchPolicy {
+ public:
+  PrefetchPolicy(std::vector<int64_t> unit_elems, PrefetchLimits limits)
+        : elems_(std::move(unit_elems)), limits_(limits) {}
+
+  // Units to start loading now, in plan order: the distinct units from plan[next] on that are
+  // absent, as long as the elements loading ahead stay within the bucket and everything live
+  // within max_live_elems. Stops at the first unit that does not fit (the order is the point).
+  std::vector<int> ahead(const std::vector<int>& plan, size_t next, const std::vector<Residency>& state) const;
+
+  // Whether unit u, just released with the plan at `next`, is fetched again soon enough to keep.
+  bool keep(const std::vector<int>& plan, size_t next, int u, const std::vector<Residency>& state) const;
+
+  int64_t live_elems(const std::vector<Residency>& state) const;
+
+ private:
+  std::vector<int64_t> elems_;
+  PrefetchLimits limits_;
+};
+
+}  // namespace zoe
