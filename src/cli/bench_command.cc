@@ -9,6 +9,7 @@
 #include "comm_bench.h"
 #include "gpu_bench.h"
 #include "nvme_bench.h"
+#include "offload_bench.h"
 #include "step_bench.h"
 
 namespace zoe::cli {
@@ -74,10 +75,16 @@ int bench_command(const BenchArgs& a) {
     o.torch = !a.no_torch;
     o.python = a.python;
     st = bench_gpu(o, &out, human);
+  } else if (a.what == "offload") {
+    OffloadBenchOptions o;
+    if (a.iters > 0) o.iters = a.iters;
+    if (!a.dir.empty()) o.nvme_dir = a.dir;
+    o.trace_path = a.trace;
+    st = bench_offload(o, &out, human);
   } else if (a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
-    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, gpu, nvme, copy, step", a.what));
+    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, gpu, nvme, offload, copy, step", a.what));
   }
   if (!st.ok()) return report_error(st);
   if (a.json && !out.is_null()) fmt::print("{}\n", out.dump(2));

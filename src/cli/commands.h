@@ -40,6 +40,7 @@ struct BenchArgs {
   bool no_torch = false;
   std::string python;
   std::string dir;                  // --dir: where `bench nvme` puts its test file
+  std::string trace;                // --trace: `bench offload` keeps one step's timeline
 };
 int bench_command(const BenchArgs& a);
 

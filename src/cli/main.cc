@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
   bench->add_option("--iters", ba.iters, "timed repetitions per case");
   bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
-  bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme)");
+  bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
+                                     "directory (default out/bench-offload)");
+  bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
 
   ExportArgs xa;
   auto* exp = app.add_subcommand("export", "consolidated fp32 weights of a checkpoint as safetensors");

@@ -33,6 +33,10 @@ class Profiler {
   // Bucket totals since the last call, in seconds; resets them.
   std::array<double, kNumBuckets> take_step_times();
   const std::vector<TraceEvent>& events() const { return events_; }
+  void clear_events() {
+    std::lock_guard<std::mutex> l(mu_);
+    events_.clear();
+  }
 
  private:
   Profiler();

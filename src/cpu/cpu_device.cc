@@ -1,5 +1,7 @@
 #include "cpu/cpu_device.h"
 
+#include "common/profiler.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -73,8 +75,12 @@ void CpuDevice::enqueue(Stream s, std::function<void()> fn) {
 
 // Work on a copy stream runs on its worker, on the others at once; either way inside the fence.
 void CpuDevice::run_on(Stream s, std::function<void()> fn) {
-  auto fenced = [f = fence_.get(), fn = std::move(fn)] {
+  // On a copy stream's worker the copy is its own row of the trace (h2d, d2h).
+  auto fenced = [f = fence_.get(), fn = std::move(fn), s, async = asynchronous(s)] {
     MemoryFence::Open o(f);
+    if (!async || !Profiler::get().tracing()) return fn();
+    const char* cat = s == Stream::kH2D ? "h2d" : "d2h";
+    Span span(cat, cat, Bucket::kNone);
     fn();
   };
   if (asynchronous(s))

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/profiler.h"
 #include "nvme/io_error.h"
 
 namespace zoe {
@@ -30,6 +31,7 @@ void IoWorker::stop() {
 }
 
 void IoWorker::submit(std::shared_ptr<Transfer> t) {
+  t->submitted_us = Profiler::get().now_us();
   bool wake = false;
   {
     std::lock_guard l(mu_);
@@ -312,6 +314,10 @@ void IoWorker::finish(int slot) {
 }
 
 void IoWorker::complete(Transfer& t) {
+  if (Profiler::get().tracing()) {
+    const char* cat = t.op == IoOp::kRead ? "nvme_read" : "nvme_write";
+    Profiler::get().record(cat, cat, Bucket::kNone, t.submitted_us, Profiler::get().now_us());
+  }
   {
     std::lock_guard l(mu_);
     t.done = true;

@@ -182,6 +182,16 @@ uint64_t ZeroEngine::device_free() const {
   return cfg_.device_memory_budget > used ? cfg_.device_memory_budget - used : 0;
 }
 
+// Whether `bytes` more can be held for the scheduler and still leave a unit in flight and the
+// model's activations, as high as they have been at a fetch, room on the device: the budget is a
+// hard limit for the model's allocations too, and they cannot evict.
+bool ZeroEngine::has_room(uint64_t bytes) {
+  LedgerSnapshot l = dev_.ledger().snapshot();
+  uint64_t act = l.bytes[static_cast<int>(Tier::kDevice)][static_cast<int>(Kind::kActivation)];
+  activation_peak_ = std::max(activation_peak_, act);
+  return device_free() + act >= bytes + reserve_ + activation_peak_;
+}
+
 // A unit that cannot be in flight next to the persistent state is an error now, not an
 // out-of-memory error in the middle of a step.
 Status ZeroEngine::check_device_fits() {
@@ -357,9 +367,7 @@ Status ZeroEngine::release(int u) {
   Gathered& g = gathered_[u];
   if (g.refs == 0) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
   if (--g.refs > 0) return Status::Ok();
-  // Kept only while a unit in flight still fits beside it: the budget is a hard limit for the
-  // model's allocations too, and they cannot evict.
-  bool room = device_free() >= reserve_;
+  bool room = has_room(0);
   if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency())) unload(u);
   prefetch_ahead();
   return Status::Ok();
@@ -390,7 +398,7 @@ void ZeroEngine::prefetch_ahead() {
   for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency())) {
     Gathered& g = gathered_[v];
     size_t bytes = layout_.slot(v).full_size * wsize_;
-    if (device_free() < bytes + reserve_) return;  // a unit in flight must still fit
+    if (!has_room(bytes)) return;
     auto buf = gather_pool_.acquire(bytes);
     if (!buf.ok()) return;
     g.buf = *buf;

@@ -62,6 +62,9 @@ class ZeroEngine final : public Engine {
   int64_t sub_group_elems() const { return group_elems_; }
   Status commit_owned_state() override;
 
+  // The units' fetch order of the last complete step (stage 3; empty before one).
+  const std::vector<int>& unit_order() const { return trace_.plan(); }
+
   // What stage 3's scheduler did since the engine was made.
   struct SchedStats {
     int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
@@ -115,6 +118,7 @@ class ZeroEngine final : public Engine {
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
   uint64_t device_free() const;             // the budget less what the ledger has on the device
+  bool has_room(uint64_t bytes);            // may the scheduler hold `bytes` more
   Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
   void prefetch_ahead();                    // starts the loads the policy asks for
   void unload(int u);                       // drops a kept or loading unit (refs must be 0)
@@ -187,6 +191,7 @@ class ZeroEngine final : public Engine {
   PrefetchPolicy prefetch_;
   bool told_deviation_ = false;
   SchedStats stats_;
+  uint64_t activation_peak_ = 0;  // the model's device activations, the most seen at a fetch
   uint64_t reserve_ = 0;  // the largest unit_device_need: what keeping and prefetching leave free
   std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally
   std::vector<int> reduced_;       // sharded grads: reductions into unit u's owned chunk this step

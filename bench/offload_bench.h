@@ -1,0 +1,28 @@
+// `zoe bench offload`: how much of stage 3's offload the scheduler hides. One GPT-2 shape whose
+// training state (16 bytes per parameter, bf16) is 4x the device budget, parameters and
+// optimizer state on NVMe. In the same run: the offloaded step; the compute-only step (the same
+// model and stage with everything resident); the I/O-only step (the same engine and unit order
+// without the model: every fetch's reads and gathers, zero gradients handed over, the optimizer's
+// NVMe pass). ratio = step_s / max(compute_only_s, io_only_s): 1.0 is perfect overlap.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/gpt2_config.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct OffloadBenchOptions {
+  gpt2::Gpt2Shape shape{/*n_layer=*/8, /*n_head=*/8, /*n_embd=*/512, /*vocab_size=*/256, /*n_positions=*/256};
+  int B = 1, T = 64;
+  int warmup = 1, iters = 3;
+  std::string nvme_dir = "out/bench-offload";
+  std::string trace_path;  // non-empty: the Chrome trace of one offloaded step
+};
+
+Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FILE* human);
+
+}  // namespace zoe

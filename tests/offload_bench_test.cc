@@ -1,0 +1,50 @@
+// `zoe bench offload` on a small GPT-2: the contract's fields, a state 4x the device budget that
+// the offloaded step stays within, and a trace with the workers' rows.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "offload_bench.h"
+#include "test_util.h"
+
+namespace zoe {
+namespace {
+
+TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
+  OffloadBenchOptions o;
+  o.shape = {/*n_layer=*/12, /*n_head=*/4, /*n_embd=*/128, /*vocab_size=*/256, /*n_positions=*/64};
+  o.T = 16, o.warmup = 1, o.iters = 2;
+  std::string dir = test::make_temp_dir("offload");
+  o.nvme_dir = dir + "/swap";
+  o.trace_path = dir + "/trace.json";
+  nlohmann::json j;
+  Status st = bench_offload(o, &j, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(j.at("bench"), "offload");
+  ASSERT_EQ(j.at("results").size(), 2u);  // scheduler on, off
+  for (const auto& r : j["results"]) {
+    double step = r.at("step_s"), compute = r.at("compute_only_s"), io = r.at("io_only_s");
+    EXPECT_GT(step, 0);
+    EXPECT_GT(compute, 0);
+    EXPECT_GT(io, 0);
+    EXPECT_DOUBLE_EQ(r.at("ratio").get<double>(), step / std::max(compute, io));
+    EXPECT_GE(r.at("state_bytes").get<double>(), 4.0 * r.at("device_budget_bytes").get<double>() * 0.999);
+    EXPECT_LE(r.at("peak_device_bytes").get<uint64_t>(), r.at("device_budget_bytes").get<uint64_t>());
+  }
+  std::ifstream f(o.trace_path);
+  auto trace = nlohmann::json::parse(f);
+  std::set<std::string> cats;
+  std::set<int> nvme_rows;
+  for (const auto& e : trace.at("traceEvents")) {
+    cats.insert(e.at("cat").get<std::string>());
+    if (e["cat"] == "nvme_read") nvme_rows.insert(e.at("tid").get<int>());
+  }
+  for (const char* c : {"compute", "all_gather", "nvme_read", "nvme_write", "adam"}) EXPECT_TRUE(cats.count(c)) << c;
+  EXPECT_GE(nvme_rows.size(), 2u);  // the waits on the compute row, the transfers on the I/O thread's
+}
+
+}  // namespace
+}  // namespace zoe
