@@ -16,8 +16,8 @@
 namespace zoe {
 
 struct OffloadBenchOptions {
-  gpt2::Gpt2Shape shape{/*n_layer=*/8, /*n_head=*/8, /*n_embd=*/512, /*vocab_size=*/256, /*n_positions=*/256};
-  int B = 1, T = 64;
+  gpt2::Gpt2Shape shape{/*n_layer=*/16, /*n_head=*/8, /*n_embd=*/512, /*vocab_size=*/256, /*n_positions=*/256};
+  int B = 1, T = 256;
   int warmup = 1, iters = 3;
   std::string nvme_dir = "out/bench-offload";
   std::string trace_path;  // non-empty: the Chrome trace of one offloaded step

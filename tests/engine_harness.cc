@@ -49,11 +49,13 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
       ZOE_ASSIGN_OR_RETURN(double l, model.train_micro_step(engine, b, static_cast<float>(engine.loss_scale())));
       loss += l;
     }
-    ZOE_ASSIGN_OR_RETURN(StepResult r, engine.step(c.lr));
-    run.host_stepped = r.host_stepped;
+    ZOE_RETURN_IF_ERROR(engine.step(c.lr).status());
     run.losses.push_back(loss);
     run.comm.push_back(comm.bytes_sent());
   }
+  // The last step's update: stage 3 overlaps it with what comes next, here nothing.
+  ZOE_ASSIGN_OR_RETURN(StepResult last, engine.flush());
+  run.host_stepped = last.host_stepped;
   run.ledger = dev.ledger().snapshot();
   run.sched = engine.sched_stats();
   for (int u = 0; u < engine.num_units(); ++u) run.owned += engine.owned_range(u).end - engine.owned_range(u).begin;

@@ -35,6 +35,7 @@ struct StepResult {
   double loss_scale = 1;     // the scale the step's gradients carried
   double lr = 0;
   int64_t step = 0;          // optimizer steps applied so far
+  // Known once the update is done (Engine::flush; step() fills them where it waited for it):
   uint64_t nonfinite = 0;    // non-finite gradient elements met by the kernel (0 when skipped early)
   int64_t host_stepped = 0;  // optimizer elements the CPU Adam stepped on the host (ZeRO-Offload)
 };
@@ -69,8 +70,13 @@ class Engine {
   // Hands over this micro-step's gradient of unit u (numel fp32 values in device memory, of the
   // loss multiplied by loss_scale()). Call at most once per unit per micro-step.
   virtual Status grads_ready(int u, const float* grad) = 0;
-  // Reduces, clips and applies the accumulated gradients with learning rate `lr`.
+  // Reduces, clips and applies the accumulated gradients with learning rate `lr`. Stage 3
+  // returns before the update is applied: it runs on, overlapped with the next forward, and each
+  // fetch waits only for its own unit's update (results are those of the serial order).
   virtual Result<StepResult> step(double lr) = 0;
+  // Waits for the last step's update and returns that step's result complete (nonfinite and
+  // host_stepped are known only then); an error of the update, if it failed.
+  virtual Result<StepResult> flush() = 0;
 
   // The model's activation memory on this rank right now (bytes): booked in the ledger as
   // transient device memory, so peak_device_bytes covers it.

@@ -52,6 +52,7 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 }
 
 ZeroEngine::~ZeroEngine() {
+  (void)wait_update();
   set_activation_bytes(0);
   for (auto& g : gathered_) {
     g.load.reset();  // waits for what it issued
@@ -291,11 +292,13 @@ Result<ZeroEngine::OwnedPlace> ZeroEngine::owned_place(const char* op, int u, Ow
 }
 
 Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, float* dst) {
+  ZOE_RETURN_IF_ERROR(wait_update());
   ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("read_owned", u, k, begin, end));
   return get_f32(*p.array, p.dtype, p.index, end - begin, dst);
 }
 
 Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
+  ZOE_RETURN_IF_ERROR(wait_update());
   unload_all();
   ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("write_owned", u, k, begin, end));
   return put_f32(*p.array, p.dtype, p.index, end - begin, src);
@@ -303,6 +306,7 @@ Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, c
 
 Status ZeroEngine::set_params(int u, const float* values) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("unit {} out of range", u));
+  ZOE_RETURN_IF_ERROR(wait_update());
   unload_all();
   const UnitSlot& s = layout_.slot(u);
   // Replicated params hold the whole unit; sharded ones only this rank's chunk (none of it when
@@ -337,6 +341,7 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   stats_.fetched_kept += !need;
   stats_.fetched_loading += g.state == Residency::kLoading;
   if (need) {
+    ZOE_RETURN_IF_ERROR(wait_updated(u));  // our chunk must be this step's
     bool fresh = g.state == Residency::kAbsent;
     if (fresh) {
       ZOE_ASSIGN_OR_RETURN(g.buf, gather_buffer(u));
@@ -396,6 +401,7 @@ void ZeroEngine::unload_all() {
 void ZeroEngine::prefetch_ahead() {
   if (!plan_.shard_params || !trace_.following()) return;
   for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency())) {
+    if (!progress_.updated(opt_offset(v) + opt_end(v) - opt_begin(v))) return;  // not this step's yet
     Gathered& g = gathered_[v];
     size_t bytes = layout_.slot(v).full_size * wsize_;
     if (!has_room(bytes)) return;
@@ -436,6 +442,7 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("grads_ready: unit {} out of range", u));
   if (grad == nullptr) return Status::Invalid(fmt::format("grads_ready: null gradient for unit '{}'", unit(u).name));
   const UnitSlot& s = layout_.slot(u);
+  ZOE_RETURN_IF_ERROR(wait_updated(u));  // the update still reads this unit's gradient
   if (!plan_.shard_grads) {  // accumulate locally; reduced once in step()
     ZOE_RETURN_IF_ERROR(
         dev_.accumulate(grad_ptr(s.full_offset), gdtype_, grad, DType::kF32, s.numel, local_seen_[u] > 0));
@@ -493,6 +500,7 @@ Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need)
 // Sharded gradients: this micro-step's gradient of unit u (zeros when grad is null) is reduced
 // now; only our chunk is kept, summed into what earlier reductions this step left there.
 Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
+  ZOE_RETURN_IF_ERROR(wait_updated(u));  // any unit: other ranks' hand-overs are served here too
   const UnitSlot& s = layout_.slot(u);
   bool first = reduced_[u] == 0;
   ZOE_ASSIGN_OR_RETURN(Buffer buf, dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm));
@@ -603,7 +611,10 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
                                         : run_host_adam_group(tasks, a, b, w, h, staging.buf);
   };
   if (win.empty()) {  // all in memory: in place
-    for (auto [a, b] : groups) ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
+    for (auto [a, b] : groups) {
+      ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
+      progress_.advance(b);
+    }
     return Status::Ok();
   }
   struct Slot {
@@ -659,6 +670,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
     for (const Windowed& x : win)
       if (st.ok() && w[x.slot]) cur.writes.push_back(x.a->write_async(a, b - a, w[x.slot]));
+    if (st.ok()) progress_.advance(b);  // its write-backs are submitted: later reads see them
   }
   ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
   for (Slot& sl : slots) {  // every transfer is waited for, even after an error
@@ -785,6 +797,7 @@ Status ZeroEngine::gather_replicated_params() {
 // Gathered and loading units hold the parameters as they were: gone before the update. The
 // next step's first units start loading as soon as it is done.
 Result<StepResult> ZeroEngine::step(double lr) {
+  ZOE_RETURN_IF_ERROR(wait_update());
   unload_all();
   auto res = apply_step(lr);
   trace_.begin_step();
@@ -820,6 +833,8 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   res.step = steps_applied_;
   if (overflow) {
     res.grad_norm = sumsq;
+    pending_ = res;
+    pending_open_ = false;
     return res;
   }
   res.grad_norm = std::sqrt(sumsq) * inv;
@@ -837,19 +852,50 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   ZOE_RETURN_IF_ERROR(dev_.zero(&sc->nonfinite, sizeof(uint64_t)));
   host_nonfinite_ = 0;
   host_stepped_ = 0;
-  ZOE_RETURN_IF_ERROR(apply_adam(lr, inv * coef));
-  res.host_stepped = host_stepped_;
-  ZOE_RETURN_IF_ERROR(dev_.download(&res.nonfinite, &sc->nonfinite, sizeof(uint64_t)));
-  res.nonfinite += host_nonfinite_;
-  ZOE_RETURN_IF_ERROR(gather_replicated_params());
   res.applied = true;
   res.step = steps_applied_;
+  pending_ = res;
+  pending_open_ = true;
+  start_update(lr, inv * coef);
+  if (plan_.shard_params) return res;  // each fetch waits for its own unit's update
+  // Replicated parameters are all-gathered from their owners: every rank needs the whole update.
+  ZOE_ASSIGN_OR_RETURN(res, flush());
+  ZOE_RETURN_IF_ERROR(gather_replicated_params());
   return res;
+}
+
+void ZeroEngine::start_update(double lr, double grad_scale) {
+  progress_.start();
+  update_thread_ = std::thread([this, lr, grad_scale] { progress_.finish(apply_adam(lr, grad_scale)); });
+}
+
+Status ZeroEngine::wait_update() {
+  if (update_thread_.joinable()) update_thread_.join();
+  return progress_.wait_until(0);
+}
+
+// Unit u's optimizer range is updated once the pass is past its end.
+Status ZeroEngine::wait_updated(int u) {
+  if (!progress_.running()) return wait_update();
+  ZOE_SPAN("wait update " + unit(u).name, "adam", Bucket::kWaitIo);
+  return progress_.wait_until(opt_offset(u) + opt_end(u) - opt_begin(u));
+}
+
+Result<StepResult> ZeroEngine::flush() {
+  ZOE_RETURN_IF_ERROR(wait_update());
+  if (pending_open_) {
+    ZOE_RETURN_IF_ERROR(dev_.download(&pending_.nonfinite, &scalars_.as<StepScalars>()->nonfinite, sizeof(uint64_t)));
+    pending_.nonfinite += host_nonfinite_;
+    pending_.host_stepped = host_stepped_;
+    pending_open_ = false;
+  }
+  return pending_;
 }
 
 // The low-precision weights are rewritten from the masters, piece by piece through host memory
 // (the masters may live on NVMe).
 Status ZeroEngine::commit_owned_state() {
+  ZOE_RETURN_IF_ERROR(wait_update());
   unload_all();
   if (cfg_.mixed_precision()) {
     std::vector<float> piece;

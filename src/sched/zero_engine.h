@@ -16,6 +16,7 @@
 #pragma once
 #include <array>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -28,6 +29,7 @@
 #include "sched/stage_plan.h"
 #include "sched/state_array.h"
 #include "sched/unit_trace.h"
+#include "sched/update_progress.h"
 #include "cpu/adam.h"
 #include "zoe/device.h"
 #include "zoe/engine.h"
@@ -51,6 +53,7 @@ class ZeroEngine final : public Engine {
   Status release(int u) override;
   Status grads_ready(int u, const float* grad) override;
   Result<StepResult> step(double lr) override;
+  Result<StepResult> flush() override;
 
   void set_activation_bytes(uint64_t bytes) override;
   double loss_scale() const override { return scaler_.scale(); }
@@ -133,6 +136,10 @@ class ZeroEngine final : public Engine {
   // need (fetch only): in, this rank has to gather; out, some rank has to (then all do).
   Status sync_point(OpKind kind, int u, const float* grad, bool* need = nullptr);
   Result<StepResult> apply_step(double lr);
+  // The optimizer's pass runs on update_thread_ (UpdateProgress says how far it is).
+  void start_update(double lr, double grad_scale);
+  Status wait_update();                    // the whole pass (joins its thread)
+  Status wait_updated(int u);              // unit u's part of it
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq();
@@ -191,6 +198,10 @@ class ZeroEngine final : public Engine {
   PrefetchPolicy prefetch_;
   bool told_deviation_ = false;
   SchedStats stats_;
+  UpdateProgress progress_;
+  std::thread update_thread_;
+  StepResult pending_;      // the last step's result, completed by flush()
+  bool pending_open_ = false;
   uint64_t activation_peak_ = 0;  // the model's device activations, the most seen at a fetch
   uint64_t reserve_ = 0;  // the largest unit_device_need: what keeping and prefetching leave free
   std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally

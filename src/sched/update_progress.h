@@ -1,0 +1,35 @@
+// UpdateProgress: how far the optimizer's pass over this rank's range has come. Stage 3 runs the
+// pass on its own thread, overlapped with the next step's forward; a fetch waits only until its
+// own unit is updated. The pass walks the optimizer range in index order and says so after each
+// sub-group (whose NVMe write-backs are submitted by then: the store runs requests on a block in
+// submission order, so a read issued afterwards sees the update).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "zoe/status.h"
+
+namespace zoe {
+
+class UpdateProgress {
+ public:
+  void start();                     // a pass begins: nothing is updated yet
+  void advance(int64_t upto);       // optimizer indices below upto are updated
+  void finish(const Status& st);    // the pass ended; a failure stays until the next start
+  // Blocks until indices below upto are updated or the pass ended; the pass's error if it failed.
+  Status wait_until(int64_t upto);
+  bool updated(int64_t upto) const;  // without waiting
+  bool running() const;
+
+ private:
+  static constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t upto_ = kAll;
+  bool running_ = false;
+  Status status_;
+};
+
+}  // namespace zoe
