@@ -43,8 +43,11 @@ inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36)
 Status init_params(Engine& e, const Model& model, uint64_t seed);
 
 // Trains `steps` optimizer steps of any model from its default init; on failure returns the Status.
-Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source);
-Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps);
+// flush_each_step: wait for every step's update before the next forward (stage 3 otherwise
+// overlaps it with that forward, and how far prefetching gets depends on the threads' timing).
+Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source,
+                         bool flush_each_step = false);
+Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps, bool flush_each_step = false);
 
 // Stage 3's scheduler off (no prefetch, no reuse: every fetch loads and gathers), and on with
 // room for about one of the MLP's units ahead and two live.
@@ -63,7 +66,7 @@ std::string check_nvme_matches_memory(Comm& comm);
 // Drives fetch / grads_ready / step by hand, one unit order per step (gradients are a function
 // of what each fetch returned); the final weights.
 Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::vector<std::vector<int>>& orders,
-                                      ZeroEngine::SchedStats* stats);
+                                      ZeroEngine::SchedStats* stats, bool flush_each_step);
 // Steps that leave the recorded unit order (another order, an early stop) give bitwise the
 // weights of the same steps without the scheduler. Returns "" or what differed.
 std::string check_reordered_steps_match(Comm& comm);

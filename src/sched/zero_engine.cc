@@ -94,12 +94,15 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
                           on_nvme(param_nvme, cfg_.offload_param, param_elems));
   uint64_t bounce = uint64_t{static_cast<uint32_t>(cfg_.aio_queue_depth)} * cfg_.aio_block_size;
   uint64_t io = paths.size() * bounce + (uint64_t{1} << 20);  // the stores' buffers, and slack
-  uint64_t windows = 3 * per_elem * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(cfg_.sub_group_size, most)));
+  // Three optimizer windows rotate; beside them, two windows of parameter chunks on their way to
+  // a gather (stage 3 loads them while the optimizer's pass runs on).
+  uint64_t per_group = 3 * per_elem + (param_nvme ? 2 * wsize_ : 0);
+  uint64_t windows = per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(cfg_.sub_group_size, most)));
   uint64_t pool_bytes = std::min({kMaxPoolBytes, cfg_.host_memory_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
-  if (pool_bytes < io + 3 * 1024 * per_elem)
+  if (pool_bytes < io + 1024 * per_group)
     return Status::Invalid(fmt::format(
         "config key 'zoe.host_memory_budget': the NVMe tier's pinned pool (a quarter of it, {} bytes) cannot hold "
-        "aio.queue_depth x aio.block_size = {} bytes of I/O buffers per store plus three windows of 1024 elements",
+        "aio.queue_depth x aio.block_size = {} bytes of I/O buffers per store plus the optimizer's and the parameter loads' windows of 1024 elements",
         pool_bytes, bounce));
   // The job's name is rank 0's pid: jobs started from the same directory get their own swap
   // directories, and a dead job's are recognised (unlocked) and removed by the next one.
@@ -135,7 +138,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
     stores_.push_back(std::move(store));
     store_paths_.push_back(path);
   }
-  uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / (3 * std::max<uint64_t>(per_elem, 1));
+  uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / std::max<uint64_t>(per_group, 1);
   group_elems_ = std::max<int64_t>(1024, std::min<int64_t>(cfg_.sub_group_size, static_cast<int64_t>(fit)));
   return Status::Ok();
 }
@@ -587,7 +590,8 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
       per_elem += slots_of[i]->esize();
     }
   // Sub-groups: at most group_elems_ when streaming, sub_group_size where the state is in host
-  // memory (its gradients are staged there), cut where any array changes part.
+  // memory (its gradients are staged there), cut where any array changes part and where a unit
+  // ends.
   auto limit = [&](int64_t e) {
     return !win.empty() ? group_elems_ : exp_avg_.in_device_memory(e) ? int64_t{1} << 60 : cfg_.sub_group_size;
   };
@@ -598,6 +602,8 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
         int64_t b = e + limit(e);
         for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
         if (plan_.shard_params) b = std::min(b, param_.part_end(e));
+        // And at the end of the unit: the next forward waits for its units one by one.
+        b = std::min(b, opt_offset(t.u) + opt_end(t.u) - opt_begin(t.u));
         groups.push_back({e, b});
       }
       e = std::min(t.e + t.n, groups.back().second);
@@ -889,6 +895,7 @@ Result<StepResult> ZeroEngine::flush() {
     pending_.host_stepped = host_stepped_;
     pending_open_ = false;
   }
+  prefetch_ahead();  // what waited for the update may start now
   return pending_;
 }
 
