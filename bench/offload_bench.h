@@ -19,6 +19,7 @@ struct OffloadBenchOptions {
   gpt2::Gpt2Shape shape{/*n_layer=*/16, /*n_head=*/8, /*n_embd=*/512, /*vocab_size=*/256, /*n_positions=*/256};
   int B = 1, T = 256;
   int warmup = 1, iters = 3;
+  int threads = 0;  // compute threads (oneTBB, OpenBLAS) in all three runs; 0: every core
   std::string nvme_dir = "out/bench-offload";
   std::string trace_path;  // non-empty: the Chrome trace of one offloaded step
 };

@@ -81,12 +81,12 @@ void IoWorker::run() {
     std::deque<Call*> calls;
     {
       std::unique_lock l(mu_);
-      if (active_.empty() && in_flight_ == 0) {
+      if (active_.empty() && background_.empty() && in_flight_ == 0) {
         work_.wait(l, [&] { return !incoming_.empty() || !calls_.empty() || stopping_; });
         if (incoming_.empty() && calls_.empty()) return;  // stopping, nothing left
       }
       while (!incoming_.empty()) {
-        active_.push_back(std::move(incoming_.front()));
+        (incoming_.front()->background ? background_ : active_).push_back(std::move(incoming_.front()));
         incoming_.pop_front();
       }
       calls.swap(calls_);
@@ -122,17 +122,23 @@ void IoWorker::run() {
   }
 }
 
+// Foreground transfers first, in order; background ones only while no foreground request is
+// waiting or in flight, and an eighth of the queue at most: a foreground request arriving then
+// waits for a few blocks, not for a full queue.
 void IoWorker::fill() {
-  while (!active_.empty()) {
-    Transfer& t = *active_.front();
+  for (;;) {
+    bool fg = !active_.empty();
+    if (!fg && background_.empty()) return;
+    auto& list = fg ? active_ : background_;
+    Transfer& t = *list.front();
     if (t.failed || t.scheduled == t.bytes) {  // nothing more to hand out
       t.queued = false;
       if (t.in_flight == 0) complete(t);
-      active_.pop_front();
+      list.pop_front();
       continue;
     }
-    if (free_slots_.empty()) return;
-    if (start_block(active_.front()) == Start::kStalled) {
+    if (free_slots_.empty() || (!fg && !background_may_start())) return;
+    if (start_block(list.front()) == Start::kStalled) {
       // Something in flight holds what the next block needs (its block, or every bounce
       // buffer); its completion unblocks the queue.
       if (in_flight_ == 0) {
@@ -303,6 +309,15 @@ void IoWorker::fail(int slot, Status s) {
   finish(slot);
 }
 
+bool IoWorker::background_may_start() const {
+  size_t background = 0;
+  for (const Task& k : tasks_) {
+    if (k.t && !k.t->background) return false;
+    background += k.t != nullptr;
+  }
+  return background < std::max<size_t>(1, tasks_.size() / 8);
+}
+
 void IoWorker::finish(int slot) {
   Task& k = tasks_[slot];
   std::shared_ptr<Transfer> tp = std::move(k.t);
@@ -334,6 +349,8 @@ void IoWorker::fail_all(const Status& s) {
     waiting.swap(incoming_);
   }
   for (auto& t : waiting) active_.push_back(std::move(t));
+  for (auto& t : background_) active_.push_back(std::move(t));
+  background_.clear();
   for (auto& t : active_) {
     t->failed = true;
     if (t->status.ok()) t->status = s;

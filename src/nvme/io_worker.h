@@ -66,6 +66,7 @@ class IoWorker {
 
   void run();
   void fill();
+  bool background_may_start() const;
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
   void enqueue(int slot);
@@ -85,6 +86,7 @@ class IoWorker {
   std::vector<int> free_slots_;
   int in_flight_ = 0;
   std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
+  std::deque<std::shared_ptr<Transfer>> background_;  // the same, started when active_ is empty
 
   std::mutex mu_;
   std::condition_variable work_, done_;

@@ -198,7 +198,7 @@ Result<int> NvmeStore::region(std::string_view name) const {
   return Status::Invalid(fmt::format("NVMe store {}: no region '{}'", dir_, name));
 }
 
-Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes) {
+Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background) {
   Ticket ticket;
   ticket.t_ = std::make_shared<Transfer>();
   Transfer& t = *ticket.t_;
@@ -206,6 +206,7 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   t.offset = offset;
   t.user = user;
   t.bytes = bytes;
+  t.background = background;
   if (closed_) {
     t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_, io_op_name(op)));
   } else if (region < 0 || region >= regions()) {
@@ -225,13 +226,14 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   return ticket;
 }
 
-Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes) {
-  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes);
+Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background) {
+  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes, background);
 }
 
-Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes) {
+Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background) {
   // The I/O thread only reads from a write's memory.
-  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes);
+  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes,
+                background);
 }
 
 Status NvmeStore::wait(const Ticket& t) {

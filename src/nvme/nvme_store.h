@@ -92,8 +92,10 @@ class NvmeStore {
 
   // Bytes [offset, offset + bytes) of a region from or to the caller's memory. Any size, offset
   // and address; aligned ranges in aligned memory (best: a lease of the pool) move without a copy.
-  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes);
-  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes);
+  // background: behind every other transfer (see Transfer::background); background transfers
+  // keep their order among themselves.
+  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background = false);
+  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background = false);
   Status wait(const Ticket& t);
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }
   Status write(int region, uint64_t offset, const void* src, uint64_t bytes) {
@@ -106,7 +108,7 @@ class NvmeStore {
 
  private:
   NvmeStore() = default;
-  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes);
+  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background = false);
   Status check_space(std::span<const RegionSpec> regions, uint64_t align);
   std::string file_path(const std::string& name) const { return dir_ + "/" + name + ".swap"; }
 

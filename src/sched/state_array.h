@@ -50,8 +50,8 @@ class StateArray {
   size_t buffer_offset(int64_t e) const { return (e < split_ ? e : e - split_) * esize_; }
 
   // NVMe parts only: elements [e, e + n) to or from memory that stays valid until waited for.
-  Ticket read_async(int64_t e, int64_t n, void* dst) const;
-  Ticket write_async(int64_t e, int64_t n, const void* src) const;
+  Ticket read_async(int64_t e, int64_t n, void* dst, bool background = false) const;
+  Ticket write_async(int64_t e, int64_t n, const void* src, bool background = false) const;
   Status wait(const Ticket& t) const { return home_.store->wait(t); }
 
  private:

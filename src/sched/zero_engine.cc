@@ -53,6 +53,7 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 
 ZeroEngine::~ZeroEngine() {
   (void)wait_update();
+  drop_read_ahead();
   set_activation_bytes(0);
   for (auto& g : gathered_) {
     g.load.reset();  // waits for what it issued
@@ -302,6 +303,7 @@ Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, fl
 
 Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
   ZOE_RETURN_IF_ERROR(wait_update());
+  drop_read_ahead();
   unload_all();
   ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("write_owned", u, k, begin, end));
   return put_f32(*p.array, p.dtype, p.index, end - begin, src);
@@ -310,6 +312,7 @@ Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, c
 Status ZeroEngine::set_params(int u, const float* values) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("unit {} out of range", u));
   ZOE_RETURN_IF_ERROR(wait_update());
+  drop_read_ahead();
   unload_all();
   const UnitSlot& s = layout_.slot(u);
   // Replicated params hold the whole unit; sharded ones only this rank's chunk (none of it when
@@ -623,50 +626,51 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     }
     return Status::Ok();
   }
-  struct Slot {
-    PinnedPool::Lease lease;
-    std::vector<Ticket> reads, writes;
-  } slots[3];
-  for (Slot& sl : slots) {
-    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(group_elems_ * per_elem));
+  // Windows: the ones the last pass read ahead for this one (its first sub-groups), then three
+  // that rotate: sub-group k+1 is read while Adam runs on k and k-1 is written back.
+  std::vector<AdamWindow> ahead = std::move(read_ahead_);
+  read_ahead_.clear();
+  size_t A = 0;
+  while (A < ahead.size() && A < groups.size() && ahead[A].a == groups[A].first && ahead[A].b == groups[A].second) ++A;
+  // Windows as large as the largest sub-group (sub-groups end at units: often far below
+  // group_elems_), so the pool has room to read ahead.
+  int64_t largest = 0;
+  for (auto [a, b] : groups) largest = std::max(largest, b - a);
+  AdamWindow rot[3];
+  for (AdamWindow& sl : rot) {
+    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(largest * per_elem));
   }
+  auto slot_of = [&](size_t k) -> AdamWindow& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
   // Where each windowed array of sub-group [a, b) sits in a slot (null: in memory there).
-  auto window = [&](Slot& sl, int64_t a, int64_t b) {
+  auto window = [&](AdamWindow& sl, int64_t a, int64_t b) {
     std::array<char*, 4> w{};
     for (const Windowed& x : win)
       if (x.a->on_nvme(a)) w[x.slot] = reinterpret_cast<char*>(sl.lease.data()) + x.offset * (b - a);
     return w;
   };
-  auto issue_reads = [&](Slot& sl, int64_t a, int64_t b) {
+  // Reads ahead for the next pass go in the background: the fetches in between come first.
+  auto issue_reads = [&](AdamWindow& sl, int64_t a, int64_t b, bool background = false) {
+    sl.a = a, sl.b = b;
     auto w = window(sl, a, b);
     for (const Windowed& x : win)
-      if (w[x.slot] && x.read) sl.reads.push_back(x.a->read_async(a, b - a, w[x.slot]));
-  };
-  auto wait_all = [&](std::vector<Ticket>& ts) -> Status {
-    Status first = Status::Ok();
-    for (Ticket& t : ts) {
-      Status st = win[0].a->wait(t);
-      if (first.ok()) first = st;
-    }
-    ts.clear();
-    return first;
+      if (w[x.slot] && x.read) sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background)});
   };
   Status st = Status::Ok();
-  issue_reads(slots[0], groups[0].first, groups[0].second);
+  if (A == 0) issue_reads(rot[0], groups[0].first, groups[0].second);
   for (size_t k = 0; k < groups.size() && st.ok(); ++k) {
-    Slot& cur = slots[k % 3];
+    AdamWindow& cur = slot_of(k);
     auto [a, b] = groups[k];
-    if (k + 1 < groups.size()) {  // the next window's slot was last written back two groups ago
-      Slot& next = slots[(k + 1) % 3];
+    if (k + 1 < groups.size() && k + 1 >= A) {  // a rotating window, last written back two groups ago
+      AdamWindow& next = slot_of(k + 1);
       {
         ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
-        st = wait_all(next.writes);
+        st = wait_tickets(next.writes);
       }
       if (st.ok()) issue_reads(next, groups[k + 1].first, groups[k + 1].second);
     }
     {
       ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
-      if (st.ok()) st = wait_all(cur.reads);
+      if (st.ok()) st = wait_tickets(cur.reads);
     }
     auto w = window(cur, a, b);
     for (const Windowed& x : win)  // a write-only window holds zeros where Adam writes nothing (padding)
@@ -674,16 +678,57 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     if (st.ok()) st = step_group(a, b, w);
     // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
     if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
+    // The optimizer's own state goes back in the background: nothing but the next pass (which
+    // waits for it) touches it, and the fetches' parameter reads come first. The weights (the
+    // master itself in fp32 training) go in the foreground: the next forward must see them.
     for (const Windowed& x : win)
-      if (st.ok() && w[x.slot]) cur.writes.push_back(x.a->write_async(a, b - a, w[x.slot]));
+      if (st.ok() && w[x.slot])
+        cur.writes.push_back({x.a, x.a->write_async(a, b - a, w[x.slot], /*background=*/x.a != &param_)});
     if (st.ok()) progress_.advance(b);  // its write-backs are submitted: later reads see them
   }
-  ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
-  for (Slot& sl : slots) {  // every transfer is waited for, even after an error
-    Status r = wait_all(sl.reads), w = wait_all(sl.writes);
-    if (st.ok()) st = r.ok() ? w : r;
+  {
+    ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
+    for (AdamWindow* sl : {&rot[0], &rot[1], &rot[2]}) {  // every transfer is waited for, even after an error
+      Status r = wait_tickets(sl->reads), w = wait_tickets(sl->writes);
+      if (st.ok()) st = r.ok() ? w : r;
+    }
+    for (AdamWindow& sl : ahead) {
+      Status r = wait_tickets(sl.reads), w = wait_tickets(sl.writes);
+      if (st.ok()) st = r.ok() ? w : r;
+    }
   }
-  return st;
+  ahead.clear();
+  for (AdamWindow& sl : rot) sl.lease = PinnedPool::Lease();
+  if (!st.ok()) return st;
+  // The next pass's first sub-groups are read now, behind this pass's write-backs (the store keeps
+  // a block's requests in order), so those reads overlap the next forward and backward. They take
+  // what the pool has beyond the next pass's three windows and two parameter loads.
+  uint64_t keep = (3 * per_elem + (plan_.shard_params ? 2 * wsize_ : 0)) * largest + (uint64_t{1} << 20);
+  for (auto [a, b] : groups) {
+    uint64_t bytes = (b - a) * per_elem;
+    if (pool_->available() < keep + bytes) break;
+    AdamWindow sl;
+    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->try_acquire(bytes));
+    if (!sl.lease.data()) break;
+    issue_reads(sl, a, b, /*background=*/true);
+    read_ahead_.push_back(std::move(sl));
+  }
+  return Status::Ok();
+}
+
+Status ZeroEngine::wait_tickets(std::vector<ArrayTicket>& ts) {
+  Status first = Status::Ok();
+  for (auto& [array, t] : ts) {
+    Status st = array->wait(t);  // its own store's
+    if (first.ok()) first = st;
+  }
+  ts.clear();
+  return first;
+}
+
+void ZeroEngine::drop_read_ahead() {
+  for (AdamWindow& sl : read_ahead_) (void)wait_tickets(sl.reads);
+  read_ahead_.clear();
 }
 
 // The Adam ranges of the parts of `tasks` inside optimizer indices [a, b). win[i] holds element a
@@ -903,6 +948,7 @@ Result<StepResult> ZeroEngine::flush() {
 // (the masters may live on NVMe).
 Status ZeroEngine::commit_owned_state() {
   ZOE_RETURN_IF_ERROR(wait_update());
+  drop_read_ahead();
   unload_all();
   if (cfg_.mixed_precision()) {
     std::vector<float> piece;

@@ -17,6 +17,7 @@
 #include <array>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.h"
@@ -162,6 +163,15 @@ class ZeroEngine final : public Engine {
   Status run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
                              const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging);
   Status gather_replicated_params();
+  // A pinned window of the optimizer's pass: sub-group [a, b) of every array it streams.
+  using ArrayTicket = std::pair<const StateArray*, Ticket>;
+  struct AdamWindow {
+    int64_t a = 0, b = 0;
+    PinnedPool::Lease lease;
+    std::vector<ArrayTicket> reads, writes;
+  };
+  Status wait_tickets(std::vector<ArrayTicket>& ts);  // all of them, even after an error
+  void drop_read_ahead();                             // before anything rewrites the state
 
   Config cfg_;
   Device& dev_;
@@ -198,6 +208,7 @@ class ZeroEngine final : public Engine {
   PrefetchPolicy prefetch_;
   bool told_deviation_ = false;
   SchedStats stats_;
+  std::vector<AdamWindow> read_ahead_;  // the next pass's first sub-groups, read after this one
   UpdateProgress progress_;
   std::thread update_thread_;
   StepResult pending_;      // the last step's result, completed by flush()
