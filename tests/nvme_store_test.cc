@@ -171,6 +171,29 @@ TEST_F(NvmeStoreTest, AsyncTransfersOnOneBlockApplyInSubmissionOrder) {
   EXPECT_TRUE(store->wait(t[0]).ok());  // waiting twice is fine
 }
 
+// Background transfers (the optimizer's read-ahead and state write-backs) keep their order among
+// themselves and let foreground ones go first; everything still lands byte-exact.
+TEST_F(NvmeStoreTest, BackgroundTransfersKeepTheirOrderAndYieldToTheForeground) {
+  auto store = open(options(), {{"state", 16 * kBlock}, {"param", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  const std::vector<uint8_t> x = random_bytes(16 * kBlock, 3), y = random_bytes(16 * kBlock, 4),
+                             p = random_bytes(4 * kBlock, 5);
+  std::vector<uint8_t> mid(16 * kBlock), last(16 * kBlock), param(4 * kBlock);
+  std::vector<Ticket> bg = {store->write_async(0, 0, x.data(), x.size(), true),
+                            store->read_async(0, 0, mid.data(), mid.size(), true),
+                            store->write_async(0, 7, y.data(), y.size() - 7, true),
+                            store->read_async(0, 0, last.data(), last.size(), true)};
+  // Foreground, submitted later, on other blocks: done first or not, it is exact.
+  ASSERT_TRUE(store->write(1, 0, p.data(), p.size()).ok());
+  ASSERT_TRUE(store->read(1, 0, param.data(), param.size()).ok());
+  EXPECT_TRUE(param == p);
+  for (const Ticket& t : bg) ASSERT_TRUE(store->wait(t).ok());
+  EXPECT_TRUE(mid == x);  // the read saw the write before it, not the one after
+  std::vector<uint8_t> want = x;
+  std::memcpy(want.data() + 7, y.data(), y.size() - 7);
+  EXPECT_TRUE(last == want);
+}
+
 TEST_F(NvmeStoreTest, OneBounceBufferAndAnUnpinnedPoolStillMoveEverything) {
   // Every block of an odd address needs the single bounce buffer in turn; the pool is plain
   // memory, so nothing is registered with io_uring.
