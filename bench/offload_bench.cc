@@ -63,12 +63,7 @@ Result<Run> run(const OffloadBenchOptions& o, const Config& c, bool trace,
   Gpt2Model model(o.shape, /*activation_checkpointing=*/true);
   auto engine = std::make_unique<ZeroEngine>(c, *backend.device, *comm, model.units());
   ZOE_RETURN_IF_ERROR(engine->allocate());
-  std::vector<float> buf;
-  for (int u = 0; u < engine->num_units(); ++u) {
-    buf.resize(engine->unit(u).numel);
-    model.init_unit(u, c.seed, buf.data());
-    ZOE_RETURN_IF_ERROR(engine->set_params(u, buf.data()));
-  }
+  ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
   ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   std::vector<double> secs;
   for (int i = 0; i < o.warmup + o.iters; ++i) {

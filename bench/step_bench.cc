@@ -62,12 +62,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   Device& dev = *backend.device;
   Gpt2Model model(o.shape, /*activation_checkpointing=*/false);
   ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
-  std::vector<float> buf;
-  for (int u = 0; u < engine->num_units(); ++u) {
-    buf.resize(engine->unit(u).numel);
-    model.init_unit(u, c.seed, buf.data());
-    ZOE_RETURN_IF_ERROR(engine->set_params(u, buf.data()));
-  }
+  ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
   ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   Timing t;
   std::vector<double> secs;

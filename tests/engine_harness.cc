@@ -16,16 +16,6 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps, bool flush_each_s
   return run_model(c, comm, steps, model, *source, flush_each_step);
 }
 
-Status init_params(Engine& e, const Model& model, uint64_t seed) {
-  std::vector<float> buf;
-  for (int u = 0; u < e.num_units(); ++u) {
-    buf.resize(e.unit(u).numel);
-    model.init_unit(u, seed, buf.data());
-    ZOE_RETURN_IF_ERROR(e.set_params(u, buf.data()));
-  }
-  return Status::Ok();
-}
-
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source,
                          bool flush_each_step) {
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);

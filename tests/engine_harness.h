@@ -39,8 +39,6 @@ inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36)
   return c;
 }
 
-// Sets every unit's parameters to the model's default initialisation.
-Status init_params(Engine& e, const Model& model, uint64_t seed);
 
 // Trains `steps` optimizer steps of any model from its default init; on failure returns the Status.
 // flush_each_step: wait for every step's update before the next forward (stage 3 otherwise

@@ -30,6 +30,10 @@ class Profiler {
   bool tracing() const { return trace_; }
   double now_us() const;
   void record(const std::string& name, const char* cat, Bucket b, double start_us, double end_us);
+  // Spans of the calling thread go to the trace only, not to the step's buckets: for threads
+  // that run beside the step (the optimizer's pass overlapped with the next forward), whose time
+  // the step sees only where it waits for them.
+  static void exclude_thread_from_buckets();
   // Bucket totals since the last call, in seconds; resets them.
   std::array<double, kNumBuckets> take_step_times();
   const std::vector<TraceEvent>& events() const { return events_; }

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <vector>
+
 #include "zoe/device.h"
 
 namespace zoe {
@@ -9,6 +11,16 @@ Status fetch_to_host(Engine& e, int u, float* dst) {
   Status st = download_f32(e.device(), dst, p.data, p.dtype, p.numel);
   Status rel = e.release(u);
   return st.ok() ? rel : st;
+}
+
+Status init_params(Engine& e, const Model& model, uint64_t seed) {
+  std::vector<float> buf;
+  for (int u = 0; u < e.num_units(); ++u) {
+    buf.resize(e.unit(u).numel);
+    model.init_unit(u, seed, buf.data());
+    ZOE_RETURN_IF_ERROR(e.set_params(u, buf.data()));
+  }
+  return Status::Ok();
 }
 
 Status grads_from_host(Engine& e, int u, const float* grad) {

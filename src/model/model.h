@@ -35,6 +35,9 @@ class Model {
   virtual int64_t tokens_per_batch(const Batch& b) const { return int64_t{b.B} * b.T; }
 };
 
+// Sets every unit's parameters to the model's default initialisation for `seed`.
+Status init_params(Engine& e, const Model& model, uint64_t seed);
+
 // For models (and tests) that compute on the host, whatever the device: unit u's full parameters
 // as fp32 in host memory (fetch, convert on the device, download, release) ...
 Status fetch_to_host(Engine& e, int u, float* dst);

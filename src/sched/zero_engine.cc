@@ -917,7 +917,10 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
 
 void ZeroEngine::start_update(double lr, double grad_scale) {
   progress_.start();
-  update_thread_ = std::thread([this, lr, grad_scale] { progress_.finish(apply_adam(lr, grad_scale)); });
+  update_thread_ = std::thread([this, lr, grad_scale] {
+    Profiler::exclude_thread_from_buckets();  // the step's buckets count where it waits for this
+    progress_.finish(apply_adam(lr, grad_scale));
+  });
 }
 
 Status ZeroEngine::wait_update() {
@@ -933,7 +936,10 @@ Status ZeroEngine::wait_updated(int u) {
 }
 
 Result<StepResult> ZeroEngine::flush() {
-  ZOE_RETURN_IF_ERROR(wait_update());
+  {
+    ZOE_SPAN("wait update", "adam", Bucket::kOptimizer);
+    ZOE_RETURN_IF_ERROR(wait_update());
+  }
   if (pending_open_) {
     ZOE_RETURN_IF_ERROR(dev_.download(&pending_.nonfinite, &scalars_.as<StepScalars>()->nonfinite, sizeof(uint64_t)));
     pending_.nonfinite += host_nonfinite_;

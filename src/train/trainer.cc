@@ -145,15 +145,7 @@ class TrainJob {
     return c_.init_path.empty() ? init_default() : init_from_file(c_.init_path);
   }
 
-  Status init_default() {
-    std::vector<float> buf;
-    for (int u = 0; u < engine_->num_units(); ++u) {
-      buf.resize(engine_->unit(u).numel);
-      model_->init_unit(u, c_.seed, buf.data());
-      ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
-    }
-    return Status::Ok();
-  }
+  Status init_default() { return init_params(*engine_, *model_, c_.seed); }
 
   // Starts from a safetensors file with the model's tensor names (a "transformer." prefix is
   // accepted, as in Hugging Face GPT-2 files). Every tensor must be present with its shape.
