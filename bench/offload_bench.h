@@ -1,6 +1,7 @@
 // `zoe bench offload`: how much of stage 3's offload the scheduler hides. One GPT-2 shape whose
 // training state (16 bytes per parameter, bf16) is 4x the device budget, parameters and
-// optimizer state on NVMe. In the same run: the offloaded step; the compute-only step (the same
+// optimizer state on NVMe. In the same run, steps interleaved: the offloaded step (stage 3's
+// scheduler on, and off); the compute-only step (the same
 // model and stage with everything resident); the I/O-only step (the same engine and unit order
 // without the model: every fetch's reads and gathers, zero gradients handed over, the optimizer's
 // NVMe pass). ratio = step_s / max(compute_only_s, io_only_s): 1.0 is perfect overlap.
