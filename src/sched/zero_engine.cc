@@ -547,21 +547,56 @@ struct ZeroEngine::AdamTask {
   int64_t x = 0;  // unit-relative element of the first
 };
 
-namespace {
+std::vector<ZeroEngine::AdamTask> ZeroEngine::adam_tasks() {
+  std::vector<AdamTask> tasks;
+  for (int u = 0; u < num_units(); ++u) {
+    const UnitSlot& s = layout_.slot(u);
+    int64_t lo = opt_begin(u), hi = opt_end(u);
+    const char* g = plan_.shard_optimizer ? grad_ptr(grad_owned_offset(u)) : grad_ptr(s.full_offset);
+    for (const Segment& seg : layout_.segments(u, lo, hi))
+      tasks.push_back({opt_index(u, lo + seg.begin), seg.end - seg.begin, seg.decay, g + seg.begin * gsize_, u,
+                       lo + seg.begin});
+  }
+  return tasks;
+}
 
-// An array with an NVMe part, and where it sits in a sub-group's window.
-struct Windowed {
-  int slot;        // 0 master, 1 exp_avg, 2 exp_avg_sq, 3 the low-precision parameters
-  StateArray* a;
-  bool read;       // loaded before Adam (state); the low-precision copy is only written
-  size_t offset;   // bytes into the window per element of the sub-group (times its length)
-};
+// In fp32 training the master is the parameter array itself (slot 0), never also slot 3.
+ZeroEngine::WindowLayout ZeroEngine::window_layout() {
+  WindowLayout wl;
+  StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
+                             plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
+  for (int i = 0; i < 4; ++i)
+    if (slots_of[i] && slots_of[i]->has_nvme()) {
+      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem});
+      wl.per_elem += slots_of[i]->esize();
+    }
+  return wl;
+}
 
-}  // namespace
+// Sub-groups: at most group_elems_ when streaming, sub_group_size where the state is in host
+// memory (its gradients are staged there), cut where any array changes part and where a unit
+// ends (the next forward waits for its units one by one).
+ZeroEngine::Groups ZeroEngine::adam_groups(const std::vector<AdamTask>& tasks, bool streaming) {
+  auto limit = [&](int64_t e) {
+    return streaming ? group_elems_ : exp_avg_.in_device_memory(e) ? int64_t{1} << 60 : cfg_.sub_group_size;
+  };
+  Groups groups;
+  for (const AdamTask& t : tasks)
+    for (int64_t e = t.e; e < t.e + t.n;) {
+      if (groups.empty() || e >= groups.back().second) {
+        int64_t b = e + limit(e);
+        for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
+        if (plan_.shard_params) b = std::min(b, param_.part_end(e));
+        b = std::min(b, opt_offset(t.u) + opt_end(t.u) - opt_begin(t.u));
+        groups.push_back({e, b});
+      }
+      e = std::min(t.e + t.n, groups.back().second);
+    }
+  return groups;
+}
 
 // Adam over the rank's optimizer range in sub-groups [a, b) that never cross a part boundary of
-// any array: memory parts are stepped in place, NVMe parts through a window of pinned memory.
-// Three windows rotate: sub-group k+1 is read while Adam runs on k and k-1 is written back.
+// any array: memory parts are stepped in place, NVMe parts through windows of pinned memory.
 Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   AdamHyper h;
   h.lr = lr;
@@ -573,90 +608,58 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   h.step = steps_applied_;
   h.grad_scale = static_cast<float>(grad_scale);
   ZOE_SPAN("adam", "adam", Bucket::kOptimizer);
-  std::vector<AdamTask> tasks;
-  for (int u = 0; u < num_units(); ++u) {
-    const UnitSlot& s = layout_.slot(u);
-    int64_t lo = opt_begin(u), hi = opt_end(u);
-    const char* g = plan_.shard_optimizer ? grad_ptr(grad_owned_offset(u)) : grad_ptr(s.full_offset);
-    for (const Segment& seg : layout_.segments(u, lo, hi))
-      tasks.push_back({opt_index(u, lo + seg.begin), seg.end - seg.begin, seg.decay, g + seg.begin * gsize_, u,
-                       lo + seg.begin});
-  }
-  // In fp32 training the master is the parameter array itself (slot 0), never also slot 3.
-  std::vector<Windowed> win;
-  size_t per_elem = 0;
-  StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
-                             plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
-  for (int i = 0; i < 4; ++i)
-    if (slots_of[i] && slots_of[i]->has_nvme()) {
-      win.push_back({i, slots_of[i], i < 3, per_elem});
-      per_elem += slots_of[i]->esize();
-    }
-  // Sub-groups: at most group_elems_ when streaming, sub_group_size where the state is in host
-  // memory (its gradients are staged there), cut where any array changes part and where a unit
-  // ends.
-  auto limit = [&](int64_t e) {
-    return !win.empty() ? group_elems_ : exp_avg_.in_device_memory(e) ? int64_t{1} << 60 : cfg_.sub_group_size;
-  };
-  std::vector<std::pair<int64_t, int64_t>> groups;
-  for (const AdamTask& t : tasks)
-    for (int64_t e = t.e; e < t.e + t.n;) {
-      if (groups.empty() || e >= groups.back().second) {
-        int64_t b = e + limit(e);
-        for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
-        if (plan_.shard_params) b = std::min(b, param_.part_end(e));
-        // And at the end of the unit: the next forward waits for its units one by one.
-        b = std::min(b, opt_offset(t.u) + opt_end(t.u) - opt_begin(t.u));
-        groups.push_back({e, b});
-      }
-      e = std::min(t.e + t.n, groups.back().second);
-    }
+  std::vector<AdamTask> tasks = adam_tasks();
+  WindowLayout wl = window_layout();
+  Groups groups = adam_groups(tasks, !wl.arrays.empty());
   // ZeRO-Offload: sub-groups whose state is not device memory are stepped by the CPU Adam on the
   // host, their gradients staged in pinned host memory (see run_host_adam_group).
   HostStaging staging;
   ZOE_RETURN_IF_ERROR(staging.prepare(*this, groups));
-  auto step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w) {
+  GroupStep step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w) {
     return exp_avg_.in_device_memory(a) ? run_adam_group(tasks, a, b, w, h)
                                         : run_host_adam_group(tasks, a, b, w, h, staging.buf);
   };
-  if (win.empty()) {  // all in memory: in place
-    for (auto [a, b] : groups) {
-      ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
-      progress_.advance(b);
-    }
-    return Status::Ok();
+  if (!wl.arrays.empty()) return stream_groups(groups, wl, step_group);
+  for (auto [a, b] : groups) {  // all in memory: in place
+    ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
+    progress_.advance(b);
   }
-  // Windows: the ones the last pass read ahead for this one (its first sub-groups), then three
-  // that rotate: sub-group k+1 is read while Adam runs on k and k-1 is written back.
+  return Status::Ok();
+}
+
+// Where each windowed array of sub-group [a, b) sits in a window (null: in memory there).
+std::array<char*, 4> ZeroEngine::window_of(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b) {
+  std::array<char*, 4> w{};
+  for (const Windowed& x : wl.arrays)
+    if (x.a->on_nvme(a)) w[x.slot] = reinterpret_cast<char*>(sl.lease.data()) + x.offset * (b - a);
+  return w;
+}
+
+void ZeroEngine::read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background) {
+  sl.a = a, sl.b = b;
+  auto w = window_of(wl, sl, a, b);
+  for (const Windowed& x : wl.arrays)
+    if (w[x.slot] && x.read) sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background)});
+}
+
+// The windowed pass. Windows: the ones the last pass read ahead for this one (its first
+// sub-groups), then three that rotate: sub-group k+1 is read while Adam runs on k and k-1 is
+// written back. Windows are as large as the largest sub-group (sub-groups end at units: often
+// far below group_elems_), so the pool has room to read ahead.
+Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, const GroupStep& step_group) {
   std::vector<AdamWindow> ahead = std::move(read_ahead_);
   read_ahead_.clear();
   size_t A = 0;
   while (A < ahead.size() && A < groups.size() && ahead[A].a == groups[A].first && ahead[A].b == groups[A].second) ++A;
-  // Windows as large as the largest sub-group (sub-groups end at units: often far below
-  // group_elems_), so the pool has room to read ahead.
   int64_t largest = 0;
   for (auto [a, b] : groups) largest = std::max(largest, b - a);
   AdamWindow rot[3];
   for (AdamWindow& sl : rot) {
-    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(largest * per_elem));
+    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(largest * wl.per_elem));
   }
   auto slot_of = [&](size_t k) -> AdamWindow& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
-  // Where each windowed array of sub-group [a, b) sits in a slot (null: in memory there).
-  auto window = [&](AdamWindow& sl, int64_t a, int64_t b) {
-    std::array<char*, 4> w{};
-    for (const Windowed& x : win)
-      if (x.a->on_nvme(a)) w[x.slot] = reinterpret_cast<char*>(sl.lease.data()) + x.offset * (b - a);
-    return w;
-  };
-  // Reads ahead for the next pass go in the background: the fetches in between come first.
-  auto issue_reads = [&](AdamWindow& sl, int64_t a, int64_t b, bool background = false) {
-    sl.a = a, sl.b = b;
-    auto w = window(sl, a, b);
-    for (const Windowed& x : win)
-      if (w[x.slot] && x.read) sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background)});
-  };
   Status st = Status::Ok();
-  if (A == 0) issue_reads(rot[0], groups[0].first, groups[0].second);
+  if (A == 0) read_window(wl, rot[0], groups[0].first, groups[0].second, false);
   for (size_t k = 0; k < groups.size() && st.ok(); ++k) {
     AdamWindow& cur = slot_of(k);
     auto [a, b] = groups[k];
@@ -666,14 +669,14 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
         ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
         st = wait_tickets(next.writes);
       }
-      if (st.ok()) issue_reads(next, groups[k + 1].first, groups[k + 1].second);
+      if (st.ok()) read_window(wl, next, groups[k + 1].first, groups[k + 1].second, false);
     }
     {
       ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
       if (st.ok()) st = wait_tickets(cur.reads);
     }
-    auto w = window(cur, a, b);
-    for (const Windowed& x : win)  // a write-only window holds zeros where Adam writes nothing (padding)
+    auto w = window_of(wl, cur, a, b);
+    for (const Windowed& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
       if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
     if (st.ok()) st = step_group(a, b, w);
     // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
@@ -681,7 +684,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     // The optimizer's own state goes back in the background: nothing but the next pass (which
     // waits for it) touches it, and the fetches' parameter reads come first. The weights (the
     // master itself in fp32 training) go in the foreground: the next forward must see them.
-    for (const Windowed& x : win)
+    for (const Windowed& x : wl.arrays)
       if (st.ok() && w[x.slot])
         cur.writes.push_back({x.a, x.a->write_async(a, b - a, w[x.slot], /*background=*/x.a != &param_)});
     if (st.ok()) progress_.advance(b);  // its write-backs are submitted: later reads see them
@@ -699,21 +702,26 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   }
   ahead.clear();
   for (AdamWindow& sl : rot) sl.lease = PinnedPool::Lease();
-  if (!st.ok()) return st;
-  // The next pass's first sub-groups are read now, behind this pass's write-backs (the store keeps
-  // a block's requests in order), so those reads overlap the next forward and backward. They take
-  // what the pool has beyond the next pass's three windows and two parameter loads.
-  uint64_t keep = (3 * per_elem + (plan_.shard_params ? 2 * wsize_ : 0)) * largest + (uint64_t{1} << 20);
+  if (st.ok()) read_ahead_next(groups, wl, largest);
+  return st;
+}
+
+// The next pass's first sub-groups are read now, in the background, behind this pass's
+// write-backs (the store keeps a block's requests in order), so those reads overlap the next
+// forward and backward. They take what the pool has beyond the next pass's three windows and two
+// parameter loads.
+void ZeroEngine::read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest) {
+  uint64_t keep = (3 * wl.per_elem + (plan_.shard_params ? 2 * wsize_ : 0)) * largest + (uint64_t{1} << 20);
   for (auto [a, b] : groups) {
-    uint64_t bytes = (b - a) * per_elem;
-    if (pool_->available() < keep + bytes) break;
+    uint64_t bytes = (b - a) * wl.per_elem;
+    if (pool_->available() < keep + bytes) return;
     AdamWindow sl;
-    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->try_acquire(bytes));
-    if (!sl.lease.data()) break;
-    issue_reads(sl, a, b, /*background=*/true);
+    auto lease = pool_->try_acquire(bytes);
+    if (!lease.ok() || !lease->data()) return;
+    sl.lease = std::move(*lease);
+    read_window(wl, sl, a, b, /*background=*/true);
     read_ahead_.push_back(std::move(sl));
   }
-  return Status::Ok();
 }
 
 Status ZeroEngine::wait_tickets(std::vector<ArrayTicket>& ts) {

@@ -15,6 +15,7 @@
 // all-gathered from their owners; sharded parameters are gathered by the next fetch().
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -171,6 +172,27 @@ class ZeroEngine final : public Engine {
     std::vector<ArrayTicket> reads, writes;
   };
   Status wait_tickets(std::vector<ArrayTicket>& ts);  // all of them, even after an error
+  // The arrays the optimizer streams through pinned windows (those with an NVMe part), where each
+  // sits in a window, and a window's bytes per element.
+  struct Windowed {
+    int slot;        // 0 master, 1 exp_avg, 2 exp_avg_sq, 3 the low-precision parameters
+    StateArray* a;
+    bool read;       // loaded before Adam (state); the low-precision copy is only written
+    size_t offset;   // bytes into the window per element of the sub-group (times its length)
+  };
+  struct WindowLayout {
+    std::vector<Windowed> arrays;
+    size_t per_elem = 0;
+  };
+  using Groups = std::vector<std::pair<int64_t, int64_t>>;
+  using GroupStep = std::function<Status(int64_t, int64_t, const std::array<char*, 4>&)>;
+  std::vector<AdamTask> adam_tasks();
+  WindowLayout window_layout();
+  Groups adam_groups(const std::vector<AdamTask>& tasks, bool streaming);
+  Status stream_groups(const Groups& groups, const WindowLayout& wl, const GroupStep& step_group);
+  std::array<char*, 4> window_of(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b);
+  void read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background);
+  void read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest);
   void drop_read_ahead();                             // before anything rewrites the state
 
   Config cfg_;
