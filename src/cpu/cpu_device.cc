@@ -1,7 +1,5 @@
 #include "cpu/cpu_device.h"
 
-#include "common/profiler.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -10,6 +8,7 @@
 #include <tbb/parallel_for.h>
 
 #include "comm/comm.h"
+#include "common/profiler.h"
 #include "cpu/adam.h"
 #include "cpu/cpu_model_ops.h"
 

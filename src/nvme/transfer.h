@@ -15,10 +15,10 @@ struct Transfer {
   uint64_t offset = 0;       // in the region
   uint8_t* user = nullptr;   // the caller's memory (only read for writes)
   uint64_t bytes = 0;
-  double submitted_us = 0;
+  double submitted_us = 0;   // for the trace: the I/O thread's row shows submission to completion
   // Background: starts only while no other transfer has blocks to hand out, so it may be overtaken
   // (the caller keeps other requests off its blocks until it is waited for).
-  bool background = false;   // for the trace: the I/O thread's row shows submission to completion
+  bool background = false;
 
   // The I/O thread's alone:
   uint64_t scheduled = 0;    // bytes handed to block tasks so far

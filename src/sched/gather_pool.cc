@@ -26,10 +26,4 @@ void GatherPool::trim() {
   free_.clear();
 }
 
-uint64_t GatherPool::free_bytes() const {
-  uint64_t n = 0;
-  for (const Buffer& b : free_) n += b.bytes;
-  return n;
-}
-
 }  // namespace zoe

@@ -23,7 +23,6 @@ class GatherPool {
   void give_back(Buffer& b);
   // Frees every free buffer.
   void trim();
-  uint64_t free_bytes() const;
 
  private:
   Device& dev_;

@@ -41,6 +41,7 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
       gather_pool_(d), prefetch_(unit_elems(layout_), PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters,
                                                                      c.max_reuse_distance}) {
   gathered_.resize(layout_.num_units());
+  residency_.assign(layout_.num_units(), Residency::kAbsent);
   local_seen_.assign(layout_.num_units(), 0);
   reduced_.assign(layout_.num_units(), 0);
 }
@@ -77,6 +78,14 @@ constexpr uint64_t kMaxPoolBytes = uint64_t{1} << 30;
 
 }  // namespace
 
+// What the pinned pool holds per element of a sub-group: three optimizer windows of
+// `optimizer_bytes` per element rotate, and beside them two windows of parameter chunks on their
+// way to a gather (stage 3 loads them while the optimizer's pass runs on).
+uint64_t ZeroEngine::pool_bytes_per_elem(uint64_t optimizer_bytes) const {
+  bool param_nvme = cfg_.offload_param.device == OffloadDevice::kNvme;
+  return 3 * optimizer_bytes + (param_nvme ? 2 * wsize_ : 0);
+}
+
 Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
   std::vector<std::string> paths;
   for (const OffloadConfig* o : {&cfg_.offload_optimizer, &cfg_.offload_param})
@@ -95,9 +104,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
                           on_nvme(param_nvme, cfg_.offload_param, param_elems));
   uint64_t bounce = uint64_t{static_cast<uint32_t>(cfg_.aio_queue_depth)} * cfg_.aio_block_size;
   uint64_t io = paths.size() * bounce + (uint64_t{1} << 20);  // the stores' buffers, and slack
-  // Three optimizer windows rotate; beside them, two windows of parameter chunks on their way to
-  // a gather (stage 3 loads them while the optimizer's pass runs on).
-  uint64_t per_group = 3 * per_elem + (param_nvme ? 2 * wsize_ : 0);
+  uint64_t per_group = pool_bytes_per_elem(per_elem);
   uint64_t windows = per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(cfg_.sub_group_size, most)));
   uint64_t pool_bytes = std::min({kMaxPoolBytes, cfg_.host_memory_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
   if (pool_bytes < io + 1024 * per_group)
@@ -180,8 +187,7 @@ uint64_t ZeroEngine::unit_device_need(int u) const {
   return full * ((plan_.shard_params ? wsize_ : 0) + 4 + (plan_.shard_grads ? gsize_ : 0));
 }
 
-uint64_t ZeroEngine::device_free() const {
-  LedgerSnapshot l = dev_.ledger().snapshot();
+uint64_t ZeroEngine::device_free(const LedgerSnapshot& l) const {
   uint64_t used = 0;
   for (uint64_t b : l.bytes[static_cast<int>(Tier::kDevice)]) used += b;
   return cfg_.device_memory_budget > used ? cfg_.device_memory_budget - used : 0;
@@ -194,13 +200,13 @@ bool ZeroEngine::has_room(uint64_t bytes) {
   LedgerSnapshot l = dev_.ledger().snapshot();
   uint64_t act = l.bytes[static_cast<int>(Tier::kDevice)][static_cast<int>(Kind::kActivation)];
   activation_peak_ = std::max(activation_peak_, act);
-  return device_free() + act >= bytes + reserve_ + activation_peak_;
+  return device_free(l) + act >= bytes + reserve_ + activation_peak_;
 }
 
 // A unit that cannot be in flight next to the persistent state is an error now, not an
 // out-of-memory error in the middle of a step.
 Status ZeroEngine::check_device_fits() {
-  uint64_t budget = cfg_.device_memory_budget, left = device_free();
+  uint64_t budget = cfg_.device_memory_budget, left = device_free(dev_.ledger().snapshot());
   reserve_ = 0;
   for (int u = 0; u < num_units(); ++u) {
     uint64_t need = unit_device_need(u);
@@ -342,14 +348,13 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   }
   // Kept units need no gather here; but every rank gathers when any rank must (their residency
   // may differ: a full device evicts), so collectives always match.
-  bool need = g.state != Residency::kGathered;
+  bool need = residency_[u] != Residency::kGathered;
   ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr, &need));
   stats_.fetched_kept += !need;
-  stats_.fetched_loading += g.state == Residency::kLoading;
+  stats_.fetched_loading += residency_[u] == Residency::kLoading;
   if (need) {
     ZOE_RETURN_IF_ERROR(wait_updated(u));  // our chunk must be this step's
-    bool fresh = g.state == Residency::kAbsent;
-    if (fresh) {
+    if (residency_[u] == Residency::kAbsent) {
       ZOE_ASSIGN_OR_RETURN(g.buf, gather_buffer(u));
       g.load = chunk_load(u, g.buf);
     }
@@ -362,11 +367,11 @@ Result<ParamView> ZeroEngine::fetch(int u) {
     }
     if (!st.ok()) {  // nothing half-gathered stays behind
       gather_pool_.give_back(g.buf);
-      g.state = Residency::kAbsent;
+      residency_[u] = Residency::kAbsent;
       return st;
     }
   }
-  g.state = Residency::kGathered;
+  residency_[u] = Residency::kGathered;
   g.refs = 1;
   prefetch_ahead();
   return ParamView{g.buf.data, dtype_, s.numel};
@@ -379,35 +384,29 @@ Status ZeroEngine::release(int u) {
   if (g.refs == 0) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
   if (--g.refs > 0) return Status::Ok();
   bool room = has_room(0);
-  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency())) unload(u);
+  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency_)) unload(u);
   prefetch_ahead();
   return Status::Ok();
-}
-
-std::vector<Residency> ZeroEngine::residency() const {
-  std::vector<Residency> r;
-  for (const Gathered& g : gathered_) r.push_back(g.state);
-  return r;
 }
 
 void ZeroEngine::unload(int u) {
   Gathered& g = gathered_[u];
   g.load.reset();  // waits for its reads and copies
   gather_pool_.give_back(g.buf);
-  g.state = Residency::kAbsent;
+  residency_[u] = Residency::kAbsent;
 }
 
 void ZeroEngine::unload_all() {
   for (int u = 0; u < num_units(); ++u)
-    if (gathered_[u].refs == 0 && gathered_[u].state != Residency::kAbsent) unload(u);
+    if (gathered_[u].refs == 0 && residency_[u] != Residency::kAbsent) unload(u);
 }
 
 // Prefetching is an optimisation: whatever fails here (no room, a read that cannot start) is
 // left to the fetch, which does the same work and reports the error.
 void ZeroEngine::prefetch_ahead() {
   if (!plan_.shard_params || !trace_.following()) return;
-  for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency())) {
-    if (!progress_.updated(opt_offset(v) + opt_end(v) - opt_begin(v))) return;  // not this step's yet
+  for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency_)) {
+    if (!progress_.updated(opt_stop(v))) return;  // not this step's yet
     Gathered& g = gathered_[v];
     size_t bytes = layout_.slot(v).full_size * wsize_;
     if (!has_room(bytes)) return;
@@ -419,7 +418,7 @@ void ZeroEngine::prefetch_ahead() {
       unload(v);
       return;
     }
-    g.state = Residency::kLoading;
+    residency_[v] = Residency::kLoading;
     ++stats_.loads_ahead;
   }
 }
@@ -429,10 +428,9 @@ Result<Buffer> ZeroEngine::gather_buffer(int u) {
   size_t bytes = layout_.slot(u).full_size * wsize_;
   auto b = gather_pool_.acquire(bytes);
   for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
-    if (v == u || gathered_[v].refs > 0 || gathered_[v].state == Residency::kAbsent) continue;
-    unload(v);
+    if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent) continue;
+    unload(v);  // its buffer goes back to the pool, which frees idle buffers when the device is full
     ++stats_.evicted;
-    gather_pool_.trim();
     b = gather_pool_.acquire(bytes);
   }
   return b;
@@ -448,8 +446,8 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("grads_ready: unit {} out of range", u));
   if (grad == nullptr) return Status::Invalid(fmt::format("grads_ready: null gradient for unit '{}'", unit(u).name));
   const UnitSlot& s = layout_.slot(u);
-  ZOE_RETURN_IF_ERROR(wait_updated(u));  // the update still reads this unit's gradient
   if (!plan_.shard_grads) {  // accumulate locally; reduced once in step()
+    ZOE_RETURN_IF_ERROR(wait_updated(u));  // the update still reads this unit's gradient
     ZOE_RETURN_IF_ERROR(
         dev_.accumulate(grad_ptr(s.full_offset), gdtype_, grad, DType::kF32, s.numel, local_seen_[u] > 0));
     ++local_seen_[u];  // only once the gradient is really in
@@ -587,7 +585,7 @@ ZeroEngine::Groups ZeroEngine::adam_groups(const std::vector<AdamTask>& tasks, b
         int64_t b = e + limit(e);
         for (StateArray* a : {&master(), &exp_avg_, &exp_avg_sq_}) b = std::min(b, a->part_end(e));
         if (plan_.shard_params) b = std::min(b, param_.part_end(e));
-        b = std::min(b, opt_offset(t.u) + opt_end(t.u) - opt_begin(t.u));
+        b = std::min(b, opt_stop(t.u));
         groups.push_back({e, b});
       }
       e = std::min(t.e + t.n, groups.back().second);
@@ -711,7 +709,7 @@ Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, c
 // forward and backward. They take what the pool has beyond the next pass's three windows and two
 // parameter loads.
 void ZeroEngine::read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest) {
-  uint64_t keep = (3 * wl.per_elem + (plan_.shard_params ? 2 * wsize_ : 0)) * largest + (uint64_t{1} << 20);
+  uint64_t keep = pool_bytes_per_elem(wl.per_elem) * largest + (uint64_t{1} << 20);
   for (auto [a, b] : groups) {
     uint64_t bytes = (b - a) * wl.per_elem;
     if (pool_->available() < keep + bytes) return;
@@ -940,7 +938,7 @@ Status ZeroEngine::wait_update() {
 Status ZeroEngine::wait_updated(int u) {
   if (!progress_.running()) return wait_update();
   ZOE_SPAN("wait update " + unit(u).name, "adam", Bucket::kWaitIo);
-  return progress_.wait_until(opt_offset(u) + opt_end(u) - opt_begin(u));
+  return progress_.wait_until(opt_stop(u));
 }
 
 Result<StepResult> ZeroEngine::flush() {

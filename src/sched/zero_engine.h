@@ -95,6 +95,7 @@ class ZeroEngine final : public Engine {
   int64_t opt_end(int u) const;
   int64_t param_index(int u, int64_t x) const;  // unit element x in the param array
   int64_t opt_index(int u, int64_t x) const { return opt_offset(u) + (x - opt_begin(u)); }
+  int64_t opt_stop(int u) const { return opt_index(u, opt_end(u)); }  // end of u's optimizer range
   char* grad_ptr(int64_t elem) const { return grad_.as<char>() + elem * gsize_; }
   StateArray& master() { return cfg_.mixed_precision() ? master_ : param_; }
   StateArray& owned_array(OwnedKind k) {
@@ -109,12 +110,11 @@ class ZeroEngine final : public Engine {
   Result<OwnedPlace> owned_place(const char* op, int u, OwnedKind k, int64_t begin, int64_t end);
   // The NVMe stores and the pinned pool, when a home is on NVMe.
   Status open_offload(int64_t opt_elems, int64_t param_elems);
+  uint64_t pool_bytes_per_elem(uint64_t optimizer_bytes) const;
   // Elements [e, e+n) of `a` (stored as `dt`) to or from host fp32, through pinned windows for
   // NVMe parts.
   Status get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, float* dst);
   Status put_f32(StateArray& a, DType dt, int64_t e, int64_t n, const float* src);
-  // Elements [e, e+n) of `a` into device memory at dst (a gather slot).
-  Status copy_to_device(const StateArray& a, int64_t e, int64_t n, const Buffer& dst, size_t dst_off);
   std::unique_ptr<ChunkLoad> chunk_load(int u, const Buffer& dst);  // this rank's chunk of unit u
 
   // Stage 3's scheduler (src/sched: UnitTrace, PrefetchPolicy, ChunkLoad, GatherPool). Every
@@ -122,13 +122,12 @@ class ZeroEngine final : public Engine {
   // chunk on its way from its home tier, and what stays is a gathered unit fetched again soon.
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
-  uint64_t device_free() const;             // the budget less what the ledger has on the device
+  uint64_t device_free(const LedgerSnapshot& l) const;  // the budget less what l has on the device
   bool has_room(uint64_t bytes);            // may the scheduler hold `bytes` more
   Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
   void prefetch_ahead();                    // starts the loads the policy asks for
   void unload(int u);                       // drops a kept or loading unit (refs must be 0)
   void unload_all();                        // before the parameters change
-  std::vector<Residency> residency() const;
 
   // Every collective the engine starts is preceded by an agreement on what it is (control
   // traffic), so ranks whose models call the unit API differently never mismatch collectives:
@@ -221,11 +220,11 @@ class ZeroEngine final : public Engine {
   struct Gathered {
     Buffer buf;
     int refs = 0;
-    Residency state = Residency::kAbsent;
-    std::unique_ptr<ChunkLoad> load;  // while kLoading
+    std::unique_ptr<ChunkLoad> load;  // while residency_ says kLoading
   };
   GatherPool gather_pool_;  // before gathered_: gathered buffers go back to it
   std::vector<Gathered> gathered_;
+  std::vector<Residency> residency_;  // per unit; what PrefetchPolicy reads
   UnitTrace trace_;
   PrefetchPolicy prefetch_;
   bool told_deviation_ = false;
