@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/comm.h"
+#include "bench_stats.h"
 
 namespace zoe {
 namespace {
@@ -26,12 +27,6 @@ Result<double> time_once(Comm& comm, const std::function<Status()>& fn) {
   return t / comm.size();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
 struct PairTimes {
   double zoe_s, base_s;  // medians
   double ratio;          // median over repetitions of base time / zoe time (higher: zoe faster)
@@ -44,16 +39,16 @@ Result<PairTimes> time_pair(Comm& comm, int iters, const std::function<Status()>
                             const std::function<Status()>& base) {
   ZOE_RETURN_IF_ERROR(zoe());  // warm-up: buffers and MPI's connections
   ZOE_RETURN_IF_ERROR(base());
-  std::vector<double> tz, tb, ratio;
+  std::vector<double> tz, tb;
   for (int i = 0; i < iters; ++i) {
     double t[2] = {0, 0};
     for (int k = 0; k < 2; ++k) {
       bool z = (i + k) % 2 == 0;
       ZOE_ASSIGN_OR_RETURN(t[z ? 0 : 1], time_once(comm, z ? zoe : base));
     }
-    tz.push_back(t[0]), tb.push_back(t[1]), ratio.push_back(t[1] / t[0]);
+    tz.push_back(t[0]), tb.push_back(t[1]);
   }
-  return PairTimes{median(tz), median(tb), median(ratio)};
+  return PairTimes{median(tz), median(tb), paired_ratio(tb, tz)};
 }
 
 Status mpi(int rc) { return rc == MPI_SUCCESS ? Status::Ok() : Status::CommError("MPI call failed"); }

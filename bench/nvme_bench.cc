@@ -18,6 +18,7 @@
 #include "nvme/io_error.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
+#include "bench_stats.h"
 
 namespace zoe {
 namespace {
@@ -26,19 +27,8 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// The median over repetitions of zoe's GB/s over fio's in the same repetition: each pair ran
-// back to back, so the ratio is far steadier than either figure on a disk that swings 2x.
-double paired_ratio(const std::vector<double>& zoe, const std::vector<double>& fio) {
-  std::vector<double> r;
-  for (size_t i = 0; i < zoe.size() && i < fio.size(); ++i)
-    if (fio[i] > 0) r.push_back(zoe[i] / fio[i]);
-  return median(r);
-}
+// Ratios are paired_ratio(zoe, fio): each pair ran back to back, so the ratio is far steadier
+// than either figure on a disk that swings 2x.
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";

@@ -18,6 +18,7 @@
 #include "sched/zero_engine.h"
 #include "train/backend.h"
 #include "train/trace_writer.h"
+#include "bench_stats.h"
 
 namespace zoe {
 namespace {
@@ -56,11 +57,7 @@ struct Case {
   std::function<Status(Case&)> one_step;
   std::vector<double> secs;
 
-  double median_s() const {
-    std::vector<double> v = secs;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-  }
+  double median_s() const { return median(secs); }
   uint64_t persistent() const {
     LedgerSnapshot l = backend.device->ledger().snapshot();
     uint64_t n = 0;
@@ -157,39 +154,29 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
       }
       ZOE_RETURN_IF_ERROR(k.engine->flush().status());
     }
-  struct Summary {
-    double step_s;
-    uint64_t peak_device;
-  };
-  Summary offloaded{on->median_s(), on->peak_device()}, serial{off->median_s(), off->peak_device()};
-  struct {
-    double step_s;
-    uint64_t persistent;
-  } compute_r{compute->median_s(), compute->persistent()};
-  double io_s = io->median_s();
-  double bound = std::max(compute_r.step_s, io_s);
+  const double compute_s = compute->median_s(), io_s = io->median_s(), bound = std::max(compute_s, io_s);
+  const uint64_t state = compute->persistent();
   std::string shape = fmt::format(
       "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s)",
-      o.shape.n_layer, o.shape.n_embd, o.B, o.T, compute_r.persistent / 1e6, double(compute_r.persistent) / budget,
-      threads);
+      o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads);
   if (human)
     std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s\n", shape.c_str(),
                  o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap");
   nlohmann::json results = nlohmann::json::array();
-  for (const auto& [label, r] : {std::pair<const char*, const Summary&>{"on", offloaded}, {"off", serial}}) {
-    double ratio = r.step_s / bound;
+  for (const auto& [label, k] : {std::pair<const char*, Case*>{"on", on.get()}, {"off", off.get()}}) {
+    double step_s = k->median_s(), ratio = step_s / bound;
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
-    double overlap = (compute_r.step_s + io_s - r.step_s) / std::min(compute_r.step_s, io_s);
+    double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);
     if (human)
-      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%%\n", label, r.step_s, compute_r.step_s, io_s,
-                   ratio, 100 * overlap);
-    results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", r.step_s},
-                       {"compute_only_s", compute_r.step_s}, {"io_only_s", io_s}, {"ratio", ratio},
-                       {"overlap", overlap}, {"device_budget_bytes", budget}, {"peak_device_bytes", r.peak_device},
-                       {"state_bytes", compute_r.persistent}, {"threads", threads}});
+      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%%\n", label, step_s, compute_s, io_s, ratio,
+                   100 * overlap);
+    results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
+                       {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
+                       {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
+                       {"state_bytes", state}, {"threads", threads}});
   }
   if (human)
-    std::fprintf(human, "device peak %.1f MB of a %.1f MB budget%s\n", offloaded.peak_device / 1e6, budget / 1e6,
+    std::fprintf(human, "device peak %.1f MB of a %.1f MB budget%s\n", on->peak_device() / 1e6, budget / 1e6,
                  o.trace_path.empty() ? "" : ("; trace of one step (scheduler on): " + o.trace_path).c_str());
   if (out) *out = {{"bench", "offload"}, {"trace", o.trace_path}, {"results", results}};
   return Status::Ok();

@@ -20,6 +20,7 @@
 #include "train/backend.h"
 #include "train/batch_source.h"
 #include "zoe/engine.h"
+#include "bench_stats.h"
 
 namespace zoe {
 namespace {
@@ -30,11 +31,6 @@ const std::string kCorpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
 constexpr double kLr = 3e-4, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
 
 using Timing = StepTiming;
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 }  // namespace
 
@@ -84,7 +80,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     t.optimizer += buckets[int(Bucket::kOptimizer)] / o.iters;
   }
   t.step_s = *std::min_element(secs.begin(), secs.end());
-  t.median_s = median_of(secs);
+  t.median_s = median(secs);
   LedgerSnapshot l = dev.ledger().snapshot();
   t.peak_device_bytes = l.peak[int(Tier::kDevice)];
   t.persistent_device_bytes = l.persistent(Tier::kDevice);

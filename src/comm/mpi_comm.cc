@@ -27,6 +27,26 @@ Status check(int rc, const char* what) {
   return Status::CommError(fmt::format("MPI {} failed: {}", what, std::string(msg, len)));
 }
 
+// `piece` bytes whose extent is a whole chunk: count 1 per rank addresses that rank's piece
+// inside its chunk, so pieces of large chunks move in place with no staging copy.
+class PieceType {
+ public:
+  PieceType(int piece, size_t chunk_bytes) {
+    MPI_Type_contiguous(piece, MPI_BYTE, &bytes_);
+    MPI_Type_create_resized(bytes_, 0, static_cast<MPI_Aint>(chunk_bytes), &slot_);
+    MPI_Type_commit(&slot_);
+  }
+  ~PieceType() {
+    MPI_Type_free(&slot_);
+    MPI_Type_free(&bytes_);
+  }
+  PieceType(const PieceType&) = delete;
+  PieceType& operator=(const PieceType&) = delete;
+  MPI_Datatype get() const { return slot_; }
+
+ private:
+  MPI_Datatype bytes_, slot_;
+};
 
 class MpiComm final : public Comm {
  public:
@@ -55,14 +75,9 @@ class MpiComm final : public Comm {
             check(MPI_Allgather(sbuf, piece, MPI_BYTE, r, piece, MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
         continue;
       }
-      MPI_Datatype bytes, slot;
-      MPI_Type_contiguous(piece, MPI_BYTE, &bytes);
-      MPI_Type_create_resized(bytes, 0, static_cast<MPI_Aint>(chunk_bytes), &slot);
-      MPI_Type_commit(&slot);
-      int rc = MPI_Allgather(sbuf, piece, MPI_BYTE, r + off, 1, slot, MPI_COMM_WORLD);
-      MPI_Type_free(&slot);
-      MPI_Type_free(&bytes);
-      ZOE_RETURN_IF_ERROR(check(rc, "Allgather"));
+      PieceType slot(piece, chunk_bytes);
+      ZOE_RETURN_IF_ERROR(
+          check(MPI_Allgather(sbuf, piece, MPI_BYTE, r + off, 1, slot.get(), MPI_COMM_WORLD), "Allgather"));
     }
     bytes_.all_gather += (size_ - 1) * chunk_bytes;
     return Status::Ok();
@@ -84,13 +99,8 @@ class MpiComm final : public Comm {
       if (pe == count) {
         rc = MPI_Alltoall(s, pb, MPI_BYTE, staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
       } else {
-        MPI_Datatype bytes, slot;
-        MPI_Type_contiguous(pb, MPI_BYTE, &bytes);
-        MPI_Type_create_resized(bytes, 0, static_cast<MPI_Aint>(chunk_bytes), &slot);
-        MPI_Type_commit(&slot);
-        rc = MPI_Alltoall(s + e0 * esz, 1, slot, staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
-        MPI_Type_free(&slot);
-        MPI_Type_free(&bytes);
+        PieceType slot(pb, chunk_bytes);
+        rc = MPI_Alltoall(s + e0 * esz, 1, slot.get(), staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
       }
       ZOE_RETURN_IF_ERROR(check(rc, "Alltoall"));
       char* out = static_cast<char*>(recv) + e0 * esz;
