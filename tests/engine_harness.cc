@@ -16,6 +16,16 @@ Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps, bool flush_each_s
   return run_model(c, comm, steps, model, *source, flush_each_step);
 }
 
+Result<std::vector<float>> all_params(Engine& e) {
+  std::vector<float> all;
+  for (int u = 0; u < e.num_units(); ++u) {
+    size_t at = all.size();
+    all.resize(at + e.unit(u).numel);
+    ZOE_RETURN_IF_ERROR(fetch_to_host(e, u, all.data() + at));
+  }
+  return all;
+}
+
 Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source,
                          bool flush_each_step) {
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
@@ -51,11 +61,7 @@ Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, B
   run.ledger = dev.ledger().snapshot();
   run.sched = engine.sched_stats();
   for (int u = 0; u < engine.num_units(); ++u) run.owned += engine.owned_range(u).end - engine.owned_range(u).begin;
-  for (int u = 0; u < engine.num_units(); ++u) {
-    size_t at = run.params.size();
-    run.params.resize(at + engine.unit(u).numel);
-    ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, run.params.data() + at));
-  }
+  ZOE_ASSIGN_OR_RETURN(run.params, all_params(engine));
   return run;
 }
 
@@ -150,10 +156,6 @@ std::string check_nvme_matches_memory(Comm& comm) {
   return "";
 }
 
-}  // namespace zoe::test
-
-namespace zoe::test {
-
 Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::vector<std::vector<int>>& orders,
                                       ZeroEngine::SchedStats* stats, bool flush_each_step) {
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
@@ -174,13 +176,7 @@ Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::ve
     if (flush_each_step) ZOE_RETURN_IF_ERROR(engine.flush().status());
   }
   if (stats) *stats = engine.sched_stats();
-  std::vector<float> all;
-  for (int u = 0; u < engine.num_units(); ++u) {
-    w.resize(engine.unit(u).numel);
-    ZOE_RETURN_IF_ERROR(fetch_to_host(engine, u, w.data()));
-    all.insert(all.end(), w.begin(), w.end());
-  }
-  return all;
+  return all_params(engine);
 }
 
 std::string check_reordered_steps_match(Comm& comm) {

@@ -40,6 +40,9 @@ inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36)
 }
 
 
+// Every unit's full parameters, fp32, back to back in unit order.
+Result<std::vector<float>> all_params(Engine& e);
+
 // Trains `steps` optimizer steps of any model from its default init; on failure returns the Status.
 // flush_each_step: wait for every step's update before the next forward (stage 3 otherwise
 // overlaps it with that forward, and how far prefetching gets depends on the threads' timing).
