@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
       libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-      fio clang libclang-rt-14-dev)  # fio: the referee of `zoe bench nvme`; clang: the sanitizer and fuzz build
+      fio clang libclang-rt-14-dev libdlpack-dev pybind11-dev python3-dev)  # fio: the referee of `zoe bench nvme`; clang: the sanitizer and fuzz build
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 missing=()
 for p in "${pkgs[@]}"; do

@@ -70,7 +70,8 @@ class Engine {
   // Hands over this micro-step's gradient of unit u (numel fp32 values in device memory, of the
   // loss multiplied by loss_scale()). Call at most once per unit per micro-step.
   virtual Status grads_ready(int u, const float* grad) = 0;
-  // Reduces, clips and applies the accumulated gradients with learning rate `lr`. Stage 3
+  // Reduces, clips and applies the accumulated gradients with learning rate `lr`; an error (on
+  // every rank) when no rank handed over a gradient since the last step. Stage 3
   // returns before the update is applied: it runs on, overlapped with the next forward, and each
   // fetch waits only for its own unit's update (results are those of the serial order).
   virtual Result<StepResult> step(double lr) = 0;

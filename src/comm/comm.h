@@ -95,6 +95,8 @@ constexpr size_t kMaxMpiPiece = size_t{1} << 30;
 Result<std::unique_ptr<Comm>> make_mpi_comm(size_t max_piece_bytes = kMaxMpiPiece);
 // True when this process was launched by mpirun (OMPI/PMI environment present).
 bool launched_by_mpirun();
+// True when MPI is initialised and lets any thread call it, one call at a time.
+bool mpi_serialized_calls();
 // Finalizes MPI if it was initialised here; call once before exit.
 void finalize_mpi();
 

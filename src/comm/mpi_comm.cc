@@ -223,12 +223,21 @@ Result<std::unique_ptr<Comm>> make_mpi_comm(size_t max_piece_bytes) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
+    // SERIALIZED where the library has it: an embedding framework may call zoe (one call at a
+    // time) from its own worker threads, such as autograd's.
     int provided = 0;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return Status::CommError("MPI_Init_thread failed: cannot start MPI");
     g_we_initialised = true;
   }
   return std::unique_ptr<Comm>(new MpiComm(max_piece_bytes));
+}
+
+bool mpi_serialized_calls() {
+  int inited = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Query_thread(&provided);
+  return provided >= MPI_THREAD_SERIALIZED;
 }
 
 void finalize_mpi() {

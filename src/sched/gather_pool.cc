@@ -1,5 +1,7 @@
 #include "sched/gather_pool.h"
 
+#include <cstdint>
+
 namespace zoe {
 
 Result<Buffer> GatherPool::acquire(size_t bytes) {
@@ -17,6 +19,10 @@ Result<Buffer> GatherPool::acquire(size_t bytes) {
 }
 
 void GatherPool::give_back(Buffer& b) {
+  if (b.data && poison_) {
+    std::vector<uint8_t> nan(b.bytes, 0xff);
+    (void)dev_.upload(b.data, nan.data(), b.bytes);  // a debugging aid: a failed fill changes nothing else
+  }
   if (b.data) free_.push_back(b);
   b = Buffer();
 }

@@ -2,6 +2,10 @@
 // (fresh device memory is slow to get: cudaMalloc, or first-touch pages on the CPU device; and
 // a model's units come in few sizes). Free buffers stay booked in the ledger as gather memory;
 // when the device is full, acquire() gives them back and tries once more.
+//
+// With `poison` (ZOE_POISON_RELEASED=1), a buffer given back is filled with 0xff bytes (NaN in
+// every float dtype): a framework that still reads a released unit's memory (a view autograd
+// saved, say) then computes NaN instead of silently reading stale weights.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +17,7 @@ namespace zoe {
 
 class GatherPool {
  public:
-  explicit GatherPool(Device& d) : dev_(d) {}
+  explicit GatherPool(Device& d, bool poison = false) : dev_(d), poison_(poison) {}
   GatherPool(const GatherPool&) = delete;
   GatherPool& operator=(const GatherPool&) = delete;
   ~GatherPool() { trim(); }
@@ -26,6 +30,7 @@ class GatherPool {
 
  private:
   Device& dev_;
+  bool poison_;
   std::vector<Buffer> free_;
 };
 

@@ -23,6 +23,12 @@ std::vector<int64_t> unit_elems(const ShardLayout& l) {
   return v;
 }
 
+// ZOE_POISON_RELEASED=1: released gather buffers are filled with NaN (see GatherPool).
+bool poison_released() {
+  const char* v = std::getenv("ZOE_POISON_RELEASED");
+  return v && *v && std::string(v) != "0";
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units) {
@@ -38,8 +44,8 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
       scaler_(c.dtype == DType::kF16 && c.static_loss_scale == 0
                   ? LossScaler::dynamic(c.initial_scale_power, c.loss_scale_window, c.hysteresis, c.min_loss_scale)
                   : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)),
-      gather_pool_(d), prefetch_(unit_elems(layout_), PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters,
-                                                                     c.max_reuse_distance}) {
+      gather_pool_(d, poison_released()),
+      prefetch_(unit_elems(layout_), PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters, c.max_reuse_distance}) {
   gathered_.resize(layout_.num_units());
   residency_.assign(layout_.num_units(), Residency::kAbsent);
   local_seen_.assign(layout_.num_units(), 0);
@@ -522,18 +528,20 @@ Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
   return st;
 }
 
-// One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order.
-Result<double> ZeroEngine::owned_grad_sumsq() {
+// One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order;
+// *handed (this rank's hand-over count) is summed over ranks in the same all-reduce.
+Result<double> ZeroEngine::owned_grad_sumsq(double* handed) {
   std::vector<ArrayView> spans;
   for (int u = 0; u < num_units(); ++u)
     spans.push_back({grad_ptr(grad_owned_offset(u)), gdtype_, static_cast<size_t>(layout_.owned_real(u, comm_.rank()))});
   auto* sc = scalars_.as<StepScalars>();
   ZOE_RETURN_IF_ERROR(dev_.zero(&sc->sumsq, sizeof(double)));
   ZOE_RETURN_IF_ERROR(dev_.sum_squares(spans.data(), spans.size(), &sc->sumsq));
-  double local = 0;
-  ZOE_RETURN_IF_ERROR(dev_.download(&local, &sc->sumsq, sizeof(double)));
-  ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(&local, 1));
-  return local;
+  double v[2] = {0, *handed};
+  ZOE_RETURN_IF_ERROR(dev_.download(&v[0], &sc->sumsq, sizeof(double)));
+  ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(v, 2));
+  *handed = v[1];
+  return v[0];
 }
 
 // One tensor segment of the optimizer range (or the part of one inside a sub-group).
@@ -868,9 +876,11 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   res.lr = lr;
   // Serves gradients other ranks still hand over, then every rank is at this step.
   if (plan_.shard_grads) ZOE_RETURN_IF_ERROR(sync_point(OpKind::kStep, -1, nullptr));
+  double handed = 0;  // hand-overs on this rank since the last step
   for (int u = 0; u < num_units(); ++u) {
     const UnitSlot& s = layout_.slot(u);
     int seen = plan_.shard_grads ? reduced_[u] : local_seen_[u];
+    handed += seen;
     if (seen == 0)  // a unit without gradient this step contributes zeros
       ZOE_RETURN_IF_ERROR(dev_.zero(grad_ptr(plan_.shard_grads ? s.shard_offset : s.full_offset),
                                     (plan_.shard_grads ? s.chunk : s.full_size) * gsize_));
@@ -881,8 +891,12 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   double sumsq = 0;
   {
     ZOE_SPAN("grad_norm", "compute", Bucket::kOptimizer);
-    ZOE_ASSIGN_OR_RETURN(sumsq, owned_grad_sumsq());
+    ZOE_ASSIGN_OR_RETURN(sumsq, owned_grad_sumsq(&handed));
   }
+  // Adam on nothing would still move the weights (decay, momentum): a step no rank gave a
+  // gradient to is a caller's mistake, and every rank knows it from the same sum.
+  if (handed == 0)
+    return Status::Runtime("step() before any gradient: no rank called grads_ready since the last step");
   // Gradients are sums over ranks and micro-steps of loss-scaled gradients: average and unscale.
   double inv = 1.0 / (res.loss_scale * comm_.size() * cfg_.grad_accum);
   bool overflow = !std::isfinite(sumsq);

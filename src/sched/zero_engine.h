@@ -143,7 +143,7 @@ class ZeroEngine final : public Engine {
   Status wait_updated(int u);              // unit u's part of it
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
-  Result<double> owned_grad_sumsq();
+  Result<double> owned_grad_sumsq(double* handed);
   Status apply_adam(double lr, double grad_scale);
   struct AdamTask;
   struct GroupRange {

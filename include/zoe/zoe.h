@@ -1,0 +1,128 @@
+/* zoe's C API: ZeRO training with NVMe offload as a backend of another framework (C99).
+ *
+ * Opaque handles, error codes, and a thread-local message (zoe_last_error) for the last failure;
+ * no C++ type or exception crosses this header. Tensors cross it as DLPack (dlpack/dlpack.h).
+ *
+ * One engine's life, on every rank (ranks come from mpirun; without it there is one rank):
+ *   zoe_engine_new(config_json)            the same keys as `zoe train`'s config file
+ *   zoe_register_param(...) for every parameter, unit by unit
+ *   zoe_start()                            collective: shards the state, opens the NVMe files
+ *   zoe_set_param() / zoe_load_safetensors()   initial values
+ *   per micro-step, per unit: zoe_fetch -> compute -> zoe_release;
+ *                   in backward: zoe_fetch -> gradients -> zoe_grad_param/zoe_grads_ready -> zoe_release
+ *   zoe_step()                             collective: reduce, clip, Adam
+ *   zoe_engine_free()
+ * Calls that are collective must be made by every rank in the same order. zoe serialises calls on
+ * one engine; calls may come from any thread where MPI allows it (zoe asks MPI for
+ * MPI_THREAD_SERIALIZED), else only from the thread that created the engine.
+ */
+#ifndef ZOE_ZOE_H_
+#define ZOE_ZOE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZOE_API __attribute__((visibility("default")))
+
+typedef enum zoe_status {
+  ZOE_OK = 0,
+  ZOE_ERR_INVALID = 1,       /* bad argument, config, shape, dtype, file */
+  ZOE_ERR_IO = 2,            /* a read or write failed (disk full, device error) */
+  ZOE_ERR_OUT_OF_MEMORY = 3, /* a memory budget is exhausted */
+  ZOE_ERR_CORRUPT = 4,       /* a checkpoint or state file fails its checks */
+  ZOE_ERR_COMM = 5,          /* MPI or NCCL failed */
+  ZOE_ERR_RUNTIME = 6,       /* a call out of order (before zoe_start, ...), ranks out of step, ... */
+  ZOE_ERR_UNSUPPORTED = 7    /* valid, but not possible with this build or device */
+} zoe_status;
+
+typedef struct zoe_engine zoe_engine;
+
+typedef struct zoe_step_result {
+  int applied;          /* 0: skipped because a gradient was not finite */
+  double grad_norm;     /* global L2 norm of the averaged gradient, before clipping */
+  double loss_scale;    /* the scale the step's gradients carried (multiply the loss by zoe_loss_scale) */
+  double lr;
+  int64_t step;         /* optimizer steps applied so far */
+} zoe_step_result;
+
+/* The message of this thread's last failed call ("" if none). Valid until this thread's next call. */
+ZOE_API const char* zoe_last_error(void);
+ZOE_API const char* zoe_version(void);
+
+/* Creates an engine from a JSON config text (keys as in `zoe train`; zoe.model and zoe.data are
+ * ignored). Starts MPI when launched by mpirun. *out is NULL on failure. */
+ZOE_API zoe_status zoe_engine_new(const char* config_json, zoe_engine** out);
+/* Waits for the last update and frees the engine (removes its NVMe files). NULL is a no-op. */
+ZOE_API void zoe_engine_free(zoe_engine* e);
+ZOE_API int zoe_rank(const zoe_engine* e);
+ZOE_API int zoe_world_size(const zoe_engine* e);
+
+/* Registers parameter `name` (unique) of shape shape[0..ndim) in unit `unit` (units are numbered
+ * in order of first registration, tensors within a unit in order of registration). dtype must be
+ * the engine's weight dtype (float32, or bfloat16/float16 when the config enables them). Before
+ * zoe_start only. */
+ZOE_API zoe_status zoe_register_param(zoe_engine* e, const char* unit, const char* name, int ndim,
+                                      const int64_t* shape, DLDataType dtype, int weight_decay);
+/* Builds the engine over the registered units (collective). */
+ZOE_API zoe_status zoe_start(zoe_engine* e);
+
+ZOE_API int zoe_num_units(const zoe_engine* e);
+ZOE_API int64_t zoe_num_params(const zoe_engine* e);
+/* Unit of a registered unit name or parameter name, or -1. */
+ZOE_API int zoe_unit_index(const zoe_engine* e, const char* unit_or_param);
+/* Parameter `name`'s place: its unit, element offset in the unit's flat buffer, and element count. */
+ZOE_API zoe_status zoe_param_info(const zoe_engine* e, const char* name, int* unit, int64_t* offset, int64_t* numel);
+
+/* Initial values. zoe_set_param takes host memory of any float dtype and any strides; a unit's
+ * values are applied when all its parameters are set, and then rank 0's count (collective: every
+ * rank sets the same parameters in the same order). */
+ZOE_API zoe_status zoe_set_param(zoe_engine* e, const char* name, const DLTensor* value);
+/* Every registered parameter from a safetensors file (float32/bfloat16/float16 tensors of the same
+ * names and shapes). */
+ZOE_API zoe_status zoe_load_safetensors(zoe_engine* e, const char* path);
+
+/* Unit u's full parameters (gathered if sharded: collective at stage 3), as a 1-D tensor of the
+ * unit's elements in the engine's weight dtype, in the engine device's memory (kDLCPU for the CPU
+ * device, kDLCUDA for the GPU). Zero-copy: valid until the matching zoe_release. The caller calls
+ * (*out)->deleter(*out) when done with the handle (it frees the handle, never the memory). */
+ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
+ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
+
+/* Gradients of the loss multiplied by zoe_loss_scale(), any float dtype and strides, in host memory
+ * or (CUDA device) in the GPU's memory. zoe_grad_param stages one parameter's gradient;
+ * zoe_grads_ready hands over unit u's gradient for this micro-step: `grad` is the whole unit
+ * (numel elements), or NULL for what zoe_grad_param staged (a parameter without one counts as
+ * zeros). At stages 2-3 the hand-over is collective; a rank that has no gradient for the unit
+ * contributes zeros. */
+ZOE_API zoe_status zoe_grad_param(zoe_engine* e, const char* name, const DLTensor* grad);
+ZOE_API zoe_status zoe_grads_ready(zoe_engine* e, int unit, const DLTensor* grad);
+
+/* One optimizer step with learning rate lr (lr < 0: the config's optimizer/scheduler value).
+ * Collective. Gradients still staged by zoe_grad_param are handed over first. An error on every
+ * rank when no rank handed over any gradient since the last step. */
+ZOE_API zoe_status zoe_step(zoe_engine* e, double lr, zoe_step_result* out);
+ZOE_API double zoe_loss_scale(const zoe_engine* e);
+
+/* Checkpoints (collective): zoe_save writes <dir>/step_<N> (crash-safe, keeps the newest
+ * checkpoint_keep); zoe_load reads a checkpoint directory, or the newest under a root. zoe_export
+ * writes the consolidated weights (fp32, registered names) as one safetensors file from rank 0. */
+ZOE_API zoe_status zoe_save(zoe_engine* e, const char* dir);
+ZOE_API zoe_status zoe_load(zoe_engine* e, const char* path);
+ZOE_API zoe_status zoe_export(zoe_engine* e, const char* safetensors_path);
+
+/* This rank's memory ledger (bytes per tier and kind, now and peak) and counters as JSON. The
+ * string is the caller's: free it with zoe_free_string. */
+ZOE_API zoe_status zoe_stats_json(zoe_engine* e, char** out);
+ZOE_API void zoe_free_string(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZOE_ZOE_H_ */

@@ -1,0 +1,362 @@
+#include "capi/c_engine.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "capi/dlpack_tensor.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/safetensors_reader.h"
+#include "ckpt/safetensors_writer.h"
+#include "train/lr_schedule.h"
+#include "train/trainer.h"
+#ifdef ZOE_HAVE_CUDA
+#include "gpu/cuda_device.h"
+#endif
+
+namespace zoe::capi {
+
+Result<std::unique_ptr<CEngine>> CEngine::create(const std::string& config_json) {
+  ZOE_ASSIGN_OR_RETURN(Config c, parse_config(config_json, {}, "zoe_engine_new config"));
+  std::unique_ptr<Comm> comm;
+  if (launched_by_mpirun()) {
+    ZOE_ASSIGN_OR_RETURN(comm, make_mpi_comm());
+    static bool registered = false;  // MPI is finalised once, at exit, whatever engines came and went
+    if (!registered) registered = std::atexit(finalize_mpi) == 0;
+  } else {
+    comm = make_self_comm();
+  }
+  ZOE_RETURN_IF_ERROR(validate_for_world(c, comm->size()));
+  return std::unique_ptr<CEngine>(new CEngine(std::move(c), std::move(comm)));
+}
+
+CEngine::~CEngine() {
+  if (engine_) (void)engine_->flush();
+  for (int u = 0; u < num_units(); ++u) drop_staged(u);
+  engine_.reset();
+  comm_->set_ledger(nullptr);
+}
+
+std::unique_lock<std::mutex> CEngine::lock() { return std::unique_lock<std::mutex>(mu_); }
+
+Status CEngine::check_thread() const {
+  if (std::this_thread::get_id() == owner_ || comm_->size() == 1 || mpi_serialized_calls()) return Status::Ok();
+  return Status::Unsupported("a call from a thread other than the engine's creator, and this MPI library allows "
+                             "MPI calls from one thread only (MPI_THREAD_SERIALIZED is not provided)");
+}
+
+int64_t CEngine::num_params() const {
+  int64_t n = 0;
+  for (const UnitSpec& u : units_) n += u.numel;
+  return n;
+}
+
+int CEngine::unit_index(const std::string& s) const {
+  if (auto it = unit_of_name_.find(s); it != unit_of_name_.end()) return it->second;
+  if (auto it = params_.find(s); it != params_.end()) return it->second.unit;
+  return -1;
+}
+
+Status CEngine::param_info(const std::string& name, int* unit, int64_t* offset, int64_t* numel) const {
+  ZOE_ASSIGN_OR_RETURN(const ParamRef* p, find_param("zoe_param_info", name));
+  const TensorSpec& t = units_[p->unit].tensors[p->tensor];
+  if (unit) *unit = p->unit;
+  if (offset) *offset = t.offset;
+  if (numel) *numel = t.numel;
+  return Status::Ok();
+}
+
+Status CEngine::need_started(const char* op) const {
+  return engine_ ? Status::Ok() : Status::Runtime(fmt::format("{}: the engine is not started (call zoe_start)", op));
+}
+
+Status CEngine::check_unit(const char* op, int u) const {
+  ZOE_RETURN_IF_ERROR(need_started(op));
+  if (u < 0 || u >= num_units())
+    return Status::Invalid(fmt::format("{}: unit {} does not exist (the engine has {} units)", op, u, num_units()));
+  return Status::Ok();
+}
+
+Result<const CEngine::ParamRef*> CEngine::find_param(const char* op, const std::string& name) const {
+  auto it = params_.find(name);
+  if (it == params_.end()) return Status::Invalid(fmt::format("{}: no parameter named '{}' is registered", op, name));
+  return &it->second;
+}
+
+Status CEngine::register_param(const std::string& unit, const std::string& name, std::vector<int64_t> shape,
+                               DLDataType dtype, bool decay) {
+  const std::string what = fmt::format("zoe_register_param '{}'", name);
+  if (engine_) return Status::Runtime(what + ": the engine is started; register every parameter before zoe_start");
+  if (unit.empty() || name.empty()) return Status::Invalid(what + ": the unit and parameter names must not be empty");
+  if (params_.count(name)) return Status::Invalid(what + ": a parameter of that name is already registered");
+  ZOE_ASSIGN_OR_RETURN(DType dt, weight_dtype(dtype, what));
+  if (dt != cfg_.dtype)
+    return Status::Invalid(fmt::format("{}: dtype {} but the config trains in {} (bf16.enabled / fp16.enabled)", what,
+                                       dl_dtype_name(dtype), dtype_name(cfg_.dtype)));
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d <= 0) return Status::Invalid(fmt::format("{}: shape [{}] has a dimension <= 0", what, fmt::join(shape, ", ")));
+    numel *= d;
+  }
+  auto [it, added] = unit_of_name_.emplace(unit, num_units());
+  if (added) units_.push_back(UnitSpec{unit, {}, 0});
+  UnitSpec& us = units_[it->second];
+  params_[name] = ParamRef{it->second, static_cast<int>(us.tensors.size())};
+  us.tensors.push_back(TensorSpec{name, std::move(shape), us.numel, numel, decay});
+  us.numel += numel;
+  return Status::Ok();
+}
+
+Status CEngine::start() {
+  if (engine_) return Status::Runtime("zoe_start: the engine is started already");
+  if (units_.empty()) return Status::Invalid("zoe_start: no parameter is registered");
+  ZOE_ASSIGN_OR_RETURN(backend_, make_backend(cfg_, *comm_));
+  comm_->set_ledger(&backend_.device->ledger());
+  ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(cfg_, *backend_.device, tensor_comm(), units_));
+  state_.assign(units_.size(), UnitState{});
+  return Status::Ok();
+}
+
+Status CEngine::set_param(const std::string& name, const DLTensor* value) {
+  const std::string what = fmt::format("zoe_set_param '{}'", name);
+  ZOE_RETURN_IF_ERROR(need_started("zoe_set_param"));
+  ZOE_ASSIGN_OR_RETURN(const ParamRef* p, find_param("zoe_set_param", name));
+  const TensorSpec& t = units_[p->unit].tensors[p->tensor];
+  ZOE_RETURN_IF_ERROR(check_grad(value, t.shape, t.numel, what));  // the same checks as a gradient's
+  if (value->device.device_type != kDLCPU) return Status::Invalid(what + ": initial values must be in host memory");
+  UnitState& s = state_[p->unit];
+  const UnitSpec& us = units_[p->unit];
+  if (s.init.empty()) {
+    s.init.assign(us.numel, 0.0f);
+    s.init_set.assign(us.tensors.size(), 0);
+  }
+  read_host_f32(*value, s.init.data() + t.offset);
+  s.init_set[p->tensor] = 1;
+  for (char set : s.init_set)
+    if (!set) return Status::Ok();
+  // Rank 0's values count (a framework seeded differently per rank still starts as one model).
+  Status st = comm_->broadcast(s.init.data(), s.init.size() * sizeof(float), 0);
+  if (st.ok()) st = engine_->set_params(p->unit, s.init.data());
+  s.init = {};
+  s.init_set = {};
+  return st;
+}
+
+Status CEngine::load_safetensors(const std::string& path) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_load_safetensors"));
+  auto file = SafetensorsReader::Open(path);
+  if (!file.ok()) return Status::Invalid(fmt::format("zoe_load_safetensors: {}", file.status().message()));
+  std::vector<float> buf;
+  for (int u = 0; u < num_units(); ++u) {
+    buf.assign(units_[u].numel, 0.0f);
+    for (const TensorSpec& t : units_[u].tensors) {
+      const StTensorInfo* info = file->find(t.name);
+      if (!info) return Status::Invalid(fmt::format("zoe_load_safetensors '{}': tensor '{}' is missing", path, t.name));
+      if (info->shape != t.shape)
+        return Status::Invalid(fmt::format("zoe_load_safetensors '{}': tensor '{}' has shape [{}], registered [{}]",
+                                           path, t.name, fmt::join(info->shape, ", "), fmt::join(t.shape, ", ")));
+      ZOE_RETURN_IF_ERROR(file->read_f32(info->name, buf.data() + t.offset, t.numel));
+    }
+    ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
+  }
+  return Status::Ok();
+}
+
+DLDevice CEngine::dl_device() const {
+#ifdef ZOE_HAVE_CUDA
+  if (cfg_.device == "cuda") return {kDLCUDA, local_gpu_index()};
+#endif
+  return {kDLCPU, 0};
+}
+
+namespace {
+
+// A DLManagedTensor that owns its shape array; the memory it points at is the engine's.
+struct ViewTensor {
+  DLManagedTensor managed{};
+  int64_t shape[1] = {0};
+};
+
+void delete_view(DLManagedTensor* t) { delete static_cast<ViewTensor*>(t->manager_ctx); }
+
+}  // namespace
+
+Result<DLManagedTensor*> CEngine::fetch(int u) {
+  ZOE_RETURN_IF_ERROR(check_unit("zoe_fetch", u));
+  if (cfg_.device == "cpu-strict")
+    return Status::Unsupported("zoe_fetch: the 'cpu-strict' device's memory is closed to host code; use "
+                               "zoe.device \"cpu\" to hand parameters to another framework");
+  ZOE_ASSIGN_OR_RETURN(ParamView v, engine_->fetch(u));
+  ++state_[u].fetched;
+  auto* t = new ViewTensor;
+  t->shape[0] = v.numel;
+  DLTensor& d = t->managed.dl_tensor;
+  d.data = const_cast<void*>(v.data);
+  d.device = dl_device();
+  d.ndim = 1;
+  d.dtype = dl_dtype(v.dtype);
+  d.shape = t->shape;
+  d.strides = nullptr;
+  d.byte_offset = 0;
+  t->managed.manager_ctx = t;
+  t->managed.deleter = delete_view;
+  return &t->managed;
+}
+
+Status CEngine::release(int u) {
+  ZOE_RETURN_IF_ERROR(check_unit("zoe_release", u));
+  if (state_[u].fetched == 0)
+    return Status::Runtime(fmt::format("zoe_release: unit '{}' is not fetched", units_[u].name));
+  ZOE_RETURN_IF_ERROR(engine_->release(u));
+  --state_[u].fetched;
+  return Status::Ok();
+}
+
+Status CEngine::put_grad(const DLTensor& g, float* dst, int64_t n, const std::string& what) {
+  Device& dev = *backend_.device;
+  if (g.device.device_type == kDLCPU) {
+    std::vector<float> host(n);
+    read_host_f32(g, host.data());
+    return dev.upload(dst, host.data(), n * sizeof(float));
+  }
+  if (g.device.device_type != dl_device().device_type || g.device.device_id != dl_device().device_id)
+    return Status::Invalid(fmt::format("{}: the gradient is on device type {} id {}, not in host memory or on this "
+                                       "engine's device", what, static_cast<int>(g.device.device_type),
+                                       g.device.device_id));
+  if (!dl_compact(g) || g.dtype.bits == 64)
+    return Status::Unsupported(what + ": a gradient in GPU memory must be compact float32/bfloat16/float16");
+  ZOE_ASSIGN_OR_RETURN(DType dt, weight_dtype(g.dtype, what));
+  return dev.accumulate(dst, DType::kF32, static_cast<const char*>(g.data) + g.byte_offset, dt, n, false);
+}
+
+Status CEngine::grad_param(const std::string& name, const DLTensor* grad) {
+  const std::string what = fmt::format("zoe_grad_param '{}'", name);
+  ZOE_RETURN_IF_ERROR(need_started("zoe_grad_param"));
+  ZOE_ASSIGN_OR_RETURN(const ParamRef* p, find_param("zoe_grad_param", name));
+  const TensorSpec& t = units_[p->unit].tensors[p->tensor];
+  ZOE_RETURN_IF_ERROR(check_grad(grad, t.shape, t.numel, what));
+  UnitState& s = state_[p->unit];
+  if (!s.grad) {
+    ZOE_ASSIGN_OR_RETURN(s.grad, backend_.device->alloc(units_[p->unit].numel * sizeof(float), Tier::kDevice,
+                                                        Kind::kStaging));
+    s.grad_set.assign(units_[p->unit].tensors.size(), 0);
+  }
+  ZOE_RETURN_IF_ERROR(put_grad(*grad, s.grad.as<float>() + t.offset, t.numel, what));
+  s.grad_set[p->tensor] = 1;
+  return Status::Ok();
+}
+
+Status CEngine::grads_ready(int u, const DLTensor* grad) {
+  ZOE_RETURN_IF_ERROR(check_unit("zoe_grads_ready", u));
+  const UnitSpec& us = units_[u];
+  UnitState& s = state_[u];
+  const std::string what = fmt::format("zoe_grads_ready '{}'", us.name);
+  if (grad) {  // the whole unit at once
+    if (s.grad) return Status::Runtime(what + ": gradients of this unit are staged by zoe_grad_param already");
+    ZOE_RETURN_IF_ERROR(check_grad(grad, {}, us.numel, what));
+    ZOE_ASSIGN_OR_RETURN(Buffer b, backend_.device->alloc(us.numel * sizeof(float), Tier::kDevice, Kind::kStaging));
+    Status st = put_grad(*grad, b.as<float>(), us.numel, what);
+    if (st.ok()) st = engine_->grads_ready(u, b.as<float>());
+    backend_.device->free(b);
+    return st;
+  }
+  if (!s.grad) return Status::Runtime(what + ": no gradient is staged (zoe_grad_param) and none is given");
+  for (size_t i = 0; i < us.tensors.size(); ++i)  // a parameter without a gradient counts as zeros
+    if (!s.grad_set[i])
+      ZOE_RETURN_IF_ERROR(backend_.device->zero(s.grad.as<float>() + us.tensors[i].offset,
+                                                us.tensors[i].numel * sizeof(float)));
+  Status st = engine_->grads_ready(u, s.grad.as<float>());
+  drop_staged(u);
+  return st;
+}
+
+void CEngine::drop_staged(int u) {
+  if (u < static_cast<int>(state_.size()) && state_[u].grad) {
+    backend_.device->free(state_[u].grad);
+    state_[u].grad_set = {};
+  }
+}
+
+Result<StepResult> CEngine::step(double lr) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_step"));
+  // Staged gradients not yet handed over go now, in unit order (other ranks' differing sets are
+  // matched by the engine with zeros, as for any unit a rank has no gradient for).
+  for (int u = 0; u < num_units(); ++u)
+    if (state_[u].grad) ZOE_RETURN_IF_ERROR(grads_ready(u, nullptr));
+  if (lr < 0) lr = lr_at(cfg_, engine_->steps_applied());
+  return engine_->step(lr);  // stage 3's update runs on, overlapped with the next forward
+}
+
+Status CEngine::save(const std::string& dir) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_save"));
+  if (dir.empty()) return Status::Invalid("zoe_save: the directory is empty");
+  TrainState st;
+  st.steps_done = st.steps_applied = engine_->steps_applied();
+  st.loss_scale = engine_->loss_scale();
+  engine_->scaler_state(&st.scaler_good_steps, &st.scaler_hysteresis);
+  return save_checkpoint(dir, *engine_, *comm_, config_to_json(cfg_), cfg_.stage, st, cfg_.checkpoint_keep).status();
+}
+
+Status CEngine::load(const std::string& path) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_load"));
+  std::string ckpt = path;
+  if (!std::filesystem::exists(std::filesystem::path(path) / "manifest.json")) {
+    ZOE_ASSIGN_OR_RETURN(ckpt, latest_checkpoint(path));
+    if (ckpt.empty()) return Status::Invalid(fmt::format("zoe_load: '{}' holds no complete checkpoint", path));
+  }
+  TrainState st;
+  return load_checkpoint(ckpt, *engine_, *comm_, cfg_.checksums, &st);
+}
+
+// Unit by unit: gathered (collective), converted to fp32, kept on rank 0 until the file is written.
+Status CEngine::export_weights(const std::string& path) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_export"));
+  std::vector<std::vector<float>> values(num_units());
+  for (int u = 0; u < num_units(); ++u) {
+    ZOE_ASSIGN_OR_RETURN(ParamView v, engine_->fetch(u));
+    Status st = Status::Ok();
+    if (rank() == 0) {
+      values[u].resize(v.numel);
+      st = download_f32(*backend_.device, values[u].data(), v.data, v.dtype, v.numel);
+    }
+    Status rel = engine_->release(u);
+    ZOE_RETURN_IF_ERROR(st);
+    ZOE_RETURN_IF_ERROR(rel);
+  }
+  Status st = Status::Ok();
+  if (rank() == 0) {
+    SafetensorsWriter w;
+    for (int u = 0; u < num_units() && st.ok(); ++u)
+      for (const TensorSpec& t : units_[u].tensors)
+        if (st.ok()) st = w.add(t.name, DType::kF32, t.shape, values[u].data() + t.offset);
+    if (st.ok()) st = w.write(path);
+  }
+  return agree(*comm_, st, Status::Io("zoe_export: rank 0 could not write the file"));
+}
+
+std::string CEngine::stats_json() const {
+  nlohmann::json j = {{"rank", rank()}, {"world_size", world()}, {"started", started()}, {"params", num_params()},
+                      {"units", num_units()}};
+  if (!engine_) return j.dump();
+  LedgerSnapshot l = backend_.device->ledger().snapshot();
+  nlohmann::json ledger;
+  for (int t = 0; t < kNumTiers; ++t) {
+    nlohmann::json tier;
+    for (int k = 0; k < kNumKinds; ++k) tier[std::string(kind_name(static_cast<Kind>(k)))] = l.bytes[t][k];
+    tier["persistent"] = l.persistent(static_cast<Tier>(t));
+    tier["peak"] = l.peak[t];
+    ledger[std::string(tier_name(static_cast<Tier>(t)))] = tier;
+  }
+  const CommBytes& c = backend_.tensor_comm ? backend_.tensor_comm->bytes_sent() : comm_->bytes_sent();
+  j["ledger"] = ledger;
+  j["comm_bytes"] = {{"all_gather", c.all_gather}, {"reduce_scatter", c.reduce_scatter},
+                     {"all_reduce", c.all_reduce}, {"broadcast", c.broadcast}};
+  j["steps_applied"] = engine_->steps_applied();
+  j["loss_scale"] = engine_->loss_scale();
+  return j.dump();
+}
+
+}  // namespace zoe::capi

@@ -1,0 +1,93 @@
+// The engine behind the C API (include/zoe/zoe.h): a parameter registry in front of Engine, DLPack
+// in and out, gradient staging per unit, and the checks a foreign caller needs (order of calls,
+// threads). Every method returns a Status; zoe_c.cc turns those into codes and messages.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "train/backend.h"
+#include "zoe/engine.h"
+
+namespace zoe::capi {
+
+class CEngine {
+ public:
+  static Result<std::unique_ptr<CEngine>> create(const std::string& config_json);
+  ~CEngine();
+
+  // Held by zoe_c.cc around every call: one call at a time, from a thread MPI allows.
+  std::unique_lock<std::mutex> lock();
+  Status check_thread() const;
+
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->size(); }
+  bool started() const { return engine_ != nullptr; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int64_t num_params() const;
+  int unit_index(const std::string& unit_or_param) const;
+  Status param_info(const std::string& name, int* unit, int64_t* offset, int64_t* numel) const;
+
+  Status register_param(const std::string& unit, const std::string& name, std::vector<int64_t> shape,
+                        DLDataType dtype, bool decay);
+  Status start();
+
+  Status set_param(const std::string& name, const DLTensor* value);
+  Status load_safetensors(const std::string& path);
+  Result<DLManagedTensor*> fetch(int u);
+  Status release(int u);
+  Status grad_param(const std::string& name, const DLTensor* grad);
+  Status grads_ready(int u, const DLTensor* grad);
+  Result<StepResult> step(double lr);
+  double loss_scale() const { return engine_ ? engine_->loss_scale() : 1.0; }
+
+  Status save(const std::string& dir);
+  Status load(const std::string& path);
+  Status export_weights(const std::string& path);
+  std::string stats_json() const;
+
+ private:
+  struct ParamRef {
+    int unit = 0, tensor = 0;
+  };
+  // Per unit: initial values until all its tensors are set, and this micro-step's staged gradient.
+  struct UnitState {
+    int fetched = 0;                 // zoe_fetch minus zoe_release
+    std::vector<float> init;
+    std::vector<char> init_set;
+    Buffer grad;                     // device memory, numel fp32, while anything is staged
+    std::vector<char> grad_set;
+  };
+
+  CEngine(Config c, std::unique_ptr<Comm> comm) : cfg_(std::move(c)), comm_(std::move(comm)) {}
+  Status need_started(const char* op) const;
+  Status check_unit(const char* op, int u) const;
+  Result<const ParamRef*> find_param(const char* op, const std::string& name) const;
+  Comm& tensor_comm() { return backend_.tensor_comm ? *backend_.tensor_comm : *comm_; }
+  DLDevice dl_device() const;
+  // grad (checked) -> fp32 in device memory at dst: host memory is converted and uploaded;
+  // device memory (a GPU engine) is converted there, when compact.
+  Status put_grad(const DLTensor& grad, float* dst, int64_t n, const std::string& what);
+  Status hand_over(int u, const float* device_grad);
+  void drop_staged(int u);
+
+  Config cfg_;
+  std::unique_ptr<Comm> comm_;
+  Backend backend_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<UnitSpec> units_;
+  std::vector<UnitState> state_;
+  std::map<std::string, int> unit_of_name_;
+  std::map<std::string, ParamRef> params_;
+  std::mutex mu_;
+  std::thread::id owner_ = std::this_thread::get_id();
+};
+
+}  // namespace zoe::capi

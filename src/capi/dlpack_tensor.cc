@@ -1,0 +1,112 @@
+#include "capi/dlpack_tensor.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace zoe::capi {
+
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return {kDLFloat, 32, 1};
+    case DType::kBF16: return {kDLBfloat, 16, 1};
+    default: return {kDLFloat, 16, 1};
+  }
+}
+
+std::string dl_dtype_name(DLDataType t) {
+  const char* code = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
+                     : t.code == kDLUInt ? "uint" : "code" ;
+  std::string s = fmt::format("{}{}", code, t.bits);
+  return t.lanes == 1 ? s : fmt::format("{}x{}", s, t.lanes);
+}
+
+Result<DType> weight_dtype(DLDataType t, const std::string& what) {
+  if (t.lanes == 1 && t.code == kDLFloat && t.bits == 32) return DType::kF32;
+  if (t.lanes == 1 && t.code == kDLBfloat && t.bits == 16) return DType::kBF16;
+  if (t.lanes == 1 && t.code == kDLFloat && t.bits == 16) return DType::kF16;
+  return Status::Invalid(fmt::format("{}: dtype {} is not a weight dtype (float32, bfloat16, float16)", what,
+                                     dl_dtype_name(t)));
+}
+
+int64_t dl_numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+  return n;
+}
+
+bool dl_compact(const DLTensor& t) {
+  if (!t.strides) return true;
+  int64_t want = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != want) return false;
+    want *= t.shape[d];
+  }
+  return true;
+}
+
+namespace {
+
+bool readable_float(DLDataType t) {
+  if (t.lanes != 1) return false;
+  if (t.code == kDLBfloat) return t.bits == 16;
+  return t.code == kDLFloat && (t.bits == 16 || t.bits == 32 || t.bits == 64);
+}
+
+float load(const char* p, DLDataType t) {
+  if (t.code == kDLBfloat) { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }
+  if (t.bits == 16) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
+  if (t.bits == 32) { float f; std::memcpy(&f, p, 4); return f; }
+  double d; std::memcpy(&d, p, 8); return static_cast<float>(d);
+}
+
+}  // namespace
+
+Status check_grad(const DLTensor* t, const std::vector<int64_t>& shape, int64_t numel, const std::string& what) {
+  if (!t) return Status::Invalid(what + ": the gradient is a null pointer");
+  if (!readable_float(t->dtype))
+    return Status::Invalid(fmt::format("{}: gradient dtype {} (zoe reads float16, bfloat16, float32, float64)", what,
+                                       dl_dtype_name(t->dtype)));
+  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) return Status::Invalid(what + ": the gradient has no shape");
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] < 0) return Status::Invalid(fmt::format("{}: gradient dimension {} is negative", what, d));
+    if (t->strides && t->strides[d] < 0)
+      return Status::Invalid(fmt::format("{}: gradient stride {} is negative (zoe reads non-negative strides)", what, d));
+  }
+  std::vector<int64_t> got(t->shape, t->shape + t->ndim);
+  if (!shape.empty() ? got != shape : dl_numel(*t) != numel)
+    return Status::Invalid(fmt::format("{}: gradient of shape [{}], expected {}", what, fmt::join(got, ", "),
+                                       shape.empty() ? fmt::format("{} elements", numel)
+                                                     : fmt::format("[{}]", fmt::join(shape, ", "))));
+  if (!t->data && dl_numel(*t) > 0) return Status::Invalid(what + ": the gradient's data is a null pointer");
+  return Status::Ok();
+}
+
+// Walks the shape in row-major order; the innermost dimension is a plain strided loop.
+void read_host_f32(const DLTensor& t, float* dst) {
+  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
+  const size_t esize = t.dtype.bits / 8;
+  int64_t n = dl_numel(t);
+  if (n == 0) return;
+  if (dl_compact(t) && t.dtype.code == kDLFloat && t.dtype.bits == 32) {
+    std::memcpy(dst, base, n * sizeof(float));
+    return;
+  }
+  std::vector<int64_t> strides(t.ndim), idx(t.ndim, 0);
+  int64_t s = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    strides[d] = t.strides ? t.strides[d] : s;
+    s *= t.shape[d];
+  }
+  const int last = t.ndim - 1;
+  const int64_t inner = t.ndim ? t.shape[last] : 1, inner_stride = t.ndim ? strides[last] : 0;
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t off = 0;
+    for (int d = 0; d < last; ++d) off += idx[d] * strides[d];
+    for (int64_t i = 0; i < inner; ++i) *dst++ = load(base + (off + i * inner_stride) * esize, t.dtype);
+    for (int d = last - 1; d >= 0 && ++idx[d] == t.shape[d]; --d) idx[d] = 0;
+  }
+}
+
+}  // namespace zoe::capi

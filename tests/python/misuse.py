@@ -1,0 +1,75 @@
+"""Misuse through the Python package raises zoe.Error with a message naming the problem, and the
+engine trains on afterwards; nothing crashes or hangs. Run alone or under mpirun (at 2+ ranks it
+also hands a gradient over on rank 0 only)."""
+import sys
+
+import torch
+from torch.utils import dlpack
+
+import zoe
+import zoe.torch
+
+failures = []
+
+
+def expect_error(fn, needle):
+    try:
+        fn()
+    except zoe.Error as e:
+        if needle not in str(e):
+            failures.append(f"message '{e}' lacks '{needle}'")
+        return
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"{type(e).__name__} instead of zoe.Error: {e}")
+        return
+    failures.append(f"no error (expected one mentioning '{needle}')")
+
+
+def main():
+    expect_error(lambda: zoe.Engine({"zero_optimization": {"stag": 3}}), "stage")
+    expect_error(lambda: zoe.Engine("{not json"), "config")
+    e = zoe.Engine({"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})
+    expect_error(lambda: e.register_param("u", "u.x", [4], "int8", False), "weight dtypes")
+    expect_error(lambda: e.fetch(0), "not started")
+    e.register_param("u0", "u0.w", [4, 4], "float32", True)
+    e.register_param("u1", "u1.b", [4], "float32", False)
+    e.start()
+    expect_error(lambda: e.fetch(99), "unit 99 does not exist")
+    expect_error(lambda: e.release(0), "not fetched")
+    expect_error(lambda: e.step(), "before any gradient")
+    expect_error(lambda: e.grad_param("u0.w", dlpack.to_dlpack(torch.ones(3))), "shape [3], expected [4, 4]")
+    expect_error(lambda: e.grad_param("u0.w", dlpack.to_dlpack(torch.ones(4, 4, dtype=torch.int32))), "int32")
+    expect_error(lambda: e.grad_param("nope", dlpack.to_dlpack(torch.ones(4, 4))), "no parameter named 'nope'")
+    expect_error(lambda: e.grad_param("u0.w", torch.ones(4, 4)), "DLPack capsule")
+    expect_error(lambda: e.grads_ready(1, None), "no gradient is staged")
+    # A gradient on rank 0 only: the others count as zeros, on every rank the same result.
+    if e.rank == 0 or e.world_size == 1:
+        e.grad_param("u0.w", dlpack.to_dlpack(torch.ones(4, 4).t()))  # strided
+    e.grads_ready(1, dlpack.to_dlpack(torch.full((4,), 2.0, dtype=torch.float64)))
+    r = e.step(1e-2)
+    if not r["applied"] or r["step"] != 1:
+        failures.append(f"step after the misuse: {r}")
+    w = dlpack.from_dlpack(e.fetch(0)).clone()
+    e.release(0)
+    if not torch.allclose(w, torch.full((16,), -0.01), atol=1e-6):
+        failures.append(f"u0.w after one step: {w.tolist()}")
+    e.close()
+    expect_error(lambda: e.step(), "closed")
+    # wrap: a parameter zoe cannot hold
+    m = torch.nn.Linear(2, 2).to(torch.float64)
+    e2 = zoe.Engine({"zero_optimization": {"stage": 0}})
+    try:
+        zoe.torch.wrap(m, e2)
+        failures.append("wrap of a float64 module did not fail")
+    except TypeError as x:
+        if "float64" not in str(x):
+            failures.append(f"wrap message: {x}")
+    e2.close()
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{'PASS' if not failures else 'FAIL'}: Python misuse checks")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
