@@ -35,11 +35,11 @@ die() { echo "gpu-check: $*" >&2; exit 1; }
 # ================================ --prepare (here) ==================================================
 
 # What zoe's CMakeLists.txt finds (pkg-config: liburing, libxxhash, openblas; find_package: TBB, MPI,
-# nlohmann_json, CLI11, fmt, GTest), the OpenMPI launcher and its helpers (mpirun, orted: openmpi-bin),
+# nlohmann_json, CLI11, fmt, GTest; find_path: DLPack's header, for the C API), the OpenMPI launcher and its helpers (mpirun, orted: openmpi-bin),
 # pkg-config itself (pkgconf: an image may lack it) and make (the fallback generator where ninja is
 # missing). Nothing optional: no fio, clang, python or docs.
 ROOTS=(libopenmpi-dev openmpi-bin libtbb-dev liburing-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
-       libfmt-dev libopenblas-dev libgtest-dev pkgconf make)
+       libfmt-dev libopenblas-dev libgtest-dev libdlpack-dev pkgconf make)
 
 # The dependency walk stops at these: they are neither downloaded nor followed. Three groups:
 # - BASE: in every Debian/Ubuntu base image (essential or required there), CUDA images included.

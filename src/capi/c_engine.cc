@@ -190,6 +190,14 @@ Result<DLManagedTensor*> CEngine::fetch(int u) {
     return Status::Unsupported("zoe_fetch: the 'cpu-strict' device's memory is closed to host code; use "
                                "zoe.device \"cpu\" to hand parameters to another framework");
   ZOE_ASSIGN_OR_RETURN(ParamView v, engine_->fetch(u));
+  // The gather is ordered on zoe's streams; the caller reads on its own (a torch stream), so the
+  // memory is handed out only once it holds the parameters.
+  Device& dev = *backend_.device;
+  Status ready = dev.wait(dev.record(Stream::kCompute));
+  if (!ready.ok()) {
+    (void)engine_->release(u);
+    return ready;
+  }
   ++state_[u].fetched;
   auto* t = new ViewTensor;
   t->shape[0] = v.numel;
