@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -212,17 +213,26 @@ std::string check_quarter_budget(Comm& comm) {
   if (!mem.ok()) return mem.status().message();
   uint64_t footprint = 0;  // stage 3's persistent bytes on this rank, every tier
   for (int t = 0; t < kNumTiers; ++t) footprint += mem->ledger.persistent(static_cast<Tier>(t));
-  Config q = c;
-  q.device_memory_budget = footprint / 4;
-  q.offload_param.device = q.offload_optimizer.device = OffloadDevice::kCpu;
-  auto run = run_mlp(q, comm, 4, /*flush_each_step=*/true);  // the loads ahead start at the step's end
-  if (!run.ok()) return "budget " + std::to_string(q.device_memory_budget) + ": " + run.status().message();
-  uint64_t peak = run->ledger.peak[static_cast<int>(Tier::kDevice)];
-  if (peak > q.device_memory_budget)
-    return fmt::format("device peak {} exceeds the budget {}", peak, q.device_memory_budget);
-  if (run->params != mem->params) return "weights differ from the run with everything on the device";
-  if (run->sched.loads_ahead == 0 || run->sched.fetched_kept == 0)
-    return "the scheduler did nothing within the budget (test too tight)";
+  // State in host memory, then on NVMe: there a chunk the device has no room for yet is read
+  // ahead into pinned memory (staged) and only uploaded at its fetch.
+  std::string dir = make_temp_dir("quarter");
+  for (OffloadDevice home : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    Config q = home == OffloadDevice::kNvme ? with_nvme_offload(c, dir, 1.0) : c;
+    q.device_memory_budget = footprint / 4;
+    q.offload_param.device = q.offload_optimizer.device = home;
+    std::string what = home == OffloadDevice::kNvme ? "nvme" : "host";
+    auto run = run_mlp(q, comm, 4, /*flush_each_step=*/true);  // the loads ahead start at the step's end
+    if (!run.ok()) return what + " budget " + std::to_string(q.device_memory_budget) + ": " + run.status().message();
+    uint64_t peak = run->ledger.peak[static_cast<int>(Tier::kDevice)];
+    if (peak > q.device_memory_budget)
+      return fmt::format("{}: device peak {} exceeds the budget {}", what, peak, q.device_memory_budget);
+    if (run->params != mem->params) return what + ": weights differ from the run with everything on the device";
+    if (run->sched.loads_ahead == 0 || run->sched.fetched_kept == 0)
+      return what + ": the scheduler did nothing within the budget (test too tight)";
+    if (home == OffloadDevice::kNvme && run->sched.staged_ahead == 0)
+      return what + ": no chunk was read ahead into pinned memory while the device had no room";
+  }
+  std::filesystem::remove_all(dir);
   return "";
 }
 

@@ -72,7 +72,8 @@ Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::ve
 // weights of the same steps without the scheduler. Returns "" or what differed.
 std::string check_reordered_steps_match(Comm& comm);
 // Stage 3 with a device budget of a quarter of its persistent footprint (state offloaded to
-// host memory) trains to the same weights with the ledger's device peak within the budget.
+// host memory, then to NVMe) trains to the same weights with the ledger's device peak within the
+// budget; on NVMe, chunks are read ahead into pinned memory while the device has no room.
 std::string check_quarter_budget(Comm& comm);
 
 }  // namespace zoe::test

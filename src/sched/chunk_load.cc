@@ -61,6 +61,12 @@ Status ChunkLoad::start() {
   return Status::Ok();
 }
 
+bool ChunkLoad::reading() const {
+  for (const NvmePiece& p : nvme_)
+    if (p.read.valid()) return true;
+  return false;
+}
+
 Status ChunkLoad::finish() {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
   Status st;

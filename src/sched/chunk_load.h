@@ -6,6 +6,8 @@
 //     load finishes.
 // start() never blocks on the pinned pool: a piece that gets no window now is read in finish().
 // A load that is dropped unfinished (a prefetch nobody used) waits for what it issued.
+// A load of NVMe parts only may start without a destination (staged on the host while the device
+// has no room) and get it before finish().
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,6 +30,12 @@ class ChunkLoad {
   Status start();
   // After it the elements are in dst (the h2d stream's copy is waited for).
   Status finish();
+
+  // Parts in device or host memory: their copy needs the destination at start().
+  bool has_memory_parts() const { return !memory_.empty(); }
+  // Whether start() issued any read (it issues none when the pinned pool has no window free).
+  bool reading() const;
+  void set_destination(const Buffer& dst) { dst_ = dst; }
 
  private:
   struct NvmePiece {

@@ -24,7 +24,7 @@ std::vector<int> PrefetchPolicy::ahead(const std::vector<int>& plan, size_t next
     if (state[u] == Residency::kGathered) continue;
     in_flight += elems_[u];
     if (in_flight > limits_.bucket_elems) break;
-    if (state[u] == Residency::kLoading) continue;  // counted, already on its way
+    if (state[u] == Residency::kLoading || state[u] == Residency::kStaged) continue;  // counted, on its way
     if (live + elems_[u] > limits_.max_live_elems) break;
     live += elems_[u];
     start.push_back(u);

@@ -22,8 +22,10 @@ struct PrefetchLimits {
   int64_t max_reuse_distance = 0;
 };
 
-// Where a unit's gathered parameters are.
-enum class Residency : uint8_t { kAbsent = 0, kLoading, kGathered };
+// Where a unit's gathered parameters are. kStaged: its chunk is being read from NVMe into pinned
+// host memory, with no device buffer yet (the device had no room); kLoading: on its way into a
+// device buffer. Both count as on their way (and as live) for the policy.
+enum class Residency : uint8_t { kAbsent = 0, kLoading, kGathered, kStaged };
 
 class PrefetchPolicy {
  public:

@@ -357,12 +357,18 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   bool need = residency_[u] != Residency::kGathered;
   ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr, &need));
   stats_.fetched_kept += !need;
-  stats_.fetched_loading += residency_[u] == Residency::kLoading;
+  stats_.fetched_loading += residency_[u] == Residency::kLoading || residency_[u] == Residency::kStaged;
   if (need) {
     ZOE_RETURN_IF_ERROR(wait_updated(u));  // our chunk must be this step's
-    if (residency_[u] == Residency::kAbsent) {
-      ZOE_ASSIGN_OR_RETURN(g.buf, gather_buffer(u));
-      g.load = chunk_load(u, g.buf);
+    if (residency_[u] != Residency::kLoading && residency_[u] != Residency::kGathered) {
+      auto buf = gather_buffer(u);
+      if (!buf.ok()) {
+        unload(u);  // a staged load's windows go back too
+        return buf.status();
+      }
+      g.buf = *buf;
+      if (g.load) g.load->set_destination(g.buf);  // staged: its reads are on their way
+      else g.load = chunk_load(u, g.buf);
     }
     Status st = g.load ? g.load->finish() : Status::Ok();  // our chunk, from its home tier
     g.load.reset();
@@ -408,24 +414,27 @@ void ZeroEngine::unload_all() {
 }
 
 // Prefetching is an optimisation: whatever fails here (no room, a read that cannot start) is
-// left to the fetch, which does the same work and reports the error.
+// left to the fetch, which does the same work and reports the error. Without device room a chunk
+// that lives on NVMe is still read ahead, into pinned host memory (staged): its fetch then only
+// uploads and gathers.
 void ZeroEngine::prefetch_ahead() {
   if (!plan_.shard_params || !trace_.following()) return;
   for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency_)) {
     if (!progress_.updated(opt_stop(v))) return;  // not this step's yet
     Gathered& g = gathered_[v];
     size_t bytes = layout_.slot(v).full_size * wsize_;
-    if (!has_room(bytes)) return;
-    auto buf = gather_pool_.acquire(bytes);
-    if (!buf.ok()) return;
-    g.buf = *buf;
+    Result<Buffer> buf = Status::OutOfMemory("no room");
+    if (has_room(bytes)) buf = gather_pool_.acquire(bytes);
+    g.buf = buf.ok() ? *buf : Buffer();
     g.load = chunk_load(v, g.buf);
-    if (!g.load->start().ok()) {
+    bool staged = !g.buf;
+    if ((staged && g.load->has_memory_parts()) || !g.load->start().ok() || (staged && !g.load->reading())) {
       unload(v);
       return;
     }
-    residency_[v] = Residency::kLoading;
+    residency_[v] = staged ? Residency::kStaged : Residency::kLoading;
     ++stats_.loads_ahead;
+    stats_.staged_ahead += staged;
   }
 }
 
@@ -434,7 +443,7 @@ Result<Buffer> ZeroEngine::gather_buffer(int u) {
   size_t bytes = layout_.slot(u).full_size * wsize_;
   auto b = gather_pool_.acquire(bytes);
   for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
-    if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent) continue;
+    if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent || !gathered_[v].buf) continue;
     unload(v);  // its buffer goes back to the pool, which frees idle buffers when the device is full
     ++stats_.evicted;
     b = gather_pool_.acquire(bytes);

@@ -73,6 +73,7 @@ class ZeroEngine final : public Engine {
   // What stage 3's scheduler did since the engine was made.
   struct SchedStats {
     int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
+    int64_t staged_ahead = 0;      // of those without device room: NVMe reads into pinned memory only
     int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way
     int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
     int64_t evicted = 0;           // kept units dropped to make room
