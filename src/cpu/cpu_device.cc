@@ -222,16 +222,63 @@ Status CpuDevice::synchronize() {
   return Status::Ok();
 }
 
+namespace {
+
+// The element type of a dtype, and conversions chosen at compile time: a loop per (dst, src)
+// pair has no per-element switch and vectorises (the conversions are integer bit operations).
+template <DType T> struct Elem { using type = uint16_t; };
+template <> struct Elem<DType::kF32> { using type = float; };
+
+template <DType T>
+inline float to_f32(typename Elem<T>::type x) {
+  if constexpr (T == DType::kF32) return x;
+  else if constexpr (T == DType::kBF16) return bf16_to_f32(x);
+  else return f16_to_f32(x);
+}
+
+template <DType T>
+inline typename Elem<T>::type from_f32(float v) {
+  if constexpr (T == DType::kF32) return v;
+  else if constexpr (T == DType::kBF16) return f32_to_bf16(v);
+  else return f32_to_f16(v);
+}
+
+template <DType D, DType S>
+void accumulate_range(void* dst, const void* src, size_t a, size_t b, bool acc) {
+  auto* d = static_cast<typename Elem<D>::type*>(dst);
+  const auto* s = static_cast<const typename Elem<S>::type*>(src);
+  if (acc) {
+    for (size_t i = a; i < b; ++i) d[i] = from_f32<D>(to_f32<D>(d[i]) + to_f32<S>(s[i]));
+  } else {
+    for (size_t i = a; i < b; ++i) d[i] = from_f32<D>(to_f32<S>(s[i]));
+  }
+}
+
+template <DType D>
+void accumulate_range(void* dst, const void* src, DType st, size_t a, size_t b, bool acc) {
+  switch (st) {
+    case DType::kF32: return accumulate_range<D, DType::kF32>(dst, src, a, b, acc);
+    case DType::kBF16: return accumulate_range<D, DType::kBF16>(dst, src, a, b, acc);
+    default: return accumulate_range<D, DType::kF16>(dst, src, a, b, acc);
+  }
+}
+
+void accumulate_range(void* dst, DType t, const void* src, DType st, size_t a, size_t b, bool acc) {
+  switch (t) {
+    case DType::kF32: return accumulate_range<DType::kF32>(dst, src, st, a, b, acc);
+    case DType::kBF16: return accumulate_range<DType::kBF16>(dst, src, st, a, b, acc);
+    default: return accumulate_range<DType::kF16>(dst, src, st, a, b, acc);
+  }
+}
+
+}  // namespace
+
 Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size_t n, bool accumulate) {
   ZOE_RETURN_IF_ERROR(check_reachable(dst, n * dtype_size(t), "accumulate destination"));
   ZOE_RETURN_IF_ERROR(check_reachable(src, n * dtype_size(st), "accumulate source"));
   MemoryFence::Open o(fence_.get());
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t i = r.begin(); i < r.end(); ++i) {
-      float v = load_as_f32(src, st, i);
-      if (accumulate) v = load_as_f32(dst, t, i) + v;
-      store_from_f32(dst, t, i, v);
-    }
+    accumulate_range(dst, t, src, st, r.begin(), r.end(), accumulate);
   });
   return Status::Ok();
 }
