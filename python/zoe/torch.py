@@ -13,10 +13,12 @@ parameter holds no memory (shape [0]); inside, it is a zero-copy view of zoe's g
 strides) and re-made from the unit's buffer of the moment in backward, which fetches it again.
 A parameter used by several modules (tied weights) is handed over once every use is done.
 """
+import contextlib
+
 import torch
 from torch.utils import dlpack as _dlpack
 
-__all__ = ["wrap"]
+__all__ = ["wrap", "gathered"]
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -53,6 +55,23 @@ def wrap(module, engine, decay=None):
     (rank 0's count)."""
     module._zoe = _Wrapper(module, engine, decay or (lambda name, p: p.dim() >= 2))
     return module
+
+
+@contextlib.contextmanager
+def gathered(module):
+    """Within the block every wrapped parameter holds its full values (zoe's gathered memory, as
+    in a forward): to read them, copy a state_dict, or compare with another model. Collective at
+    stage 3 (every rank enters the block). Writes to them are not kept: set values through
+    zoe.Engine.set_param, or load a checkpoint."""
+    w = module._zoe
+    units = [u.index for u in w.units]
+    for u in units:
+        w.acquire(u)
+    try:
+        yield module
+    finally:
+        for u in reversed(units):
+            w.release(u)
 
 
 class _Wrapper:
