@@ -37,6 +37,7 @@ class CaptureEngine final : public Engine {
   Status grads_ready(int u, const float* g) override { return dev_.download(grads_[u].data(), g, units_[u].numel * 4); }
   Result<StepResult> step(double) override { return StepResult{}; }
   Result<StepResult> flush() override { return StepResult{}; }
+  void require_matching_grads(bool) override {}
   void set_activation_bytes(uint64_t) override {}
   double loss_scale() const override { return 1; }
   int64_t steps_applied() const override { return 0; }

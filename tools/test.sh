@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# README command 2 (and CI): install, build, run the whole test suite (unit, mpi, slow; gpu tests
-# skip with a message where no GPU is present), then the sanitizer pass (tools/test-sanitize.sh:
-# unit, mpi and fuzz tests under AddressSanitizer + UBSan; ZOE_SKIP_SANITIZE=1 skips it).
+# README command 2 (and CI): install, build, run the whole test suite (unit, mpi, python, slow; gpu
+# tests skip with a message where no GPU is present), then the sanitizer passes
+# (tools/test-sanitize.sh: unit, mpi and fuzz tests under AddressSanitizer + UBSan; then
+# tools/test-tsan.sh: the engine's threads under ThreadSanitizer; ZOE_SKIP_SANITIZE=1 skips both).
 # Arguments go to both ctest runs (e.g. -R config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "test.sh: Release build + tests took $((SECONDS - start)) s"
 if [ "${ZOE_SKIP_SANITIZE:-0}" != 1 ]; then
   tools/test-sanitize.sh "$@"
+  tools/test-tsan.sh
 fi
+echo "test.sh: all passes took $((SECONDS - start)) s"

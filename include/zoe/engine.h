@@ -75,6 +75,12 @@ class Engine {
   // returns before the update is applied: it runs on, overlapped with the next forward, and each
   // fetch waits only for its own unit's update (results are those of the serial order).
   virtual Result<StepResult> step(double lr) = 0;
+  // A unit's gradient handed over by some ranks only is reduced with zeros from the others (as
+  // DDP's find_unused_parameters). With `on`, step() instead checks that every rank handed over
+  // the same units since the last step; if not it fails on every rank, naming a unit and the
+  // ranks, and drops the step's gradients (the C API turns this on: a foreign framework that
+  // forgets a unit on one rank hears of it).
+  virtual void require_matching_grads(bool on) = 0;
   // Waits for the last step's update and returns that step's result complete (nonfinite and
   // host_stepped are known only then); an error of the update, if it failed.
   virtual Result<StepResult> flush() = 0;

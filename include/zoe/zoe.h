@@ -98,14 +98,16 @@ ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
  * or (CUDA device) in the GPU's memory. zoe_grad_param stages one parameter's gradient;
  * zoe_grads_ready hands over unit u's gradient for this micro-step: `grad` is the whole unit
  * (numel elements), or NULL for what zoe_grad_param staged (a parameter without one counts as
- * zeros). At stages 2-3 the hand-over is collective; a rank that has no gradient for the unit
- * contributes zeros. */
+ * zeros). Every rank hands over the same units in a step (zeros where it has no gradient): at
+ * stages 2-3 the hand-over is collective, and zoe_step fails on every rank, dropping the step's
+ * gradients, when a unit was handed over on some ranks only. */
 ZOE_API zoe_status zoe_grad_param(zoe_engine* e, const char* name, const DLTensor* grad);
 ZOE_API zoe_status zoe_grads_ready(zoe_engine* e, int unit, const DLTensor* grad);
 
 /* One optimizer step with learning rate lr (lr < 0: the config's optimizer/scheduler value).
  * Collective. Gradients still staged by zoe_grad_param are handed over first. An error on every
- * rank when no rank handed over any gradient since the last step. */
+ * rank when no rank handed over any gradient since the last step, or ranks handed over different
+ * units (then the step's gradients are dropped). */
 ZOE_API zoe_status zoe_step(zoe_engine* e, double lr, zoe_step_result* out);
 ZOE_API double zoe_loss_scale(const zoe_engine* e);
 

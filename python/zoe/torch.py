@@ -39,10 +39,11 @@ class _Param:
 
 
 class _Unit:
-    __slots__ = ("index", "params", "refs", "flat", "users", "backward_refs")
+    __slots__ = ("index", "params", "refs", "flat", "users", "backward_refs", "handed")
 
     def __init__(self, index):
         self.index, self.params, self.refs, self.flat = index, [], 0, None
+        self.handed = False     # its gradient went over in this backward
         self.users = 0          # forward uses whose backward has not ended yet
         self.backward_refs = 0  # fetches made for backward, released when it ends
 
@@ -201,12 +202,18 @@ class _Wrapper:
 
     # The end of the whole backward: units whose modules took no input that needs a gradient
     # (embeddings of token ids) never saw their after-backward; they go over now, last unit first.
+    # A unit this rank did not use (another rank may have) goes over as zeros: every rank hands
+    # over every unit, as zoe requires.
     def _backward_end(self):
         self.callback_queued = False
         for unit in reversed(self.units):
             if unit.users > 0:
                 unit.users = 0
                 self._hand_over(unit)
+            if not unit.handed:
+                numel = sum(ps.numel for ps in unit.params)
+                self.engine.grads_ready(unit.index, _dlpack.to_dlpack(torch.zeros(numel)))
+            unit.handed = False
             while unit.backward_refs > 0:
                 unit.backward_refs -= 1
                 self.release(unit.index)
@@ -224,6 +231,7 @@ class _Wrapper:
             handed = True
         if handed:
             self.engine.grads_ready(unit.index, None)
+            unit.handed = True
 
 
 def _attach(fn, wrapper, units, value):

@@ -116,6 +116,7 @@ Status CEngine::start() {
   ZOE_ASSIGN_OR_RETURN(backend_, make_backend(cfg_, *comm_));
   comm_->set_ledger(&backend_.device->ledger());
   ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(cfg_, *backend_.device, tensor_comm(), units_));
+  engine_->require_matching_grads(true);  // a unit forgotten on one rank is an error at zoe_step
   state_.assign(units_.size(), UnitState{});
   return Status::Ok();
 }

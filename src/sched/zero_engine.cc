@@ -50,6 +50,7 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
   residency_.assign(layout_.num_units(), Residency::kAbsent);
   local_seen_.assign(layout_.num_units(), 0);
   reduced_.assign(layout_.num_units(), 0);
+  handed_here_.assign(layout_.num_units(), 0);
 }
 
 void ZeroEngine::set_activation_bytes(uint64_t bytes) {
@@ -466,9 +467,12 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
     ZOE_RETURN_IF_ERROR(
         dev_.accumulate(grad_ptr(s.full_offset), gdtype_, grad, DType::kF32, s.numel, local_seen_[u] > 0));
     ++local_seen_[u];  // only once the gradient is really in
+    ++handed_here_[u];
     return Status::Ok();
   }
-  return sync_point(OpKind::kGrads, u, grad);
+  Status st = sync_point(OpKind::kGrads, u, grad);
+  handed_here_[u] += st.ok();
+  return st;
 }
 
 Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need) {
@@ -535,6 +539,34 @@ Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
   dev_.free(buf);
   if (st.ok()) ++reduced_[u];
   return st;
+}
+
+// Every rank is at step() (after the step's agreement): the units each handed over must be the
+// same, else all fail alike and the step's gradients are dropped.
+Status ZeroEngine::check_matching_grads() {
+  const int n = num_units(), ranks = comm_.size();
+  if (ranks == 1) return Status::Ok();
+  std::vector<uint8_t> mine(n), all(static_cast<size_t>(n) * ranks);
+  for (int u = 0; u < n; ++u) mine[u] = handed_here_[u] > 0;
+  ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine.data(), all.data(), n));
+  for (int u = 0; u < n; ++u)
+    for (int r = 1; r < ranks; ++r) {
+      if (all[static_cast<size_t>(r) * n + u] == all[u]) continue;
+      drop_step_grads();
+      int with = all[u] ? 0 : r, without = all[u] ? r : 0;
+      return Status::Runtime(fmt::format(
+          "step(): rank {} handed over a gradient of unit '{}' and rank {} did not: every rank must hand over the "
+          "same units (zeros where it has none); this step's gradients are dropped and no update is applied",
+          with, unit(u).name, without));
+    }
+  return Status::Ok();
+}
+
+// The next hand-over of every unit starts afresh (overwrites instead of adding).
+void ZeroEngine::drop_step_grads() {
+  std::fill(local_seen_.begin(), local_seen_.end(), 0);
+  std::fill(reduced_.begin(), reduced_.end(), 0);
+  std::fill(handed_here_.begin(), handed_here_.end(), 0);
 }
 
 // One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order;
@@ -885,6 +917,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   res.lr = lr;
   // Serves gradients other ranks still hand over, then every rank is at this step.
   if (plan_.shard_grads) ZOE_RETURN_IF_ERROR(sync_point(OpKind::kStep, -1, nullptr));
+  if (require_matching_) ZOE_RETURN_IF_ERROR(check_matching_grads());
   double handed = 0;  // hand-overs on this rank since the last step
   for (int u = 0; u < num_units(); ++u) {
     const UnitSlot& s = layout_.slot(u);
@@ -895,8 +928,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
                                     (plan_.shard_grads ? s.chunk : s.full_size) * gsize_));
     if (!plan_.shard_grads) ZOE_RETURN_IF_ERROR(reduce_unit_grad(u, grad_ptr(s.full_offset)));
   }
-  std::fill(local_seen_.begin(), local_seen_.end(), 0);
-  std::fill(reduced_.begin(), reduced_.end(), 0);
+  drop_step_grads();  // counted; what they reduced stays for this step
   double sumsq = 0;
   {
     ZOE_SPAN("grad_norm", "compute", Bucket::kOptimizer);

@@ -56,6 +56,7 @@ class ZeroEngine final : public Engine {
   Status grads_ready(int u, const float* grad) override;
   Result<StepResult> step(double lr) override;
   Result<StepResult> flush() override;
+  void require_matching_grads(bool on) override { require_matching_ = on; }
 
   void set_activation_bytes(uint64_t bytes) override;
   double loss_scale() const override { return scaler_.scale(); }
@@ -145,6 +146,8 @@ class ZeroEngine final : public Engine {
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq(double* handed);
+  Status check_matching_grads();
+  void drop_step_grads();
   Status apply_adam(double lr, double grad_scale);
   struct AdamTask;
   struct GroupRange {
@@ -239,6 +242,8 @@ class ZeroEngine final : public Engine {
   uint64_t reserve_ = 0;  // the largest unit_device_need: what keeping and prefetching leave free
   std::vector<int> local_seen_;    // replicated grads: micro-steps that accumulated unit u locally
   std::vector<int> reduced_;       // sharded grads: reductions into unit u's owned chunk this step
+  std::vector<int> handed_here_;   // grads_ready calls this rank made for unit u this step
+  bool require_matching_ = false;
   int64_t steps_applied_ = 0;
   uint64_t host_nonfinite_ = 0;  // non-finite gradients the host-stepped sub-groups met this step
   int64_t host_stepped_ = 0;     // elements they stepped

@@ -25,6 +25,59 @@ def expect_error(fn, needle):
     failures.append(f"no error (expected one mentioning '{needle}')")
 
 
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_b):
+        y = self.a(x)
+        return (self.b(y) if use_b else y).square().sum()
+
+
+def unused_on_some_ranks():
+    """A module only rank 0 uses. Stages 0-2: the wrap hands zeros over for it elsewhere, and the
+    step's norm is the plain average's. Stage 3 gathers at every fetch, so every rank must fetch
+    the same units: an error on every rank instead (DeepSpeed's ZeRO-3 asks the same)."""
+    for stage in (2, 3):
+        try:
+            unused_on_some_ranks_at(stage)
+        except zoe.Error as x:
+            if stage != 3 or "out of step" not in str(x):
+                failures.append(f"a module unused on some ranks, stage {stage}: {x}")
+
+
+def unused_on_some_ranks_at(stage):
+    torch.manual_seed(0)
+    ref = TwoHeads()
+    torch.manual_seed(0)
+    m = TwoHeads()
+    e = zoe.Engine({"zero_optimization": {"stage": stage}})
+    zoe.torch.wrap(m, e)
+    if e.world_size == 1:
+        e.close()
+        return
+    xs = [torch.randn(2, 4, generator=torch.Generator().manual_seed(r)) for r in range(e.world_size)]
+    try:
+        m(xs[e.rank], e.rank == 0).backward()
+    except zoe.Error:
+        e.close()
+        raise
+    if stage == 3:
+        failures.append("stage 3 with different modules per rank did not fail")
+    try:
+        got = e.step(1e-3)["grad_norm"]
+    except zoe.Error as x:
+        failures.append(f"a module unused on some ranks: {x}")
+        e.close()
+        return
+    (sum(ref(x, r == 0) for r, x in enumerate(xs)) / e.world_size).backward()
+    want = torch.sqrt(sum(p.grad.square().sum() for p in ref.parameters())).item()
+    if abs(got - want) > 1e-5 * want:
+        failures.append(f"a module unused on some ranks: norm {got} vs {want}")
+    e.close()
+
+
 def main():
     expect_error(lambda: zoe.Engine({"zero_optimization": {"stag": 3}}), "stage")
     expect_error(lambda: zoe.Engine("{not json"), "config")
@@ -42,9 +95,12 @@ def main():
     expect_error(lambda: e.grad_param("nope", dlpack.to_dlpack(torch.ones(4, 4))), "no parameter named 'nope'")
     expect_error(lambda: e.grad_param("u0.w", torch.ones(4, 4)), "DLPack capsule")
     expect_error(lambda: e.grads_ready(1, None), "no gradient is staged")
-    # A gradient on rank 0 only: the others count as zeros, on every rank the same result.
-    if e.rank == 0 or e.world_size == 1:
-        e.grad_param("u0.w", dlpack.to_dlpack(torch.ones(4, 4).t()))  # strided
+    # A gradient on rank 0 only: an error at step on every rank, and the gradients dropped.
+    if e.world_size > 1:
+        if e.rank == 0:
+            e.grads_ready(0, dlpack.to_dlpack(torch.ones(16)))
+        expect_error(lambda: e.step(1e-2), "rank 0 handed over a gradient of unit 'u0'")
+    e.grad_param("u0.w", dlpack.to_dlpack(torch.ones(4, 4).t()))  # strided
     e.grads_ready(1, dlpack.to_dlpack(torch.full((4,), 2.0, dtype=torch.float64)))
     r = e.step(1e-2)
     if not r["applied"] or r["step"] != 1:
@@ -65,6 +121,7 @@ def main():
         if "float64" not in str(x):
             failures.append(f"wrap message: {x}")
     e2.close()
+    unused_on_some_ranks()
     for f in failures:
         print("FAIL:", f)
     print(f"{'PASS' if not failures else 'FAIL'}: Python misuse checks")
