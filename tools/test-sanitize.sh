@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 CC=clang CXX=clang++ cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
-  -DZOE_SANITIZE=address,undefined -DZOE_FUZZ=ON >/dev/null
+  -DZOE_SANITIZE=address,undefined -DZOE_FUZZ=ON -DZOE_UNITY_BUILD=ON >/dev/null
 cmake --build build-san -j "$(nproc)"
 built=$SECONDS
 (cd build-san && ctest --output-on-failure -j 2 --timeout 900 -L 'unit|mpi|fuzz' "$@")

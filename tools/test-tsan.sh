@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # ThreadSanitizer on the engine's threads (the optimizer's pass beside the next forward, the NVMe
 # I/O thread, the CPU device's copy workers): builds build-tsan/ with clang (CPU only) and runs the
-# single-process engine tests there. Not part of tools/test.sh yet: it costs a third build (~10
-# minutes on 2 cores) and CI is at its time budget. Arguments go to ctest.
+# single-process engine tests there. The last pass of tools/test.sh (about 3 minutes on 2 cores:
+# the engine's libraries as unity builds). Arguments go to ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 CC=clang CXX=clang++ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
-  -DZOE_SANITIZE=thread >/dev/null
+  -DZOE_SANITIZE=thread -DZOE_UNITY_BUILD=ON >/dev/null
 cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test
 built=$SECONDS
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"

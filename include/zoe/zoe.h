@@ -113,7 +113,9 @@ ZOE_API double zoe_loss_scale(const zoe_engine* e);
 
 /* Checkpoints (collective): zoe_save writes <dir>/step_<N> (crash-safe, keeps the newest
  * checkpoint_keep); zoe_load reads a checkpoint directory, or the newest under a root. zoe_export
- * writes the consolidated weights (fp32, registered names) as one safetensors file from rank 0. */
+ * writes the consolidated weights as one fp32 safetensors file of the registered names, from rank 0
+ * (the gathered weights: in bf16/fp16 training those values widened, not the fp32 masters, which
+ * zoe_save keeps and `zoe export --checkpoint` consolidates). */
 ZOE_API zoe_status zoe_save(zoe_engine* e, const char* dir);
 ZOE_API zoe_status zoe_load(zoe_engine* e, const char* path);
 ZOE_API zoe_status zoe_export(zoe_engine* e, const char* safetensors_path);

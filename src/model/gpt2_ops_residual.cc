@@ -5,17 +5,17 @@
 namespace zoe::gpt2 {
 
 namespace {
-constexpr int64_t kGrain = 32768;
+constexpr int64_t kResidualGrain = 32768;
 }
 
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
-  detail::parallel_range(N, kGrain, [&](int64_t i0, int64_t i1) {
+  detail::parallel_range(N, kResidualGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++) out[i] = inp1[i] + inp2[i];
   });
 }
 
 void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N) {
-  detail::parallel_range(N, kGrain, [&](int64_t i0, int64_t i1) {
+  detail::parallel_range(N, kResidualGrain, [&](int64_t i0, int64_t i1) {
     if (dinp1)
       for (int64_t i = i0; i < i1; i++) dinp1[i] += dout[i];
     if (dinp2)
