@@ -9,8 +9,8 @@
 
 #include "capi/dlpack_tensor.h"
 #include "ckpt/checkpoint.h"
-#include "ckpt/safetensors_reader.h"
 #include "ckpt/safetensors_writer.h"
+#include "model/model.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
 #ifdef ZOE_HAVE_CUDA
@@ -126,7 +126,7 @@ Status CEngine::set_param(const std::string& name, const DLTensor* value) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_set_param"));
   ZOE_ASSIGN_OR_RETURN(const ParamRef* p, find_param("zoe_set_param", name));
   const TensorSpec& t = units_[p->unit].tensors[p->tensor];
-  ZOE_RETURN_IF_ERROR(check_grad(value, t.shape, t.numel, what));  // the same checks as a gradient's
+  ZOE_RETURN_IF_ERROR(check_tensor(value, t.shape, t.numel, what, "value"));
   if (value->device.device_type != kDLCPU) return Status::Invalid(what + ": initial values must be in host memory");
   UnitState& s = state_[p->unit];
   const UnitSpec& us = units_[p->unit];
@@ -148,22 +148,7 @@ Status CEngine::set_param(const std::string& name, const DLTensor* value) {
 
 Status CEngine::load_safetensors(const std::string& path) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_load_safetensors"));
-  auto file = SafetensorsReader::Open(path);
-  if (!file.ok()) return Status::Invalid(fmt::format("zoe_load_safetensors: {}", file.status().message()));
-  std::vector<float> buf;
-  for (int u = 0; u < num_units(); ++u) {
-    buf.assign(units_[u].numel, 0.0f);
-    for (const TensorSpec& t : units_[u].tensors) {
-      const StTensorInfo* info = file->find(t.name);
-      if (!info) return Status::Invalid(fmt::format("zoe_load_safetensors '{}': tensor '{}' is missing", path, t.name));
-      if (info->shape != t.shape)
-        return Status::Invalid(fmt::format("zoe_load_safetensors '{}': tensor '{}' has shape [{}], registered [{}]",
-                                           path, t.name, fmt::join(info->shape, ", "), fmt::join(t.shape, ", ")));
-      ZOE_RETURN_IF_ERROR(file->read_f32(info->name, buf.data() + t.offset, t.numel));
-    }
-    ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
-  }
-  return Status::Ok();
+  return init_params_from_file(*engine_, path, "", "zoe_load_safetensors");
 }
 
 DLDevice CEngine::dl_device() const {
@@ -227,6 +212,9 @@ Status CEngine::release(int u) {
 Status CEngine::put_grad(const DLTensor& g, float* dst, int64_t n, const std::string& what) {
   Device& dev = *backend_.device;
   if (g.device.device_type == kDLCPU) {
+    const char* base = static_cast<const char*>(g.data) + g.byte_offset;
+    if (dl_compact(g) && g.dtype.code == kDLFloat && g.dtype.bits == 32)  // torch's usual: no host copy
+      return dev.upload(dst, base, n * sizeof(float));
     std::vector<float> host(n);
     read_host_f32(g, host.data());
     return dev.upload(dst, host.data(), n * sizeof(float));
@@ -246,7 +234,7 @@ Status CEngine::grad_param(const std::string& name, const DLTensor* grad) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_grad_param"));
   ZOE_ASSIGN_OR_RETURN(const ParamRef* p, find_param("zoe_grad_param", name));
   const TensorSpec& t = units_[p->unit].tensors[p->tensor];
-  ZOE_RETURN_IF_ERROR(check_grad(grad, t.shape, t.numel, what));
+  ZOE_RETURN_IF_ERROR(check_tensor(grad, t.shape, t.numel, what, "gradient"));
   UnitState& s = state_[p->unit];
   if (!s.grad) {
     ZOE_ASSIGN_OR_RETURN(s.grad, backend_.device->alloc(units_[p->unit].numel * sizeof(float), Tier::kDevice,
@@ -265,7 +253,7 @@ Status CEngine::grads_ready(int u, const DLTensor* grad) {
   const std::string what = fmt::format("zoe_grads_ready '{}'", us.name);
   if (grad) {  // the whole unit at once
     if (s.grad) return Status::Runtime(what + ": gradients of this unit are staged by zoe_grad_param already");
-    ZOE_RETURN_IF_ERROR(check_grad(grad, {}, us.numel, what));
+    ZOE_RETURN_IF_ERROR(check_tensor(grad, {}, us.numel, what, "gradient"));
     ZOE_ASSIGN_OR_RETURN(Buffer b, backend_.device->alloc(us.numel * sizeof(float), Tier::kDevice, Kind::kStaging));
     Status st = put_grad(*grad, b.as<float>(), us.numel, what);
     if (st.ok()) st = engine_->grads_ready(u, b.as<float>());
@@ -320,20 +308,15 @@ Status CEngine::load(const std::string& path) {
   return load_checkpoint(ckpt, *engine_, *comm_, cfg_.checksums, &st);
 }
 
-// Unit by unit: gathered (collective), converted to fp32, kept on rank 0 until the file is written.
+// Unit by unit: gathered (collective) and converted to fp32 on every rank; rank 0 keeps them until
+// the file is written.
 Status CEngine::export_weights(const std::string& path) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_export"));
   std::vector<std::vector<float>> values(num_units());
   for (int u = 0; u < num_units(); ++u) {
-    ZOE_ASSIGN_OR_RETURN(ParamView v, engine_->fetch(u));
-    Status st = Status::Ok();
-    if (rank() == 0) {
-      values[u].resize(v.numel);
-      st = download_f32(*backend_.device, values[u].data(), v.data, v.dtype, v.numel);
-    }
-    Status rel = engine_->release(u);
-    ZOE_RETURN_IF_ERROR(st);
-    ZOE_RETURN_IF_ERROR(rel);
+    values[u].resize(units_[u].numel);
+    ZOE_RETURN_IF_ERROR(fetch_to_host(*engine_, u, values[u].data()));
+    if (rank() != 0) values[u] = {};
   }
   Status st = Status::Ok();
   if (rank() == 0) {

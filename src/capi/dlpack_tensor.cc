@@ -54,32 +54,38 @@ bool readable_float(DLDataType t) {
   return t.code == kDLFloat && (t.bits == 16 || t.bits == 32 || t.bits == 64);
 }
 
+// One element at p (any alignment) as fp32: float64 narrowed, the weight dtypes as dtype.h reads them.
 float load(const char* p, DLDataType t) {
-  if (t.code == kDLBfloat) { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }
-  if (t.bits == 16) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
-  if (t.bits == 32) { float f; std::memcpy(&f, p, 4); return f; }
-  double d; std::memcpy(&d, p, 8); return static_cast<float>(d);
+  if (t.bits == 64) {
+    double d;
+    std::memcpy(&d, p, 8);
+    return static_cast<float>(d);
+  }
+  alignas(4) char e[4];
+  std::memcpy(e, p, t.bits / 8);
+  return load_as_f32(e, t.code == kDLBfloat ? DType::kBF16 : t.bits == 16 ? DType::kF16 : DType::kF32, 0);
 }
 
 }  // namespace
 
-Status check_grad(const DLTensor* t, const std::vector<int64_t>& shape, int64_t numel, const std::string& what) {
-  if (!t) return Status::Invalid(what + ": the gradient is a null pointer");
+Status check_tensor(const DLTensor* t, const std::vector<int64_t>& shape, int64_t numel, const std::string& what,
+                    const char* noun) {
+  if (!t) return Status::Invalid(fmt::format("{}: the {} is a null pointer", what, noun));
   if (!readable_float(t->dtype))
-    return Status::Invalid(fmt::format("{}: gradient dtype {} (zoe reads float16, bfloat16, float32, float64)", what,
+    return Status::Invalid(fmt::format("{}: {} dtype {} (zoe reads float16, bfloat16, float32, float64)", what, noun,
                                        dl_dtype_name(t->dtype)));
-  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) return Status::Invalid(what + ": the gradient has no shape");
+  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) return Status::Invalid(fmt::format("{}: the {} has no shape", what, noun));
   for (int d = 0; d < t->ndim; ++d) {
-    if (t->shape[d] < 0) return Status::Invalid(fmt::format("{}: gradient dimension {} is negative", what, d));
+    if (t->shape[d] < 0) return Status::Invalid(fmt::format("{}: {} dimension {} is negative", what, noun, d));
     if (t->strides && t->strides[d] < 0)
-      return Status::Invalid(fmt::format("{}: gradient stride {} is negative (zoe reads non-negative strides)", what, d));
+      return Status::Invalid(fmt::format("{}: {} stride {} is negative (zoe reads non-negative strides)", what, noun, d));
   }
   std::vector<int64_t> got(t->shape, t->shape + t->ndim);
   if (!shape.empty() ? got != shape : dl_numel(*t) != numel)
-    return Status::Invalid(fmt::format("{}: gradient of shape [{}], expected {}", what, fmt::join(got, ", "),
+    return Status::Invalid(fmt::format("{}: {} of shape [{}], expected {}", what, noun, fmt::join(got, ", "),
                                        shape.empty() ? fmt::format("{} elements", numel)
                                                      : fmt::format("[{}]", fmt::join(shape, ", "))));
-  if (!t->data && dl_numel(*t) > 0) return Status::Invalid(what + ": the gradient's data is a null pointer");
+  if (!t->data && dl_numel(*t) > 0) return Status::Invalid(fmt::format("{}: the {}'s data is a null pointer", what, noun));
   return Status::Ok();
 }
 

@@ -424,9 +424,11 @@ void ZeroEngine::prefetch_ahead() {
     if (!progress_.updated(opt_stop(v))) return;  // not this step's yet
     Gathered& g = gathered_[v];
     size_t bytes = layout_.slot(v).full_size * wsize_;
-    Result<Buffer> buf = Status::OutOfMemory("no room");
-    if (has_room(bytes)) buf = gather_pool_.acquire(bytes);
-    g.buf = buf.ok() ? *buf : Buffer();
+    g.buf = Buffer();
+    if (has_room(bytes)) {
+      auto buf = gather_pool_.acquire(bytes);
+      if (buf.ok()) g.buf = *buf;
+    }
     g.load = chunk_load(v, g.buf);
     bool staged = !g.buf;
     if ((staged && g.load->has_memory_parts()) || !g.load->start().ok() || (staged && !g.load->reading())) {

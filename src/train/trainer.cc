@@ -150,24 +150,7 @@ class TrainJob {
   // Starts from a safetensors file with the model's tensor names (a "transformer." prefix is
   // accepted, as in Hugging Face GPT-2 files). Every tensor must be present with its shape.
   Status init_from_file(const std::string& path) {
-    auto file = SafetensorsReader::Open(path);
-    if (!file.ok()) return Status::Invalid(fmt::format("config key 'zoe.init': {}", file.status().message()));
-    std::vector<float> buf;
-    for (int u = 0; u < engine_->num_units(); ++u) {
-      buf.resize(engine_->unit(u).numel);
-      for (const TensorSpec& t : engine_->unit(u).tensors) {
-        const StTensorInfo* info = file->find(t.name);
-        if (!info) info = file->find("transformer." + t.name);
-        if (!info) return Status::Invalid(fmt::format("zoe.init '{}': tensor '{}' is missing", path, t.name));
-        if (info->shape != t.shape)
-          return Status::Invalid(fmt::format("zoe.init '{}': tensor '{}' has shape [{}], the model needs [{}]", path,
-                                             t.name, fmt::join(info->shape, ", "), fmt::join(t.shape, ", ")));
-        Status st = file->read_f32(info->name, buf.data() + t.offset, t.numel);
-        if (!st.ok()) return Status::Invalid(fmt::format("config key 'zoe.init': {}", st.message()));
-      }
-      ZOE_RETURN_IF_ERROR(engine_->set_params(u, buf.data()));
-    }
-    return Status::Ok();
+    return init_params_from_file(*engine_, path, "transformer.", "config key 'zoe.init'");
   }
 
   Result<std::string> save() {
