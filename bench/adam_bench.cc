@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "adam_ceiling.h"
+#include "bench_process.h"
 #include "cpu/adam.h"
 #include "cpu/parallel_chunks.h"
 
@@ -102,21 +103,17 @@ Status make_buffers(size_t n, DType param_dtype, int threads, AdamBuffers* b) {
   return Status::Ok();
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct Timing {
+struct AdamTiming {
   double best_s = 0, median_s = 0;
 };
 
-Timing summarize(std::vector<double> t) {
+AdamTiming summarize(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return {t.front(), t[t.size() / 2]};
 }
 
 struct CaseResult {
-  Timing adam, ceiling;
+  AdamTiming adam, ceiling;
   size_t nonfinite = 0;
 };
 
@@ -152,12 +149,6 @@ struct TorchResult {
   double best_s = 0;
 };
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 TorchResult run_torch(const BenchAdamOptions& o, size_t n, int threads) {
   TorchResult res;
   // glibc would hand torch's per-step temporaries back to the kernel and fault them in again
@@ -166,23 +157,19 @@ TorchResult run_torch(const BenchAdamOptions& o, size_t n, int threads) {
                           shell_quote(o.python) + " " + shell_quote(std::string(ZOE_SOURCE_DIR) + "/bench/torch_adam.py") +
                           " --n " + std::to_string(n) + " --threads " + std::to_string(threads) + " --iters " +
                           std::to_string(o.torch_iterations) + " 2>&1";
-  std::FILE* f = popen(cmd.c_str(), "r");
-  if (!f) {
+  int code = 0;
+  auto ran = run_capture(cmd, &code);
+  if (!ran.ok()) {
     res.why = "cannot start " + o.python;
     return res;
   }
-  std::string output;
-  char buf[4096];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) output.append(buf, got);
-  const int status = pclose(f);
+  std::string output = std::move(*ran);
   // The script's last line is its JSON answer, also when torch is missing.
   while (!output.empty() && output.back() == '\n') output.pop_back();
   const size_t nl = output.rfind('\n');
   const std::string last = output.substr(nl == std::string::npos ? 0 : nl + 1);
   const nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
   if (!j.is_object()) {
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     res.why = "torch_adam.py exited with code " + std::to_string(code) + ": " + output.substr(0, 300);
     return res;
   }

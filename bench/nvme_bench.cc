@@ -18,35 +18,17 @@
 #include "nvme/io_error.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
+#include "bench_process.h"
 #include "bench_stats.h"
 
 namespace zoe {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Ratios are paired_ratio(zoe, fio): each pair ran back to back, so the ratio is far steadier
 // than either figure on a disk that swings 2x.
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Result<std::string> run_capture(const std::string& cmd, int* exit_code) {
-  std::FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (!f) return Status::Runtime("cannot run: " + cmd);
-  std::string output;
-  char buf[4096];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) output.append(buf, got);
-  const int st = pclose(f);
-  *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return output;
-}
+// fio's output and its errors, for the messages.
+Result<std::string> run_fio(const std::string& cmd, int* exit_code) { return run_capture(cmd + " 2>&1", exit_code); }
 
 // The whole file once, as transfers of `window` bytes all submitted up front: the store keeps
 // queue_depth block requests in flight across them, as fio keeps iodepth.
@@ -86,7 +68,7 @@ Result<double> fio_pass(const NvmeBenchOptions& o, const std::string& file, IoOp
                         bool huge) {
   int code = 0;
   const std::string cmd = fio_command(o, file, op, bs, qd, huge);
-  ZOE_ASSIGN_OR_RETURN(std::string output, run_capture(cmd, &code));
+  ZOE_ASSIGN_OR_RETURN(std::string output, run_fio(cmd, &code));
   const size_t brace = output.find('{');
   const nlohmann::json j =
       brace == std::string::npos ? nlohmann::json() : nlohmann::json::parse(output.substr(brace), nullptr, false);
@@ -104,7 +86,7 @@ std::string size_name(uint64_t b) {
   return b % (1 << 20) == 0 ? fmt::format("{}MiB", b >> 20) : fmt::format("{}KiB", b >> 10);
 }
 
-struct Case {
+struct NvmeCase {
   IoOp op;
   uint32_t bs;
   unsigned qd;
@@ -160,7 +142,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
   if (ec) return Status::Invalid(fmt::format("bench nvme: --dir {}: {}", o.dir, ec.message()));
 
   int code = 0;
-  auto version = run_capture(shell_quote(o.fio) + " --version", &code);
+  auto version = run_fio(shell_quote(o.fio) + " --version", &code);
   const bool have_fio = version.ok() && code == 0;
   std::string fio_version = have_fio ? version.value() : "";
   while (!fio_version.empty() && fio_version.back() == '\n') fio_version.pop_back();
@@ -191,7 +173,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
     std::fprintf(human, "# %6s %10s %6s %10s %10s %7s %11s\n", "op", "block", "depth", "zoe GB/s", "fio GB/s", "ratio",
                  "fio-4k GB/s");
   }
-  std::vector<Case> cases;
+  std::vector<NvmeCase> cases;
   std::string file;
   for (uint32_t bs : o.block_sizes) {
     for (unsigned qd : o.queue_depths) {
@@ -200,9 +182,9 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
       const uint64_t w = uint64_t{bs} * qd;
       // Written once untimed: reads then read real blocks, and every timed write overwrites.
       ZOE_RETURN_IF_ERROR(zoe_pass(*st, IoOp::kWrite, window.data(), w, o.file_bytes).status());
-      Case wr{IoOp::kWrite, bs, qd, {}, {}, {}}, rd{IoOp::kRead, bs, qd, {}, {}, {}};
+      NvmeCase wr{IoOp::kWrite, bs, qd, {}, {}, {}}, rd{IoOp::kRead, bs, qd, {}, {}, {}};
       for (int rep = 0; rep < o.reps; ++rep) {
-        for (Case* c : {&wr, &rd}) {
+        for (NvmeCase* c : {&wr, &rd}) {
           // zoe and fio run back to back, zoe first on even reps and second on odd ones, so that
           // drift of the disk and what one pass leaves behind (its writes still being flushed by
           // the host) fall on both alike.
@@ -224,7 +206,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
         }
       }
       ZOE_RETURN_IF_ERROR(st->close());
-      for (Case* c : {&wr, &rd}) {
+      for (NvmeCase* c : {&wr, &rd}) {
         if (human) {
           const double z = median(c->zoe), f = median(c->fio);
           std::fprintf(human, "  %6s %10u %6u %10.3f %10s %7s %11s\n", io_op_name(c->op), bs, qd, z,
@@ -239,7 +221,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
   }
 
   nlohmann::json results = nlohmann::json::array();
-  for (const Case& c : cases) {
+  for (const NvmeCase& c : cases) {
     const double z = median(c.zoe);
     nlohmann::json r = {{"case", fmt::format("{}/bs={}/qd={}", io_op_name(c.op), size_name(c.bs), c.qd)},
                         {"op", io_op_name(c.op)}, {"block_bytes", c.bs}, {"queue_depth", c.qd},
@@ -261,7 +243,7 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
   if (have_fio) {
     for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
       std::vector<double> r;
-      for (const Case& c : cases)
+      for (const NvmeCase& c : cases)
         for (size_t i = 0; c.op == op && i < c.zoe.size() && i < c.fio.size(); ++i)
           if (c.fio[i] > 0) r.push_back(c.zoe[i] / c.fio[i]);
       pooled[io_op_name(op)] = {{"median_ratio", median(r)}, {"pairs", r.size()}};

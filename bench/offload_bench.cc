@@ -18,12 +18,12 @@
 #include "sched/zero_engine.h"
 #include "train/backend.h"
 #include "train/trace_writer.h"
+#include "bench_process.h"
 #include "bench_stats.h"
 
 namespace zoe {
 namespace {
 
-const std::string kCorpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
 
 // nvme_dir empty: everything resident; else stage 3 with parameters and optimizer state there.
 Config bench_config(const OffloadBenchOptions& o, const std::string& nvme_dir, uint64_t budget) {
@@ -48,13 +48,13 @@ Config bench_config(const OffloadBenchOptions& o, const std::string& nvme_dir, u
 
 // One configuration, kept alive so that its steps interleave with the other cases' (load here
 // drifts within seconds: cases timed one after the other measured the drift).
-struct Case {
+struct OffloadCase {
   std::unique_ptr<Comm> comm;  // before the engine: it holds references to comm and device
   Backend backend;
   std::unique_ptr<Gpt2Model> model;
   std::unique_ptr<ZeroEngine> engine;
   std::unique_ptr<BatchSource> source;
-  std::function<Status(Case&)> one_step;
+  std::function<Status(OffloadCase&)> one_step;
   std::vector<double> secs;
 
   double median_s() const { return median(secs); }
@@ -67,9 +67,9 @@ struct Case {
   uint64_t peak_device() const { return backend.device->ledger().snapshot().peak[static_cast<int>(Tier::kDevice)]; }
 };
 
-Result<std::unique_ptr<Case>> make_case(const OffloadBenchOptions& o, const Config& c,
-                                        std::function<Status(Case&)> one_step) {
-  auto k = std::make_unique<Case>();
+Result<std::unique_ptr<OffloadCase>> make_case(const OffloadBenchOptions& o, const Config& c,
+                                        std::function<Status(OffloadCase&)> one_step) {
+  auto k = std::make_unique<OffloadCase>();
   k->comm = make_self_comm();
   ZOE_ASSIGN_OR_RETURN(k->backend, make_backend(c, *k->comm));
   // Activation checkpointing: a quarter of the state is what the device has for everything.
@@ -77,7 +77,7 @@ Result<std::unique_ptr<Case>> make_case(const OffloadBenchOptions& o, const Conf
   k->engine = std::make_unique<ZeroEngine>(c, *k->backend.device, *k->comm, k->model->units());
   ZOE_RETURN_IF_ERROR(k->engine->allocate());
   ZOE_RETURN_IF_ERROR(init_params(*k->engine, *k->model, c.seed));
-  ZOE_ASSIGN_OR_RETURN(k->source, make_token_source(kCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
+  ZOE_ASSIGN_OR_RETURN(k->source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   k->one_step = std::move(one_step);
   for (int i = 0; i < o.warmup; ++i) ZOE_RETURN_IF_ERROR(k->one_step(*k));
   ZOE_RETURN_IF_ERROR(k->engine->flush().status());
@@ -88,14 +88,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Status train_step(Case& k) {
+Status train_step(OffloadCase& k) {
   ZOE_ASSIGN_OR_RETURN(Batch b, k.source->next());
   ZOE_RETURN_IF_ERROR(k.model->train_micro_step(*k.engine, b, 1.0f).status());
   return k.engine->step(1e-4).status();
 }
 
 // I/O only: a step's unit order without the model: every fetch, zero gradients, the optimizer.
-Status io_step(Case& k, const std::vector<int>& order) {
+Status io_step(OffloadCase& k, const std::vector<int>& order) {
   ZeroEngine& e = *k.engine;
   for (int u : order) {
     ZOE_RETURN_IF_ERROR(e.fetch(u).status());
@@ -130,15 +130,15 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   ZOE_ASSIGN_OR_RETURN(auto off, make_case(o, off_config, train_step));
   std::vector<int> order = on->engine->unit_order();
   ZOE_ASSIGN_OR_RETURN(auto io, make_case(o, bench_config(o, o.nvme_dir + "/io", budget),
-                                          [order](Case& k) { return io_step(k, order); }));
+                                          [order](OffloadCase& k) { return io_step(k, order); }));
   // Rounds: each case in turn, the order rotating. A turn is two steps, the second timed, then
   // the update is flushed: stage 3 overlaps a step's update with the next step, so the timed step
   // carries the one before it as in a steady run, and no case's update runs into another's
   // turn. The trace is of "on"'s last timed step.
-  std::vector<Case*> cases = {compute.get(), on.get(), off.get(), io.get()};
+  std::vector<OffloadCase*> cases = {compute.get(), on.get(), off.get(), io.get()};
   for (int r = 0; r < o.iters; ++r)
     for (size_t i = 0; i < cases.size(); ++i) {
-      Case& k = *cases[(i + r) % cases.size()];
+      OffloadCase& k = *cases[(i + r) % cases.size()];
       ZOE_RETURN_IF_ERROR(k.one_step(k));
       bool trace = &k == on.get() && r + 1 == o.iters && !o.trace_path.empty();
       if (trace) {
@@ -163,7 +163,7 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
     std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s\n", shape.c_str(),
                  o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap");
   nlohmann::json results = nlohmann::json::array();
-  for (const auto& [label, k] : {std::pair<const char*, Case*>{"on", on.get()}, {"off", off.get()}}) {
+  for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"on", on.get()}, {"off", off.get()}}) {
     double step_s = k->median_s(), ratio = step_s / bound;
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
     double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);

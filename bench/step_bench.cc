@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_process.h"
 #include "common/config.h"
 #include "common/profiler.h"
 #include "comm/comm.h"
@@ -27,7 +28,6 @@ namespace {
 
 // Both sides train on the embedded corpus (one token per byte, llm.c order) with these AdamW
 // settings (nanoGPT's usual values).
-const std::string kCorpus = std::string(ZOE_SOURCE_DIR) + "/data/corpus.txt";
 constexpr double kLr = 3e-4, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
 
 using Timing = StepTiming;
@@ -59,7 +59,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   Gpt2Model model(o.shape, /*activation_checkpointing=*/false);
   ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
   ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
-  ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
+  ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   Timing t;
   std::vector<double> secs;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
@@ -87,28 +87,11 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   return t;
 }
 
-namespace {
-
-// Runs cmd, returns its stdout (stderr passes through).
-Result<std::string> capture(const std::string& cmd, int* rc) {
-  std::FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return Status::Io("cannot run: " + cmd);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  int st = pclose(f);
-  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  return out;
-}
-
-}  // namespace
-
 Result<std::string> find_torch_python(const StepBenchOptions& o) {
   if (!o.python.empty()) return o.python;
   for (const char* py : {"python3", "/usr/bin/python3"}) {
     int rc = 0;
-    auto out = capture(fmt::format("{} -c 'import torch' 2>/dev/null", py), &rc);
+    auto out = run_capture(fmt::format("{} -c 'import torch' 2>/dev/null", py), &rc);
     if (out.ok() && rc == 0) return std::string(py);
   }
   return Status::Unsupported("bench step: no python3 that imports torch (install Debian's python3-torch, "
@@ -126,9 +109,9 @@ Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::str
       "--threads {0} --warmup {10} --iters {11} --lr {12} --beta1 {13} --beta2 {14} --eps {15} --weight_decay {16} "
       "--clip {17} --data {18} --device {19}",
       threads, py, ZOE_SOURCE_DIR, s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.n_positions, o.B, o.T, o.warmup,
-      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kCorpus, o.device == "cuda" ? "cuda" : "cpu");
+      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kBenchCorpus, o.device == "cuda" ? "cuda" : "cpu");
   int rc = 0;
-  ZOE_ASSIGN_OR_RETURN(std::string out, capture(cmd, &rc));
+  ZOE_ASSIGN_OR_RETURN(std::string out, run_capture(cmd, &rc));
   size_t at = out.rfind("\n{");
   at = at == std::string::npos ? out.find('{') : at + 1;
   if (rc != 0 || at == std::string::npos)
