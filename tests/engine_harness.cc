@@ -229,10 +229,36 @@ std::string check_quarter_budget(Comm& comm) {
     if (run->params != mem->params) return what + ": weights differ from the run with everything on the device";
     if (run->sched.loads_ahead == 0 || run->sched.fetched_kept == 0)
       return what + ": the scheduler did nothing within the budget (test too tight)";
+    if (run->sched.reductions_async == 0)
+      return what + ": no gradient reduction ran on the communication thread within the budget";
     if (home == OffloadDevice::kNvme && run->sched.staged_ahead == 0)
       return what + ": no chunk was read ahead into pinned memory while the device had no room";
   }
   std::filesystem::remove_all(dir);
+  return "";
+}
+
+std::string check_overlapped_reductions(Comm& comm) {
+  for (int stage : {2, 3})
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (int accum : {1, 3}) {
+        Config c = mlp_config(stage, dt);
+        c.grad_accum = accum;
+        std::string what = fmt::format("stage {} {} accumulation {}", stage, dtype_name(dt), accum);
+        c.overlap_comm = false;
+        auto off = run_mlp(c, comm, 4);
+        c.overlap_comm = true;
+        auto on = run_mlp(c, comm, 4);
+        if (!off.ok()) return what + ", at the hand-over: " + off.status().message();
+        if (!on.ok()) return what + ", overlapped: " + on.status().message();
+        if (off->sched.reductions_async != 0) return what + ": overlap_comm false still used the thread";
+        if (on->sched.reductions_async == 0) return what + ": no reduction ran on the communication thread";
+        if (on->params != off->params) return what + ": weights differ";
+        for (size_t k = 0; k < on->comm.size(); ++k)
+          if (on->comm[k].reduce_scatter != off->comm[k].reduce_scatter || on->comm[k].total() != off->comm[k].total())
+            return fmt::format("{}: step {} sent {} bytes overlapped, {} at the hand-over", what, k,
+                               on->comm[k].total(), off->comm[k].total());
+      }
   return "";
 }
 

@@ -73,7 +73,12 @@ Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::ve
 std::string check_reordered_steps_match(Comm& comm);
 // Stage 3 with a device budget of a quarter of its persistent footprint (state offloaded to
 // host memory, then to NVMe) trains to the same weights with the ledger's device peak within the
-// budget; on NVMe, chunks are read ahead into pinned memory while the device has no room.
+// budget, with gradient reductions in flight beside the backward; on NVMe, chunks are read
+// ahead into pinned memory while the device has no room.
 std::string check_quarter_budget(Comm& comm);
+// Gradient reductions on the engine's communication thread (overlap_comm) give bitwise the
+// weights and the same traffic as reductions at the hand-over: stages 2 and 3, fp32 and bf16,
+// with and without accumulation micro-steps; and they did run there.
+std::string check_overlapped_reductions(Comm& comm);
 
 }  // namespace zoe::test

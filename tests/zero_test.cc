@@ -13,6 +13,7 @@
 #include "common/rng.h"
 #include "capture_engine.h"
 #include "engine_harness.h"
+#include "sched/comm_worker.h"
 #include "sched/loss_scaler.h"
 #include "sched/shard_layout.h"
 #include "sched/zero_engine.h"
@@ -176,6 +177,47 @@ TEST(ZeroOneRank, StepsOutOfTheRecordedOrderStillGiveTheRightWeights) {
 TEST(ZeroOneRank, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
   auto self = make_self_comm();
   EXPECT_EQ(check_quarter_budget(*self), "");
+}
+
+TEST(ZeroOneRank, OverlappedReductionsAreBitwiseTheHandOverOnes) {
+  auto self = make_self_comm();
+  EXPECT_EQ(check_overlapped_reductions(*self), "");
+}
+
+// The communication thread runs jobs one at a time in submission order, hands each job's Status
+// to its waiter, counts what its communicator sent, and runs what is queued before it stops.
+TEST(CommWorker, RunsJobsInOrderAndReturnsEachStatus) {
+  auto self = make_self_comm();
+  std::vector<int> ran;
+  std::vector<float> send(4, 1.5f), recv(4, 0.f);
+  uint64_t a, b, c;
+  {
+    CommWorker w(std::move(*self->duplicate()));
+    a = w.submit([&](Comm& cm) {
+      ran.push_back(1);
+      return cm.reduce_scatter(send.data(), recv.data(), 4, DType::kF32);
+    });
+    b = w.submit([&](Comm&) {
+      ran.push_back(2);
+      return Status::Io("second failed");
+    });
+    c = w.submit([&](Comm&) {
+      ran.push_back(3);
+      return Status::Ok();
+    });
+    EXPECT_TRUE(w.wait(a).ok());
+    EXPECT_EQ(w.wait(b).message(), "second failed");
+    EXPECT_TRUE(w.wait(c).ok());
+    EXPECT_EQ(w.take_bytes().total(), 0u);  // one rank puts nothing on the wire
+    w.submit([&](Comm&) {
+      ran.push_back(4);
+      return Status::Ok();
+    });
+  }  // not waited for: runs before the worker stops
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(recv, send);
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
 }
 
 TEST(ZeroOneRank, AUnitThatCannotFitIsAnErrorAtStartUp) {

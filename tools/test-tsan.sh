@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ThreadSanitizer on the engine's threads (the optimizer's pass beside the next forward, the NVMe
-# I/O thread, the CPU device's copy workers): builds build-tsan/ with clang (CPU only) and runs the
+# I/O thread, the CPU device's copy workers, the communication thread): builds build-tsan/ with clang (CPU only) and runs the
 # single-process engine tests there. The last pass of tools/test.sh (about 3 minutes on 2 cores:
 # the engine's libraries as unity builds). Arguments go to ctest.
 set -euo pipefail
@@ -11,5 +11,5 @@ CC=clang CXX=clang++ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test
 built=$SECONDS
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy)\.' "$@")
+(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|CommWorker|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy)\.' "$@")
 echo "test-tsan.sh: build $((built - start)) s, tests $((SECONDS - built)) s"

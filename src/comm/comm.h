@@ -32,6 +32,13 @@ class Device;
 struct CommBytes {
   uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0;
   uint64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast; }
+  CommBytes& operator+=(const CommBytes& o) {
+    all_gather += o.all_gather;
+    reduce_scatter += o.reduce_scatter;
+    all_reduce += o.all_reduce;
+    broadcast += o.broadcast;
+    return *this;
+  }
 };
 
 class Comm {
@@ -69,8 +76,18 @@ class Comm {
   // already moves to the new ledger. nullptr unbooks (before that ledger goes away).
   virtual void set_ledger(Ledger* l) { ledger_ = l; }
 
+  // A communicator of its own over the same ranks, paired with the same device, for collectives
+  // that another thread runs beside this one's (MPI_Comm_dup; the library must allow
+  // MPI_THREAD_MULTIPLE). Collective: every rank calls it at the same point. Unsupported where
+  // the transport cannot.
+  virtual Result<std::unique_ptr<Comm>> duplicate() {
+    return Status::Unsupported("this communicator cannot be duplicated");
+  }
+
   const CommBytes& bytes_sent() const { return bytes_; }
   void reset_counters() { bytes_ = {}; }
+  // Traffic a duplicate sent on this communicator's behalf.
+  void add_bytes(const CommBytes& b) { bytes_ += b; }
 
  protected:
   CommBytes bytes_;

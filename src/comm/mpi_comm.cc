@@ -50,12 +50,26 @@ class PieceType {
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(size_t max_piece) : max_piece_(max_piece) {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  // `owned`: a duplicate this object frees.
+  MpiComm(size_t max_piece, MPI_Comm comm, bool owned) : max_piece_(max_piece), comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
     // Errors come back as return codes (and so as Status), instead of aborting the job from
     // inside MPI before zoe can say what failed.
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  // Two threads may then run collectives at once, each on its own communicator.
+  Result<std::unique_ptr<Comm>> duplicate() override {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      return Status::Unsupported("MPI was started without MPI_THREAD_MULTIPLE: collectives stay on one thread");
+    MPI_Comm dup;
+    ZOE_RETURN_IF_ERROR(check(MPI_Comm_dup(comm_, &dup), "Comm_dup"));
+    auto d = std::make_unique<MpiComm>(max_piece_, dup, true);
+    d->set_device(device_);
+    return std::unique_ptr<Comm>(std::move(d));
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -72,12 +86,12 @@ class MpiComm final : public Comm {
       const void* sbuf = send == mine ? MPI_IN_PLACE : static_cast<const char*>(send) + off;
       if (static_cast<size_t>(piece) == chunk_bytes) {
         ZOE_RETURN_IF_ERROR(
-            check(MPI_Allgather(sbuf, piece, MPI_BYTE, r, piece, MPI_BYTE, MPI_COMM_WORLD), "Allgather"));
+            check(MPI_Allgather(sbuf, piece, MPI_BYTE, r, piece, MPI_BYTE, comm_), "Allgather"));
         continue;
       }
       PieceType slot(piece, chunk_bytes);
       ZOE_RETURN_IF_ERROR(
-          check(MPI_Allgather(sbuf, piece, MPI_BYTE, r + off, 1, slot.get(), MPI_COMM_WORLD), "Allgather"));
+          check(MPI_Allgather(sbuf, piece, MPI_BYTE, r + off, 1, slot.get(), comm_), "Allgather"));
     }
     bytes_.all_gather += (size_ - 1) * chunk_bytes;
     return Status::Ok();
@@ -97,10 +111,10 @@ class MpiComm final : public Comm {
       ZOE_RETURN_IF_ERROR(grow(pe * esz * size_));
       int rc;
       if (pe == count) {
-        rc = MPI_Alltoall(s, pb, MPI_BYTE, staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
+        rc = MPI_Alltoall(s, pb, MPI_BYTE, staging_, pb, MPI_BYTE, comm_);
       } else {
         PieceType slot(pb, chunk_bytes);
-        rc = MPI_Alltoall(s + e0 * esz, 1, slot.get(), staging_, pb, MPI_BYTE, MPI_COMM_WORLD);
+        rc = MPI_Alltoall(s + e0 * esz, 1, slot.get(), staging_, pb, MPI_BYTE, comm_);
       }
       ZOE_RETURN_IF_ERROR(check(rc, "Alltoall"));
       char* out = static_cast<char*>(recv) + e0 * esz;
@@ -116,7 +130,7 @@ class MpiComm final : public Comm {
   Status all_reduce_sum(double* v, size_t n) override {
     std::vector<double> all(n * size_);
     ZOE_RETURN_IF_ERROR(check(MPI_Allgather(v, static_cast<int>(n), MPI_DOUBLE, all.data(), static_cast<int>(n),
-                                            MPI_DOUBLE, MPI_COMM_WORLD), "Allgather"));
+                                            MPI_DOUBLE, comm_), "Allgather"));
     for (size_t i = 0; i < n; ++i) {
       double s = all[i];
       for (int k = 1; k < size_; ++k) s += all[k * n + i];
@@ -130,26 +144,26 @@ class MpiComm final : public Comm {
     char* b = static_cast<char*>(buf);
     for (size_t off = 0; off < bytes; off += max_piece_)
       ZOE_RETURN_IF_ERROR(check(MPI_Bcast(b + off, static_cast<int>(std::min(max_piece_, bytes - off)), MPI_BYTE,
-                                          root, MPI_COMM_WORLD), "Bcast"));
+                                          root, comm_), "Bcast"));
     if (rank_ == root) bytes_.broadcast += bytes;
     return Status::Ok();
   }
 
-  Status barrier() override { return check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  Status barrier() override { return check(MPI_Barrier(comm_), "Barrier"); }
 
   Status gather_to_root(const void* send, void* recv, size_t bytes) override {
     return check(MPI_Gather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, 0,
-                            MPI_COMM_WORLD), "Gather");
+                            comm_), "Gather");
   }
 
   Status all_gather_control(const void* send, void* recv, size_t bytes) override {
     return check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
-                               MPI_COMM_WORLD), "Allgather (control)");
+                               comm_), "Allgather (control)");
   }
 
   bool barrier_within(double seconds) override {
     MPI_Request req;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return false;
+    if (MPI_Ibarrier(comm_, &req) != MPI_SUCCESS) return false;
     auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     for (;;) {
       int done = 0;
@@ -160,7 +174,12 @@ class MpiComm final : public Comm {
     }
   }
 
-  ~MpiComm() override { release_staging(); }
+  ~MpiComm() override {
+    release_staging();
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (owned_ && !fin) MPI_Comm_free(&comm_);
+  }
 
   // The staging buffer is host memory the device's sum_chunks kernel reads.
   void set_device(Device* d) override {
@@ -205,7 +224,9 @@ class MpiComm final : public Comm {
   }
 
   int rank_ = 0, size_ = 1;
-  size_t max_piece_;  // bytes per rank and call (MPI counts are int)
+  size_t max_piece_;
+  MPI_Comm comm_;
+  bool owned_;  // bytes per rank and call (MPI counts are int)
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   Ledger* booked_ = nullptr;  // the ledger staging_ is booked in (it may change between grows)
@@ -223,14 +244,15 @@ Result<std::unique_ptr<Comm>> make_mpi_comm(size_t max_piece_bytes) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
-    // SERIALIZED where the library has it: an embedding framework may call zoe (one call at a
-    // time) from its own worker threads, such as autograd's.
+    // MULTIPLE where the library has it: the engine's communication thread runs gradient
+    // reductions on a communicator of its own beside the caller's collectives; and an embedding
+    // framework may call zoe (one call at a time) from its own threads, such as autograd's.
     int provided = 0;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return Status::CommError("MPI_Init_thread failed: cannot start MPI");
     g_we_initialised = true;
   }
-  return std::unique_ptr<Comm>(new MpiComm(max_piece_bytes));
+  return std::unique_ptr<Comm>(new MpiComm(max_piece_bytes, MPI_COMM_WORLD, false));
 }
 
 bool mpi_serialized_calls() {

@@ -34,6 +34,11 @@ class SelfComm final : public Comm {
     return gather_to_root(send, recv, bytes);
   }
   bool barrier_within(double) override { return true; }
+  Result<std::unique_ptr<Comm>> duplicate() override {
+    auto d = std::make_unique<SelfComm>();
+    d->set_device(device_);
+    return std::unique_ptr<Comm>(std::move(d));
+  }
 };
 
 }  // namespace

@@ -17,9 +17,9 @@ namespace {
 using json = nlohmann::json;
 
 // Keys DeepSpeed configs commonly carry that zoe accepts without acting on them: the behaviour
-// they select is how zoe always works (e.g. overlap_comm) or does not apply (wall_clock_breakdown).
+// they select is how zoe always works (e.g. contiguous_gradients) or does not apply (wall_clock_breakdown).
 const std::vector<std::string> kAcceptedNoEffect = {
-    "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
+    "zero_optimization.contiguous_gradients",
     "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
     "zero_optimization.round_robin_gradients", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.offload_optimizer.buffer_count", "zero_optimization.offload_optimizer.fast_init",
@@ -35,7 +35,8 @@ const std::vector<std::string> kKeys = {
     "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.type", "scheduler.params.warmup_min_lr",
     "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps", "scheduler.params.warmup_type",
     "scheduler.params.total_num_steps", "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio",
-    "zero_optimization.stage", "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+    "zero_optimization.stage", "zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
+    "zero_optimization.allgather_bucket_size",
     "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_max_live_parameters",
     "zero_optimization.stage3_max_reuse_distance", "zero_optimization.stage3_param_persistence_threshold",
     "zero_optimization.sub_group_size", "zero_optimization.offload_optimizer.device",
@@ -227,6 +228,7 @@ Status read_all(const Reader& r, Config& c) {
     return Status::Invalid("config key 'scheduler.params.total_num_steps': required (> 0) for WarmupCosineLR");
   ZOE_RETURN_IF_ERROR(r.integer("zero_optimization.stage", c.stage, 0, 3));
   constexpr int64_t kBig = int64_t{1} << 50;
+  ZOE_RETURN_IF_ERROR(r.boolean("zero_optimization.overlap_comm", c.overlap_comm));
   ZOE_RETURN_IF_ERROR(r.integer("zero_optimization.reduce_bucket_size", c.reduce_bucket_size, 1, kBig));
   ZOE_RETURN_IF_ERROR(r.integer("zero_optimization.allgather_bucket_size", c.allgather_bucket_size, 1, kBig));
   ZOE_RETURN_IF_ERROR(r.integer("zero_optimization.stage3_prefetch_bucket_size", c.prefetch_bucket_size, 0, kBig));

@@ -47,6 +47,9 @@ struct Config {
   double warmup_min_ratio = 0.0, cos_min_ratio = 1e-4;
   // zero
   int stage = 0;
+  // Gradient reductions (stages 2-3) run on the engine's communication thread while the backward
+  // goes on; at most one unit's and reduce_bucket_size elements are in flight after a hand-over.
+  bool overlap_comm = true;
   int64_t reduce_bucket_size = 500000000, allgather_bucket_size = 500000000;
   int64_t prefetch_bucket_size = 50000000, max_live_parameters = 1000000000;
   int64_t max_reuse_distance = 1000000000, param_persistence_threshold = 100000;

@@ -60,6 +60,8 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 }
 
 ZeroEngine::~ZeroEngine() {
+  (void)finish_reductions();
+  comm_worker_.reset();
   (void)wait_update();
   drop_read_ahead();
   set_activation_bytes(0);
@@ -184,7 +186,27 @@ Status ZeroEngine::allocate() {
     ZOE_RETURN_IF_ERROR(master_.allocate(dev_, home(oo, "master"), opt_elems, 4, Kind::kMaster));
   ZOE_RETURN_IF_ERROR(exp_avg_.allocate(dev_, home(oo, "exp_avg"), opt_elems, 4, Kind::kExpAvg));
   ZOE_RETURN_IF_ERROR(exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq));
-  return check_device_fits();
+  ZOE_RETURN_IF_ERROR(check_device_fits());
+  return start_comm_worker();
+}
+
+// Sharded gradients are reduced on a communication thread of their own when the transport lets
+// two threads run collectives (else, and without overlap_comm, at the hand-over) and the device
+// has room for one more reduction buffer beside a unit in flight.
+Status ZeroEngine::start_comm_worker() {
+  if (!cfg_.overlap_comm || !plan_.shard_grads) return Status::Ok();
+  uint64_t extra = 0;
+  for (int u = 0; u < num_units(); ++u) extra = std::max<uint64_t>(extra, layout_.slot(u).full_size * gsize_);
+  // Duplicating is collective: all ranks do, or none.
+  uint8_t fits = reserve_ + extra <= device_free(dev_.ledger().snapshot());
+  std::vector<uint8_t> all(comm_.size());
+  ZOE_RETURN_IF_ERROR(comm_.all_gather_control(&fits, all.data(), 1));
+  if (std::count(all.begin(), all.end(), 1) != comm_.size()) return Status::Ok();
+  auto dup = comm_.duplicate();
+  if (!dup.ok()) return dup.status().code() == Code::kUnsupported ? Status::Ok() : dup.status();
+  comm_worker_ = std::make_unique<CommWorker>(std::move(*dup));
+  reserve_ += extra;
+  return Status::Ok();
 }
 
 // What one unit in flight needs on the device at once: its gathered weights (stage 3), the fp32
@@ -445,6 +467,10 @@ void ZeroEngine::prefetch_ahead() {
 Result<Buffer> ZeroEngine::gather_buffer(int u) {
   size_t bytes = layout_.slot(u).full_size * wsize_;
   auto b = gather_pool_.acquire(bytes);
+  if (!b.ok() && b.status().code() == Code::kOutOfMemory && !reducing_.empty()) {
+    ZOE_RETURN_IF_ERROR(finish_reductions());  // their buffers first
+    b = gather_pool_.acquire(bytes);
+  }
   for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
     if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent || !gathered_[v].buf) continue;
     unload(v);  // its buffer goes back to the pool, which frees idle buffers when the device is full
@@ -522,25 +548,68 @@ Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need)
   }
 }
 
-// Sharded gradients: this micro-step's gradient of unit u (zeros when grad is null) is reduced
-// now; only our chunk is kept, summed into what earlier reductions this step left there.
+// Sharded gradients: this micro-step's gradient of unit u (zeros when grad is null) is reduced;
+// only our chunk is kept, summed into what earlier reductions this step left there. With a
+// communication thread the reduction runs there while the caller's backward goes on.
 Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
   ZOE_RETURN_IF_ERROR(wait_updated(u));  // any unit: other ranks' hand-overs are served here too
   const UnitSlot& s = layout_.slot(u);
-  bool first = reduced_[u] == 0;
-  ZOE_ASSIGN_OR_RETURN(Buffer buf, dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm));
+  auto b = dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm);
+  if (!b.ok() && b.status().code() == Code::kOutOfMemory && !reducing_.empty()) {
+    ZOE_RETURN_IF_ERROR(finish_reductions());
+    b = dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm);
+  }
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, std::move(b));
   Status st = grad ? dev_.accumulate(buf.data, gdtype_, grad, DType::kF32, s.numel, false)
                    : dev_.zero(buf.data, s.numel * gsize_);
   if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * gsize_, (s.full_size - s.numel) * gsize_);
-  char* own = buf.as<char>() + comm_.rank() * s.chunk * gsize_;
-  {
-    ZOE_SPAN("reduce_scatter " + unit(u).name, "reduce_scatter", Bucket::kWaitComm);
-    if (st.ok()) st = comm_.reduce_scatter(buf.data, first ? grad_ptr(grad_owned_offset(u)) : own, s.chunk, gdtype_);
+  CommWorker::Job job = reduction_job(u, buf, reduced_[u] == 0);
+  if (!st.ok() || !comm_worker_) {
+    if (st.ok()) st = job(comm_);
+    dev_.free(buf);
+    if (st.ok()) ++reduced_[u];
+    return st;
   }
-  if (st.ok() && !first) st = dev_.accumulate(grad_ptr(grad_owned_offset(u)), gdtype_, own, gdtype_, s.chunk, true);
-  dev_.free(buf);
-  if (st.ok()) ++reduced_[u];
-  return st;
+  ++reduced_[u];
+  reducing_.push_back({comm_worker_->submit(std::move(job)), buf, s.full_size});
+  reducing_elems_ += s.full_size;
+  ++stats_.reductions_async;
+  // In flight after a hand-over: one unit's reduction (the device reserve holds its buffer beside
+  // the next unit's) of at most reduce_bucket_size elements.
+  return reap_reductions(1, cfg_.reduce_bucket_size);
+}
+
+// The reduce-scatter of a unit's gradient in `buf` into our owned chunk: the first of a step
+// writes it, later micro-steps' add to it (in the gradient dtype, as the serial order did).
+CommWorker::Job ZeroEngine::reduction_job(int u, const Buffer& buf, bool first) {
+  const UnitSlot& s = layout_.slot(u);
+  char* dst = grad_ptr(grad_owned_offset(u));
+  char* own = buf.as<char>() + comm_.rank() * s.chunk * gsize_;
+  return [this, name = unit(u).name, src = buf.data, dst, own, chunk = s.chunk, first](Comm& c) {
+    ZOE_SPAN("reduce_scatter " + name, "reduce_scatter", Bucket::kWaitComm);
+    Status st = c.reduce_scatter(src, first ? dst : own, chunk, gdtype_);
+    if (st.ok() && !first) st = dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, true);
+    return st;
+  };
+}
+
+// The first error is returned; every buffer goes back anyway.
+Status ZeroEngine::reap_reductions(size_t units, int64_t elems) {
+  Status first;
+  while (!reducing_.empty() && (reducing_.size() > units || reducing_elems_ > elems)) {
+    Reduction r = reducing_.front();
+    reducing_.pop_front();
+    Status st;
+    {
+      ZOE_SPAN("wait reduce_scatter", "reduce_scatter", Bucket::kWaitComm);
+      st = comm_worker_->wait(r.ticket);
+    }
+    dev_.free(r.buf);
+    reducing_elems_ -= r.elems;
+    if (first.ok()) first = st;
+  }
+  if (comm_worker_) comm_.add_bytes(comm_worker_->take_bytes());
+  return first;
 }
 
 // Every rank is at step() (after the step's agreement): the units each handed over must be the
@@ -566,6 +635,7 @@ Status ZeroEngine::check_matching_grads() {
 
 // The next hand-over of every unit starts afresh (overwrites instead of adding).
 void ZeroEngine::drop_step_grads() {
+  (void)finish_reductions();  // nothing may still write an owned chunk
   std::fill(local_seen_.begin(), local_seen_.end(), 0);
   std::fill(reduced_.begin(), reduced_.end(), 0);
   std::fill(handed_here_.begin(), handed_here_.end(), 0);
@@ -919,6 +989,10 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   res.lr = lr;
   // Serves gradients other ranks still hand over, then every rank is at this step.
   if (plan_.shard_grads) ZOE_RETURN_IF_ERROR(sync_point(OpKind::kStep, -1, nullptr));
+  if (Status st = finish_reductions(); !st.ok()) {
+    drop_step_grads();
+    return st;
+  }
   if (require_matching_) ZOE_RETURN_IF_ERROR(check_matching_grads());
   double handed = 0;  // hand-overs on this rank since the last step
   for (int u = 0; u < num_units(); ++u) {

@@ -15,6 +15,7 @@
 // all-gathered from their owners; sharded parameters are gathered by the next fetch().
 #pragma once
 #include <array>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "comm/comm.h"
 #include "common/config.h"
 #include "sched/chunk_load.h"
+#include "sched/comm_worker.h"
 #include "sched/gather_pool.h"
 #include "sched/loss_scaler.h"
 #include "sched/prefetch_policy.h"
@@ -79,6 +81,7 @@ class ZeroEngine final : public Engine {
     int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
     int64_t evicted = 0;           // kept units dropped to make room
     int64_t deviations = 0;        // steps that left the recorded unit order
+    int64_t reductions_async = 0;  // gradient reductions run on the communication thread
   };
   SchedStats sched_stats() const {
     SchedStats s = stats_;
@@ -123,6 +126,7 @@ class ZeroEngine final : public Engine {
   // collective still runs at its fetch, after the agreement; what runs ahead is this rank's own
   // chunk on its way from its home tier, and what stays is a gathered unit fetched again soon.
   Status check_device_fits();               // start-up: the largest unit fits next to the state
+  Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
   uint64_t device_free(const LedgerSnapshot& l) const;  // the budget less what l has on the device
   bool has_room(uint64_t bytes);            // may the scheduler hold `bytes` more
@@ -144,6 +148,11 @@ class ZeroEngine final : public Engine {
   Status wait_update();                    // the whole pass (joins its thread)
   Status wait_updated(int u);              // unit u's part of it
   Status reduce_sharded_grad(int u, const float* grad);  // grad null: contribute zeros
+  CommWorker::Job reduction_job(int u, const Buffer& buf, bool first);
+  // Gradient reductions in flight on comm_worker_ (stages 2-3 with overlap_comm): waits for the
+  // oldest until at most `units` of them and `elems` elements are left; frees their buffers.
+  Status reap_reductions(size_t units, int64_t elems);
+  Status finish_reductions() { return reap_reductions(0, -1); }
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq(double* handed);
   Status check_matching_grads();
@@ -236,6 +245,15 @@ class ZeroEngine final : public Engine {
   std::vector<AdamWindow> read_ahead_;  // the next pass's first sub-groups, read after this one
   UpdateProgress progress_;
   std::thread update_thread_;
+  // The communication thread (its own duplicate of comm_) and the reductions queued on it.
+  std::unique_ptr<CommWorker> comm_worker_;
+  struct Reduction {
+    uint64_t ticket;
+    Buffer buf;     // the unit's gradient in the gradient dtype, N chunks
+    int64_t elems;
+  };
+  std::deque<Reduction> reducing_;
+  int64_t reducing_elems_ = 0;
   StepResult pending_;      // the last step's result, completed by flush()
   bool pending_open_ = false;
   uint64_t activation_peak_ = 0;  // the model's device activations, the most seen at a fetch
