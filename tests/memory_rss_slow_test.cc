@@ -14,7 +14,8 @@ namespace {
 
 // What the ledger does not book: the binary and its libraries (OpenBLAS, oneTBB, OpenMPI and
 // their per-thread buffers), the allocator's own overhead and the process's small objects.
-constexpr double kSlackBytes = 256.0 * (1 << 20);  // measured: 83 MiB (2 ranks, stage 3)
+// Measured (2 ranks, stage 3): 83 MiB at issue 8, 202 MiB at issue 10.
+constexpr double kSlackBytes = 256.0 * (1 << 20);
 
 TEST(MemoryRss, PeakRssOfAHundredMillionParameterModelIsTheLedgersPeak) {
   // 6 layers of 4096 x 4096 (+ bias + scale): 100.7 M parameters, fp32, stage 3 on 2 ranks:

@@ -14,7 +14,7 @@
  *   zoe_engine_free()
  * Calls that are collective must be made by every rank in the same order. zoe serialises calls on
  * one engine; calls may come from any thread where MPI allows it (zoe asks MPI for
- * MPI_THREAD_SERIALIZED), else only from the thread that created the engine.
+ * MPI_THREAD_MULTIPLE; SERIALIZED suffices), else only from the thread that created the engine.
  */
 #ifndef ZOE_ZOE_H_
 #define ZOE_ZOE_H_

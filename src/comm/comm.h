@@ -76,7 +76,8 @@ class Comm {
   // already moves to the new ledger. nullptr unbooks (before that ledger goes away).
   virtual void set_ledger(Ledger* l) { ledger_ = l; }
 
-  // A communicator of its own over the same ranks, paired with the same device, for collectives
+  // A communicator of its own over the same ranks, paired with the same device and booking its
+  // staging in the same ledger (until the engine that asked for it goes), for collectives
   // that another thread runs beside this one's (MPI_Comm_dup; the library must allow
   // MPI_THREAD_MULTIPLE). Collective: every rank calls it at the same point. Unsupported where
   // the transport cannot.

@@ -69,6 +69,7 @@ class MpiComm final : public Comm {
     ZOE_RETURN_IF_ERROR(check(MPI_Comm_dup(comm_, &dup), "Comm_dup"));
     auto d = std::make_unique<MpiComm>(max_piece_, dup, true);
     d->set_device(device_);
+    d->set_ledger(ledger_);  // its staging is communication memory of the same rank
     return std::unique_ptr<Comm>(std::move(d));
   }
   int rank() const override { return rank_; }
