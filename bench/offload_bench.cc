@@ -118,6 +118,7 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   // own: on a 2-core machine that is what decides whether I/O can hide behind compute at all.
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+  Profiler::name_thread("main");
   openblas_set_num_threads(threads);
   // Compute only: everything resident, a budget that never binds. Its state sets the budget of
   // the others: a quarter of it.

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -186,8 +187,14 @@ TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
   EXPECT_TRUE(last["done"].get<bool>());
   auto trace = nlohmann::json::parse(std::ifstream(dir + "/t.json"));
   bool saw_rank1 = false;
-  for (auto& e : trace["traceEvents"]) saw_rank1 |= e["pid"] == 1 && e["ph"] == "X";
+  std::set<std::string> rows;  // rank 1's named threads
+  for (auto& e : trace["traceEvents"]) {
+    saw_rank1 |= e["pid"] == 1 && e["ph"] == "X";
+    if (e["pid"] == 1 && e["name"] == "thread_name") rows.insert(e["args"]["name"].get<std::string>());
+  }
   EXPECT_TRUE(saw_rank1);
+  // One row per worker: the caller's, the optimizer's pass, the reductions, the NVMe I/O.
+  for (const char* row : {"main", "optimizer", "comm", "nvme io"}) EXPECT_TRUE(rows.count(row)) << row;
 }
 
 }  // namespace

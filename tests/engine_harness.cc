@@ -129,6 +129,11 @@ std::string check_nvme_matches_memory(Comm& comm) {
           if (stage == 3 && (sched == "off" ? !idle : !worked))
             return what + fmt::format(", scheduler {}: {} loads ahead, {} fetches found their load, {} kept", sched,
                                       st.loads_ahead, st.fetched_loading, st.fetched_kept);
+          // Several ranks: loads from host memory are issued whole, so their gathers start one
+          // fetch ahead on the communication thread.
+          if (stage == 3 && sched == "tight" && comm.size() > 1 && home.device == OffloadDevice::kCpu &&
+              st.gathered_ahead == 0)
+            return what + ", scheduler tight: no all-gather started ahead of its fetch";
         }
         uint64_t total_mem = 0, total_nv = 0;
         for (int t = 0; t < kNumTiers; ++t) {

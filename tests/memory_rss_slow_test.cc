@@ -13,8 +13,10 @@ namespace zoe::test {
 namespace {
 
 // What the ledger does not book: the binary and its libraries (OpenBLAS, oneTBB, OpenMPI and
-// their per-thread buffers), the allocator's own overhead and the process's small objects.
-// Measured (2 ranks, stage 3): 83 MiB at issue 8, 202 MiB at issue 10.
+// their per-thread buffers), the allocator's own overhead, the process's small objects and the
+// test model's host buffers.
+// Measured (2 ranks, stage 3): 202 MiB; 83 MiB before the MLP computed on host copies of one
+// unit's weights and gradient (2 x 64 MiB here, the model's memory, not the engine's).
 constexpr double kSlackBytes = 256.0 * (1 << 20);
 
 TEST(MemoryRss, PeakRssOfAHundredMillionParameterModelIsTheLedgersPeak) {

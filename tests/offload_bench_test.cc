@@ -36,14 +36,19 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
   }
   std::ifstream f(o.trace_path);
   auto trace = nlohmann::json::parse(f);
-  std::set<std::string> cats;
+  std::set<std::string> cats, rows;
   std::set<int> nvme_rows;
   for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M") {  // metadata: the rows' names
+      if (e.at("name") == "thread_name") rows.insert(e.at("args").at("name").get<std::string>());
+      continue;
+    }
     cats.insert(e.at("cat").get<std::string>());
     if (e["cat"] == "nvme_read") nvme_rows.insert(e.at("tid").get<int>());
   }
   for (const char* c : {"compute", "all_gather", "nvme_read", "nvme_write", "adam"}) EXPECT_TRUE(cats.count(c)) << c;
   EXPECT_GE(nvme_rows.size(), 2u);  // the waits on the compute row, the transfers on the I/O thread's
+  for (const char* row : {"main", "optimizer", "nvme io"}) EXPECT_TRUE(rows.count(row)) << row;
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "common/profiler.h"
 
-#include <functional>
-#include <thread>
+#include <atomic>
 
 namespace zoe {
 
@@ -18,16 +17,34 @@ double Profiler::now_us() const {
 
 namespace {
 thread_local bool t_excluded = false;
+thread_local int t_tid = -1;
+std::atomic<int> g_next_tid{1};
+
+// Rows are numbered in the order threads first record: small, stable and without collisions.
+int this_tid() {
+  if (t_tid < 0) t_tid = g_next_tid++;
+  return t_tid;
 }
+}  // namespace
 
 void Profiler::exclude_thread_from_buckets() { t_excluded = true; }
+
+void Profiler::name_thread(const std::string& name) {
+  Profiler& p = get();
+  std::lock_guard<std::mutex> l(p.mu_);
+  p.names_[this_tid()] = name;
+}
+
+std::map<int, std::string> Profiler::thread_names() {
+  std::lock_guard<std::mutex> l(mu_);
+  return names_;
+}
 
 void Profiler::record(const std::string& name, const char* cat, Bucket b, double start_us, double end_us) {
   std::lock_guard<std::mutex> l(mu_);
   if (b != Bucket::kNone && !t_excluded) step_[static_cast<int>(b)] += (end_us - start_us) * 1e-6;
   if (trace_) {
-    int tid = static_cast<int>(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 1000);
-    events_.push_back({name, cat, start_us, end_us - start_us, tid});
+    events_.push_back({name, cat, start_us, end_us - start_us, this_tid()});
   }
 }
 

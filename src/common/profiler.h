@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -34,9 +35,17 @@ class Profiler {
   // that run beside the step (the optimizer's pass overlapped with the next forward), whose time
   // the step sees only where it waits for them.
   static void exclude_thread_from_buckets();
+  // The calling thread's row in the trace is called `name` (main, optimizer, comm, nvme io, ...).
+  static void name_thread(const std::string& name);
+  // Row names by tid, for the trace's metadata.
+  std::map<int, std::string> thread_names();
   // Bucket totals since the last call, in seconds; resets them.
   std::array<double, kNumBuckets> take_step_times();
-  const std::vector<TraceEvent>& events() const { return events_; }
+  // A copy: threads may still record (background write-backs) while it is written out.
+  std::vector<TraceEvent> events() {
+    std::lock_guard<std::mutex> l(mu_);
+    return events_;
+  }
   void clear_events() {
     std::lock_guard<std::mutex> l(mu_);
     events_.clear();
@@ -49,6 +58,7 @@ class Profiler {
   std::mutex mu_;
   std::array<double, kNumBuckets> step_{};
   std::vector<TraceEvent> events_;
+  std::map<int, std::string> names_;
 };
 
 class Span {

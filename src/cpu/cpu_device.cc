@@ -27,7 +27,10 @@ CpuDevice::CpuDevice(size_t device_budget, size_t host_budget, bool strict)
   for (int s = 0; s < kNumStreams; ++s) {
     queues_[s] = std::make_unique<Queue>();
     if (asynchronous(static_cast<Stream>(s)))
-      queues_[s]->worker = std::thread([this, s] { run_queue(*queues_[s]); });
+      queues_[s]->worker = std::thread([this, s] {
+        Profiler::name_thread(s == static_cast<int>(Stream::kH2D) ? "h2d copies" : "d2h copies");
+        run_queue(*queues_[s]);
+      });
   }
   ops_ = make_cpu_model_ops(*this);
 }

@@ -71,6 +71,7 @@ Status IoWorker::call(std::function<Status(IoQueue&)> fn) {
 }
 
 void IoWorker::run() {
+  Profiler::name_thread("nvme io");
   {
     Status s = queue_->attach_thread();  // from here on the queue is this thread's alone
     std::lock_guard l(mu_);

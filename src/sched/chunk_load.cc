@@ -67,6 +67,13 @@ bool ChunkLoad::reading() const {
   return false;
 }
 
+bool ChunkLoad::all_issued() const {
+  if (!started_) return false;
+  for (const NvmePiece& p : nvme_)
+    if (!p.read.valid()) return false;
+  return true;
+}
+
 Status ChunkLoad::finish() {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
   Status st;

@@ -35,6 +35,8 @@ class ChunkLoad {
   bool has_memory_parts() const { return !memory_.empty(); }
   // Whether start() issued any read (it issues none when the pinned pool has no window free).
   bool reading() const;
+  // Whether start() issued every read (finish() then acquires no pinned window).
+  bool all_issued() const;
   void set_destination(const Buffer& dst) { dst_ = dst; }
 
  private:

@@ -47,6 +47,7 @@ CommBytes CommWorker::take_bytes() {
 void CommWorker::run() {
   // The step sees this thread's time only where it waits for a job (kWaitComm).
   Profiler::exclude_thread_from_buckets();
+  Profiler::name_thread("comm");
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
     cv_.wait(l, [&] { return stop_ || !queue_.empty(); });

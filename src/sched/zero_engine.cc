@@ -378,9 +378,14 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   // Kept units need no gather here; but every rank gathers when any rank must (their residency
   // may differ: a full device evicts), so collectives always match.
   bool need = residency_[u] != Residency::kGathered;
-  ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr, &need));
-  stats_.fetched_kept += !need;
-  stats_.fetched_loading += residency_[u] == Residency::kLoading || residency_[u] == Residency::kStaged;
+  AheadGather ahead = ahead_candidate(u);
+  ZOE_RETURN_IF_ERROR(sync_point(OpKind::kFetch, u, nullptr, &need, &ahead));
+  if (ahead.go) start_gather_ahead(ahead.v);  // every rank that agreed enters it
+  bool came_ahead = g.gathering != 0;
+  ZOE_RETURN_IF_ERROR(wait_gathered(u));
+  stats_.fetched_kept += !need && !came_ahead;
+  stats_.fetched_loading +=
+      came_ahead || residency_[u] == Residency::kLoading || residency_[u] == Residency::kStaged;
   if (need) {
     ZOE_RETURN_IF_ERROR(wait_updated(u));  // our chunk must be this step's
     if (residency_[u] != Residency::kLoading && residency_[u] != Residency::kGathered) {
@@ -426,6 +431,7 @@ Status ZeroEngine::release(int u) {
 
 void ZeroEngine::unload(int u) {
   Gathered& g = gathered_[u];
+  (void)wait_gathered(u);
   g.load.reset();  // waits for its reads and copies
   gather_pool_.give_back(g.buf);
   residency_[u] = Residency::kAbsent;
@@ -434,6 +440,58 @@ void ZeroEngine::unload(int u) {
 void ZeroEngine::unload_all() {
   for (int u = 0; u < num_units(); ++u)
     if (gathered_[u].refs == 0 && residency_[u] != Residency::kAbsent) unload(u);
+}
+
+// The unit the plan fetches after u, and whether this rank could gather it right away: gathered
+// already, or its chunk loading into a gather buffer with every read issued (so the
+// communication thread, which finishes the load, never waits for a pinned window).
+ZeroEngine::AheadGather ZeroEngine::ahead_candidate(int u) const {
+  AheadGather a;
+  if (!comm_worker_ || !trace_.following() || trace_.next() >= trace_.plan().size()) return a;
+  int v = trace_.plan()[trace_.next()];
+  if (v == u) return a;
+  const Gathered& g = gathered_[v];
+  a.v = v;
+  a.needs = residency_[v] != Residency::kGathered;
+  a.ready = g.gathering == 0 && g.refs == 0 &&
+            (residency_[v] == Residency::kGathered ||
+             (residency_[v] == Residency::kLoading && g.load && g.load->all_issued()));
+  return a;
+}
+
+// Unit v's all-gather on the communication thread, one fetch ahead of v's: the load of our chunk
+// finishes there too (a unit gathered already is gathered again in place).
+void ZeroEngine::start_gather_ahead(int v) {
+  Gathered& g = gathered_[v];
+  size_t chunk_bytes = layout_.slot(v).chunk * wsize_;
+  char* buf = g.buf.as<char>();
+  g.gathering = comm_worker_->submit(
+      [load = g.load.get(), buf, chunk_bytes, r = comm_.rank(), name = unit(v).name](Comm& c) {
+        Status st = load ? load->finish() : Status::Ok();
+        // The other ranks are in this collective: enter it even after a failed load.
+        ZOE_SPAN("all_gather " + name, "all_gather", Bucket::kWaitComm);
+        Status gathered = c.all_gather(buf + r * chunk_bytes, buf, chunk_bytes);
+        return st.ok() ? gathered : st;
+      });
+  residency_[v] = Residency::kGathered;
+  ++stats_.gathered_ahead;
+}
+
+Status ZeroEngine::wait_gathered(int u) {
+  Gathered& g = gathered_[u];
+  if (!g.gathering) return Status::Ok();
+  Status st;
+  {
+    ZOE_SPAN("wait all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
+    st = comm_worker_->wait(g.gathering);
+  }
+  g.gathering = 0;
+  g.load.reset();
+  if (!st.ok()) {  // nothing half-gathered stays behind
+    gather_pool_.give_back(g.buf);
+    residency_[u] = Residency::kAbsent;
+  }
+  return st;
 }
 
 // Prefetching is an optimisation: whatever fails here (no room, a read that cannot start) is
@@ -503,35 +561,41 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   return st;
 }
 
-Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need) {
+Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need, AheadGather* ahead) {
   if (comm_.size() == 1) return kind == OpKind::kGrads ? reduce_sharded_grad(u, grad) : Status::Ok();
   const int n = comm_.size();
-  int32_t mine[3] = {static_cast<int32_t>(kind), u, need && *need ? 1 : 0};
-  std::vector<int32_t> all(3 * n);
+  constexpr int kWords = 5;  // kind, unit, need, ahead unit, ahead flags (1 ready, 2 needs)
+  int32_t mine[kWords] = {static_cast<int32_t>(kind), u, need && *need ? 1 : 0, ahead ? ahead->v : -1,
+                          ahead ? (ahead->ready ? 1 : 0) | (ahead->needs ? 2 : 0) : 0};
+  std::vector<int32_t> all(kWords * n);
   for (;;) {
     ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine, all.data(), sizeof(mine)));
-    bool same = true, any_need = false;
+    bool same = true, any_need = false, ahead_ok = all[3] >= 0, ahead_needed = false;
     for (int r = 0; r < n; ++r) {
-      same &= all[3 * r] == all[0] && all[3 * r + 1] == all[1];
-      any_need |= all[3 * r + 2] != 0;
+      const int32_t* w = &all[kWords * r];
+      same &= w[0] == all[0] && w[1] == all[1];
+      any_need |= w[2] != 0;
+      ahead_ok &= w[3] == all[3] && (w[4] & 1);
+      ahead_needed |= (w[4] & 2) != 0;
     }
     if (same && need) *need = any_need;
+    if (same && ahead) ahead->go = ahead_ok && ahead_needed;
     if (same) return kind == OpKind::kGrads ? reduce_sharded_grad(u, grad) : Status::Ok();
     // Ranks differ. Gradients handed over anywhere are reduced now, in unit order, with zeros
     // from the ranks that have none for that unit; those ranks' calls are then done.
     std::vector<int> units;
     for (int r = 0; r < n; ++r)
-      if (all[3 * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[3 * r + 1]);
+      if (all[kWords * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[kWords * r + 1]);
     if (units.empty()) {
       auto what = [&](int r) {
-        auto k = static_cast<OpKind>(all[3 * r]);
-        int v = all[3 * r + 1];
+        auto k = static_cast<OpKind>(all[kWords * r]);
+        int v = all[kWords * r + 1];
         return k == OpKind::kStep ? std::string("step()")
                                   : fmt::format("{}('{}')", k == OpKind::kFetch ? "fetch" : "grads_ready",
                                                 v >= 0 && v < num_units() ? unit(v).name : "?");
       };
       int other = 1;
-      while (other < n && all[3 * other] == all[0] && all[3 * other + 1] == all[1]) ++other;
+      while (other < n && all[kWords * other] == all[0] && all[kWords * other + 1] == all[1]) ++other;
       return Status::Runtime(fmt::format("ranks are out of step: rank 0 calls {} while rank {} calls {} (every rank "
                                          "must fetch the same units in the same order)", what(0), other, what(other)));
     }
@@ -1056,6 +1120,7 @@ void ZeroEngine::start_update(double lr, double grad_scale) {
   progress_.start();
   update_thread_ = std::thread([this, lr, grad_scale] {
     Profiler::exclude_thread_from_buckets();  // the step's buckets count where it waits for this
+    Profiler::name_thread("optimizer");
     progress_.finish(apply_adam(lr, grad_scale));
   });
 }

@@ -77,11 +77,12 @@ class ZeroEngine final : public Engine {
   struct SchedStats {
     int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
     int64_t staged_ahead = 0;      // of those without device room: NVMe reads into pinned memory only
-    int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way
+    int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way (or gathered ahead)
     int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
     int64_t evicted = 0;           // kept units dropped to make room
     int64_t deviations = 0;        // steps that left the recorded unit order
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
+    int64_t gathered_ahead = 0;    // all-gathers started one fetch ahead, on that thread
   };
   SchedStats sched_stats() const {
     SchedStats s = stats_;
@@ -123,8 +124,9 @@ class ZeroEngine final : public Engine {
   std::unique_ptr<ChunkLoad> chunk_load(int u, const Buffer& dst);  // this rank's chunk of unit u
 
   // Stage 3's scheduler (src/sched: UnitTrace, PrefetchPolicy, ChunkLoad, GatherPool). Every
-  // collective still runs at its fetch, after the agreement; what runs ahead is this rank's own
-  // chunk on its way from its home tier, and what stays is a gathered unit fetched again soon.
+  // collective follows an agreement; what runs ahead is this rank's own chunk on its way from its
+  // home tier and, agreed one fetch early, the next unit's gather on the communication thread;
+  // what stays is a gathered unit fetched again soon.
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
@@ -140,8 +142,19 @@ class ZeroEngine final : public Engine {
   // gradients one rank hands over are reduced with zeros from ranks that have none for that
   // unit; any other disagreement is an error on every rank, never a hang.
   enum class OpKind : int32_t { kFetch = 1, kGrads = 2, kStep = 3 };
+  // A fetch's agreement also settles whether the unit the plan fetches next is gathered now, on
+  // the communication thread (every rank can, and some rank needs it).
+  struct AheadGather {
+    int v = -1;          // the plan's next unit, or -1
+    bool ready = false;  // this rank's chunk of v is loaded or loading with every read issued
+    bool needs = false;  // v is not gathered here
+    bool go = false;     // out: every rank starts v's gather now
+  };
+  AheadGather ahead_candidate(int u) const;
+  void start_gather_ahead(int v);
+  Status wait_gathered(int u);  // a gather started ahead of u's fetch has landed
   // need (fetch only): in, this rank has to gather; out, some rank has to (then all do).
-  Status sync_point(OpKind kind, int u, const float* grad, bool* need = nullptr);
+  Status sync_point(OpKind kind, int u, const float* grad, bool* need = nullptr, AheadGather* ahead = nullptr);
   Result<StepResult> apply_step(double lr);
   // The optimizer's pass runs on update_thread_ (UpdateProgress says how far it is).
   void start_update(double lr, double grad_scale);
@@ -233,7 +246,8 @@ class ZeroEngine final : public Engine {
   struct Gathered {
     Buffer buf;
     int refs = 0;
-    std::unique_ptr<ChunkLoad> load;  // while residency_ says kLoading
+    std::unique_ptr<ChunkLoad> load;  // while residency_ says kLoading, or the gather ahead runs
+    uint64_t gathering = 0;           // comm_worker_'s ticket of the gather started ahead
   };
   GatherPool gather_pool_;  // before gathered_: gathered buffers go back to it
   std::vector<Gathered> gathered_;

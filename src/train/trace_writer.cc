@@ -20,6 +20,12 @@ Status write_trace(Comm& comm, const std::string& path) {
   for (const TraceEvent& e : Profiler::get().events())
     mine.push_back({{"name", e.name}, {"cat", e.cat}, {"ph", "X"}, {"ts", e.ts_us}, {"dur", e.dur_us},
                     {"pid", comm.rank()}, {"tid", e.tid}});
+  // Perfetto's row labels: one metadata event per named thread (the rank is the process).
+  for (const auto& [tid, name] : Profiler::get().thread_names())
+    mine.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", comm.rank()}, {"tid", tid},
+                    {"args", {{"name", name}}}});
+  mine.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", comm.rank()},
+                  {"args", {{"name", fmt::format("rank {}", comm.rank())}}}});
   std::string text = mine.dump();
   // Two gathers of fixed size: the lengths, then every rank's text padded to the longest.
   uint64_t len = text.size();

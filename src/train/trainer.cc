@@ -90,7 +90,10 @@ class TrainJob {
     progress.finish();
     ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
                                        {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)}}));
-    if (!o_.trace_path.empty()) ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
+    if (!o_.trace_path.empty()) {
+      ZOE_RETURN_IF_ERROR(engine_->flush().status());  // the last step's update, whole, in the trace
+      ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
+    }
     return sum;
   }
 
@@ -106,6 +109,7 @@ class TrainJob {
   }
 
   Status setup() {
+    Profiler::name_thread("main");  // the model's compute and every wait of the step
     ZOE_RETURN_IF_ERROR(validate_for_world(c_, comm_.size()));
     limit_threads();
     std::string resume;
