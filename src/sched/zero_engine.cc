@@ -524,11 +524,7 @@ void ZeroEngine::prefetch_ahead() {
 // A gather buffer for a fetch: when the device is full, units kept for reuse make room first.
 Result<Buffer> ZeroEngine::gather_buffer(int u) {
   size_t bytes = layout_.slot(u).full_size * wsize_;
-  auto b = gather_pool_.acquire(bytes);
-  if (!b.ok() && b.status().code() == Code::kOutOfMemory && !reducing_.empty()) {
-    ZOE_RETURN_IF_ERROR(finish_reductions());  // their buffers first
-    b = gather_pool_.acquire(bytes);
-  }
+  auto b = after_reductions_if_full([&] { return gather_pool_.acquire(bytes); });
   for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
     if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent || !gathered_[v].buf) continue;
     unload(v);  // its buffer goes back to the pool, which frees idle buffers when the device is full
@@ -618,12 +614,9 @@ Status ZeroEngine::sync_point(OpKind kind, int u, const float* grad, bool* need,
 Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
   ZOE_RETURN_IF_ERROR(wait_updated(u));  // any unit: other ranks' hand-overs are served here too
   const UnitSlot& s = layout_.slot(u);
-  auto b = dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm);
-  if (!b.ok() && b.status().code() == Code::kOutOfMemory && !reducing_.empty()) {
-    ZOE_RETURN_IF_ERROR(finish_reductions());
-    b = dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm);
-  }
-  ZOE_ASSIGN_OR_RETURN(Buffer buf, std::move(b));
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, after_reductions_if_full([&] {
+    return dev_.alloc(s.full_size * gsize_, Tier::kDevice, Kind::kComm);
+  }));
   Status st = grad ? dev_.accumulate(buf.data, gdtype_, grad, DType::kF32, s.numel, false)
                    : dev_.zero(buf.data, s.numel * gsize_);
   if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * gsize_, (s.full_size - s.numel) * gsize_);
@@ -655,6 +648,15 @@ CommWorker::Job ZeroEngine::reduction_job(int u, const Buffer& buf, bool first) 
     if (st.ok() && !first) st = dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, true);
     return st;
   };
+}
+
+// An allocation that finds the device full is tried once more after the reductions in flight
+// have given their buffers back.
+Result<Buffer> ZeroEngine::after_reductions_if_full(const std::function<Result<Buffer>()>& alloc) {
+  auto b = alloc();
+  if (b.ok() || b.status().code() != Code::kOutOfMemory || reducing_.empty()) return b;
+  ZOE_RETURN_IF_ERROR(finish_reductions());
+  return alloc();
 }
 
 // The first error is returned; every buffer goes back anyway.

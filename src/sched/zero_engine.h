@@ -166,6 +166,7 @@ class ZeroEngine final : public Engine {
   // oldest until at most `units` of them and `elems` elements are left; frees their buffers.
   Status reap_reductions(size_t units, int64_t elems);
   Status finish_reductions() { return reap_reductions(0, -1); }
+  Result<Buffer> after_reductions_if_full(const std::function<Result<Buffer>()>& alloc);
   Status reduce_unit_grad(int u, const void* full_grad);  // RS into the owned chunk
   Result<double> owned_grad_sumsq(double* handed);
   Status check_matching_grads();
