@@ -3,6 +3,6 @@
 # libraries as unity builds (ZOE_UNITY_BUILD=OFF for faster incremental rebuilds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_CUDA="${ZOE_CUDA:-AUTO}" \
+cmake $(tools/generator.sh build) -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_CUDA="${ZOE_CUDA:-AUTO}" \
   -DZOE_UNITY_BUILD="${ZOE_UNITY_BUILD:-ON}" >/dev/null
 cmake --build build -j "$(nproc)"

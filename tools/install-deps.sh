@@ -2,7 +2,7 @@
 # Installs the Debian packages zoe builds against (idempotent: apt runs only when one is missing),
 # and the Python packages its cross-checks use (best effort: those tests skip without them).
 set -euo pipefail
-pkgs=(cmake g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
+pkgs=(cmake ninja-build lld g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
       libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       fio clang libclang-rt-14-dev libdlpack-dev pybind11-dev python3-dev)  # fio: the referee of `zoe bench nvme`; clang: the sanitizer and fuzz build
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
-CC=clang CXX=clang++ cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
+CC=clang CXX=clang++ cmake $(tools/generator.sh build-san) -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
   -DZOE_SANITIZE=address,undefined -DZOE_FUZZ=ON -DZOE_FUZZ_SECONDS="${ZOE_FUZZ_SECONDS:-15}" \
   -DZOE_UNITY_BUILD=ON >/dev/null
 cmake --build build-san -j "$(nproc)"

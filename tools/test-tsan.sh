@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
-CC=clang CXX=clang++ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
+CC=clang CXX=clang++ cmake $(tools/generator.sh build-tsan) -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
   -DZOE_SANITIZE=thread -DZOE_UNITY_BUILD=ON >/dev/null
 cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test
 built=$SECONDS
