@@ -6,7 +6,8 @@
 #include <functional>
 #include <thread>
 
-#include <cblas.h>
+#include <sys/resource.h>
+
 #include <tbb/global_control.h>
 
 #include <fmt/format.h>
@@ -56,6 +57,7 @@ struct OffloadCase {
   std::unique_ptr<BatchSource> source;
   std::function<Status(OffloadCase&)> one_step;
   std::vector<double> secs;
+  std::vector<double> user_s, sys_s;  // the process's CPU time during each timed step
 
   double median_s() const { return median(secs); }
   uint64_t persistent() const {
@@ -86,6 +88,15 @@ Result<std::unique_ptr<OffloadCase>> make_case(const OffloadBenchOptions& o, con
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The whole process's CPU seconds so far, user and system: a step that runs I/O and the optimizer
+// beside the compute costs CPU the compute-only step does not, and on few cores that is its time.
+std::pair<double, double> process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return {s(u.ru_utime), s(u.ru_stime)};
 }
 
 Status train_step(OffloadCase& k) {
@@ -119,7 +130,6 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
   Profiler::name_thread("main");
-  openblas_set_num_threads(threads);
   // Compute only: everything resident, a budget that never binds. Its state sets the budget of
   // the others: a quarter of it.
   ZOE_ASSIGN_OR_RETURN(auto compute, make_case(o, bench_config(o, "", uint64_t{8} << 30), train_step));
@@ -146,9 +156,13 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
         Profiler::get().clear_events();
         Profiler::get().enable_trace(true);
       }
+      auto [user0, sys0] = process_cpu_s();
       auto t0 = std::chrono::steady_clock::now();
       ZOE_RETURN_IF_ERROR(k.one_step(k));
       k.secs.push_back(seconds_since(t0));
+      auto [user1, sys1] = process_cpu_s();
+      k.user_s.push_back(user1 - user0);
+      k.sys_s.push_back(sys1 - sys0);
       if (trace) {
         Profiler::get().enable_trace(false);
         ZOE_RETURN_IF_ERROR(write_trace(*k.comm, o.trace_path));
@@ -161,21 +175,27 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
       "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s)",
       o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads);
   if (human)
-    std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s\n", shape.c_str(),
-                 o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap");
+    std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s %14s\n", shape.c_str(),
+                 o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap",
+                 "cpu_s usr+sys");
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"on", on.get()}, {"off", off.get()}}) {
     double step_s = k->median_s(), ratio = step_s / bound;
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
     double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);
     if (human)
-      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%%\n", label, step_s, compute_s, io_s, ratio,
-                   100 * overlap);
+      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f\n", label, step_s, compute_s, io_s,
+                   ratio, 100 * overlap, median(k->user_s), median(k->sys_s));
     results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
-                       {"state_bytes", state}, {"threads", threads}});
+                       {"state_bytes", state}, {"threads", threads},
+                       {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
+                       {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)}});
   }
+  if (human)
+    for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})
+      std::fprintf(human, "%s: cpu_s %.2f+%.2f a step\n", label, median(k->user_s), median(k->sys_s));
   if (human)
     std::fprintf(human, "device peak %.1f MB of a %.1f MB budget%s\n", on->peak_device() / 1e6, budget / 1e6,
                  o.trace_path.empty() ? "" : ("; trace of one step (scheduler on): " + o.trace_path).c_str());

@@ -1,6 +1,5 @@
 #include "step_bench.h"
 
-#include <cblas.h>
 #include <sys/wait.h>
 #include <tbb/global_control.h>
 
@@ -36,7 +35,6 @@ using Timing = StepTiming;
 
 Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
-  openblas_set_num_threads(threads);
   Config c;
   c.stage = o.stage;
   c.dtype = DType::kF32;

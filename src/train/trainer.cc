@@ -99,7 +99,8 @@ class TrainJob {
 
  private:
   // Ranks on one machine share its cores: each takes its share, so oneTBB and OpenBLAS do not
-  // oversubscribe them (OMPI sets the local rank count).
+  // oversubscribe them (OMPI sets the local rank count). GPT-2's GEMMs run in oneTBB's slices,
+  // OpenBLAS single-threaded inside them; the OpenBLAS limit is for the test MLP's.
   void limit_threads() {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
