@@ -35,6 +35,7 @@ Config bench_config(const OffloadBenchOptions& o, const std::string& nvme_dir, u
   c.lr = 1e-4;
   c.grad_clip = 1.0;
   c.device = "cpu";
+  c.checksums = o.checksums;
   c.device_memory_budget = budget;
   c.host_memory_budget = uint64_t{4} << 30;
   if (!nvme_dir.empty()) {
@@ -172,8 +173,9 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   const double compute_s = compute->median_s(), io_s = io->median_s(), bound = std::max(compute_s, io_s);
   const uint64_t state = compute->persistent();
   std::string shape = fmt::format(
-      "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s)",
-      o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads);
+      "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s){}",
+      o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads,
+      o.checksums ? "" : ", no checksums");
   if (human)
     std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s %14s\n", shape.c_str(),
                  o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap",
@@ -189,7 +191,7 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
     results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
-                       {"state_bytes", state}, {"threads", threads},
+                       {"state_bytes", state}, {"threads", threads}, {"checksums", o.checksums},
                        {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
                        {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)}});
   }

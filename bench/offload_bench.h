@@ -23,6 +23,7 @@ struct OffloadBenchOptions {
   int threads = 0;  // compute threads (oneTBB, OpenBLAS) in all three runs; 0: every core
   std::string nvme_dir = "out/bench-offload";
   std::string trace_path;  // non-empty: the Chrome trace of one offloaded step
+  bool checksums = true;   // zoe.checksums of the offloaded engines: xxh3 sums per swap block
 };
 
 Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FILE* human);

@@ -80,6 +80,7 @@ int bench_command(const BenchArgs& a) {
     if (a.iters > 0) o.iters = a.iters;
     if (!a.dir.empty()) o.nvme_dir = a.dir;
     o.trace_path = a.trace;
+    o.checksums = !a.no_checksums;
     if (a.threads.size() > 1) return report_error(Status::Invalid("bench offload: one --threads"));
     if (!a.threads.empty()) o.threads = a.threads[0];
     st = bench_offload(o, &out, human);

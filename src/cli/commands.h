@@ -41,6 +41,7 @@ struct BenchArgs {
   std::string python;
   std::string dir;                  // --dir: where `bench nvme` puts its test file
   std::string trace;                // --trace: `bench offload` keeps one step's timeline
+  bool no_checksums = false;        // --no-checksums: `bench offload` with zoe.checksums false
 };
 int bench_command(const BenchArgs& a);
 

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
 
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "benchmarks: measured figure, in-run baseline and their ratio");
-  bench->add_option("what", ba.what, "adam | comm | gpu | nvme | copy | step")->required();
+  bench->add_option("what", ba.what, "adam | comm | gpu | nvme | offload | copy | step")->required();
   bench->add_flag("--json", ba.json, "machine-readable output");
   bench->add_option("--size", ba.sizes, "problem sizes (bench-specific; repeatable)");
   bench->add_option("--threads", ba.threads, "thread counts (repeatable)");
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
                                      "directory (default out/bench-offload)");
   bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
+  bench->add_flag("--no-checksums", ba.no_checksums, "offload: swap blocks without xxh3 sums (zoe.checksums false)");
 
   ExportArgs xa;
   auto* exp = app.add_subcommand("export", "consolidated fp32 weights of a checkpoint as safetensors");
