@@ -33,6 +33,14 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
     EXPECT_DOUBLE_EQ(r.at("ratio").get<double>(), step / std::max(compute, io));
     EXPECT_GE(r.at("state_bytes").get<double>(), 4.0 * r.at("device_budget_bytes").get<double>() * 0.999);
     EXPECT_LE(r.at("peak_device_bytes").get<uint64_t>(), r.at("device_budget_bytes").get<uint64_t>());
+    // CPU seconds a step: a step computes, so its user time is positive, and no case of a few
+    // hundred ms on a couple of cores can use more than a minute of CPU.
+    for (const char* k : {"cpu_user_s", "compute_only_cpu_s"}) {
+      EXPECT_GT(r.at(k).get<double>(), 0) << k;
+      EXPECT_LT(r.at(k).get<double>(), 60) << k;
+    }
+    EXPECT_GE(r.at("cpu_sys_s").get<double>(), 0);
+    EXPECT_TRUE(r.at("checksums").get<bool>());
   }
   std::ifstream f(o.trace_path);
   auto trace = nlohmann::json::parse(f);
