@@ -29,10 +29,28 @@ int this_tid() {
 
 void Profiler::exclude_thread_from_buckets() { t_excluded = true; }
 
+struct Profiler::RowOwner {
+  int tid = -1;
+  ~RowOwner() {
+    if (tid < 0) return;
+    Profiler& p = get();
+    std::lock_guard<std::mutex> l(p.mu_);
+    p.ended_.insert(tid);
+  }
+};
+
 void Profiler::name_thread(const std::string& name) {
+  static thread_local RowOwner t_row;
   Profiler& p = get();
   std::lock_guard<std::mutex> l(p.mu_);
+  for (auto it = p.ended_.begin(); t_tid < 0 && it != p.ended_.end(); ++it)
+    if (p.names_[*it] == name) {
+      t_tid = *it;
+      p.ended_.erase(it);
+      break;
+    }
   p.names_[this_tid()] = name;
+  t_row.tid = t_tid;
 }
 
 std::map<int, std::string> Profiler::thread_names() {

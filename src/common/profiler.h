@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ class Profiler {
   // the step sees only where it waits for them.
   static void exclude_thread_from_buckets();
   // The calling thread's row in the trace is called `name` (main, optimizer, comm, nvme io, ...).
+  // A thread named before it records takes the row of an ended thread of the same name, so a
+  // thread started per step (the optimizer's pass) keeps one row.
   static void name_thread(const std::string& name);
   // Row names by tid, for the trace's metadata.
   std::map<int, std::string> thread_names();
@@ -59,6 +62,8 @@ class Profiler {
   std::array<double, kNumBuckets> step_{};
   std::vector<TraceEvent> events_;
   std::map<int, std::string> names_;
+  std::set<int> ended_;  // named rows whose thread has ended
+  struct RowOwner;       // a named thread's row goes to ended_ when the thread ends
 };
 
 class Span {
