@@ -2,7 +2,15 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+
+#if defined(__x86_64__)
+#define XXH_DISPATCH_DISABLE_REPLACE 1  // the _dispatch entry points are called by name below
+#include <xxh_x86dispatch.h>
+#else
 #include <xxhash.h>
+#define XXH3_64bits_dispatch XXH3_64bits
+#define XXH3_64bits_update_dispatch XXH3_64bits_update
+#endif
 
 #include <cerrno>
 #include <cstdio>
@@ -27,8 +35,11 @@ Checksum::~Checksum() = default;
 Checksum::Checksum(Checksum&&) noexcept = default;
 Checksum& Checksum::operator=(Checksum&&) noexcept = default;
 
+// Debian's libxxhash is built for baseline x86-64: XXH3_64bits and XXH3_64bits_update run its
+// SSE2 loop. The _dispatch entry points pick AVX2 or AVX-512 at run time and give the same hash,
+// about 4x faster here (19 vs 5 GB/s): every swap block is hashed as written and as read.
 void Checksum::update(const void* data, size_t n) {
-  if (n) XXH3_64bits_update(s_->st, data, n);
+  if (n) XXH3_64bits_update_dispatch(s_->st, data, n);
 }
 
 uint64_t Checksum::digest() const { return XXH3_64bits_digest(s_->st); }
@@ -39,9 +50,9 @@ std::string Checksum::checksum_to_hex(uint64_t h) {
   return buf;
 }
 
-std::string checksum_buffer(const void* data, size_t n) {
-  return Checksum::checksum_to_hex(XXH3_64bits(data, n));
-}
+uint64_t xxh3_64(const void* data, size_t n) { return XXH3_64bits_dispatch(data, n); }
+
+std::string checksum_buffer(const void* data, size_t n) { return Checksum::checksum_to_hex(xxh3_64(data, n)); }
 
 Result<std::string> checksum_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

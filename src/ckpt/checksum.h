@@ -28,6 +28,9 @@ class Checksum {
   std::unique_ptr<State> s_;
 };
 
+// xxh3-64 of a memory buffer.
+uint64_t xxh3_64(const void* data, size_t n);
+
 // xxh3-64 of a memory buffer, as 16 hex digits.
 std::string checksum_buffer(const void* data, size_t n);
 
