@@ -150,6 +150,82 @@ TEST_P(NvmeRoundTrip, EverySizeClassIsByteExact) {
 INSTANTIATE_TEST_SUITE_P(Checksums, NvmeRoundTrip, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "on" : "off"; });
 
+// ---- block sums in the caller's hands ---------------------------------------------------------
+
+TEST(WholeBlocks, OnlyBlocksTheRangeCoversWhole) {
+  constexpr uint64_t B = 100, file = 1050;  // the file's last block is 50 bytes
+  auto w = [&](uint64_t off, uint64_t n) {
+    WholeBlocks x = whole_blocks(off, n, B, file);
+    return std::pair<uint64_t, uint64_t>{x.first, x.count};
+  };
+  EXPECT_EQ(w(0, 100), std::make_pair(uint64_t{0}, uint64_t{1}));
+  EXPECT_EQ(w(0, 99).second, 0u);
+  EXPECT_EQ(w(1, 299), std::make_pair(uint64_t{1}, uint64_t{2}));
+  EXPECT_EQ(w(150, 100).second, 0u);
+  EXPECT_EQ(w(1000, 50), std::make_pair(uint64_t{10}, uint64_t{1}));  // up to the end of the file
+  EXPECT_EQ(w(900, 149), std::make_pair(uint64_t{9}, uint64_t{1}));   // short of it
+}
+
+TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
+  auto store = open(options(), {{"state", 10 * kBlock}});
+  ASSERT_TRUE(store);
+  AlignedBuffer buf(9 * kBlock);
+  const std::vector<uint8_t> data = random_bytes(8 * kBlock, 7);
+  std::memcpy(buf.p, data.data(), data.size());
+  // Bytes [kBlock/2, 7.5 kBlock): blocks 1..6 are whole; the partial ends stay the store's.
+  const uint64_t off = kBlock / 2, n = 7 * kBlock;
+  const WholeBlocks w = store->caller_blocks(0, off, n);
+  ASSERT_EQ(w.first, 1u);
+  ASSERT_EQ(w.count, 6u);
+  auto sums = std::make_shared<BlockSums>();
+  sums->first = w.first;
+  for (uint64_t k = 0; k < w.count; ++k) sums->sums.push_back(BlockTable::hash(buf.p + (k + 1) * kBlock - off, kBlock));
+  const uint64_t good = sums->sums[2];
+  sums->sums[2] ^= 1;  // block 3's sum is wrong on purpose: the store must take it as given
+  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, false, sums)).ok());
+  std::vector<uint8_t> back(n);
+  Status s = store->read(0, off, back.data(), n);
+  ASSERT_EQ(s.code(), Code::kCorrupt) << s.message();
+  EXPECT_NE(s.message().find("checksum mismatch in block 3 "), std::string::npos) << s.message();
+
+  // A read with the caller's sums: the store checks only the partial blocks and hands back the
+  // recorded sums of the whole ones (block 3's wrong one too), with what was never written marked.
+  sums->sums[2] = good;
+  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, false, sums)).ok());
+  auto got = std::make_shared<BlockSums>();
+  const WholeBlocks r = store->caller_blocks(0, 0, 10 * kBlock);
+  ASSERT_EQ(r.count, 10u);
+  got->first = r.first;
+  got->sums.assign(r.count, 0);
+  got->check.assign(r.count, 0);
+  std::vector<uint8_t> all(10 * kBlock);
+  ASSERT_TRUE(store->wait(store->read_async(0, 0, all.data(), all.size(), false, got)).ok());
+  for (uint64_t k = 0; k < r.count; ++k) {
+    SCOPED_TRACE(k);
+    const bool written = k <= 7;  // 0 and 7 by the partial ends; 8 and 9 never
+    EXPECT_EQ(got->check[k], written);
+    if (written) {
+      EXPECT_TRUE(store->check_sum(0, k, got->sums[k], BlockTable::hash(all.data() + k * kBlock, kBlock)).ok());
+    }
+  }
+  // Bad data in a caller-checked block is the caller's to find; check_sum words it as the store does.
+  all[3 * kBlock + 5] ^= 0x10;
+  Status bad = store->check_sum(0, 3, got->sums[3], BlockTable::hash(all.data() + 3 * kBlock, kBlock));
+  ASSERT_EQ(bad.code(), Code::kCorrupt);
+  EXPECT_NE(bad.message().find(store->region_path(0) + ": checksum mismatch in block 3 (bytes " +
+                               std::to_string(3 * kBlock) + ".." + std::to_string(4 * kBlock - 1) + ")"),
+            std::string::npos)
+      << bad.message();
+  // Sums that do not match the range's whole blocks are refused before anything moves.
+  auto wrong = std::make_shared<BlockSums>(*got);
+  wrong->first = 2;
+  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), false, wrong)).code(), Code::kInvalidInput);
+  wrong = std::make_shared<BlockSums>(*got);
+  wrong->check.clear();  // a read needs room for the checks
+  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), false, wrong)).code(), Code::kInvalidInput);
+  EXPECT_TRUE(store->close().ok());
+}
+
 TEST_F(NvmeStoreTest, AsyncTransfersOnOneBlockApplyInSubmissionOrder) {
   auto store = open(options(), {{"a", 4 * kBlock}, {"b", 10000}});
   ASSERT_TRUE(store);

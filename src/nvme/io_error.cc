@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "common/posix_io.h"
 
 namespace zoe {
@@ -31,6 +33,13 @@ std::string bytes_text(uint64_t bytes) {
   else
     std::snprintf(buf, sizeof buf, "%llu bytes (%.1f %s)", static_cast<unsigned long long>(bytes), v, kUnits[u]);
   return buf;
+}
+
+std::string checksum_mismatch(const std::string& path, uint64_t block, uint64_t begin, uint64_t end,
+                              uint64_t recorded, uint64_t got) {
+  return fmt::format("{}: checksum mismatch in block {} (bytes {}..{}): xxh3 {:016x} when written, {:016x} read "
+                     "back; the file was changed outside zoe or the device returned bad data",
+                     path, block, begin, end - 1, recorded, got);
 }
 
 }  // namespace zoe

@@ -209,7 +209,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
     k.phase = IoOp::kRead;
   } else if (direct) {
     k.phase = IoOp::kWrite;
-    if (sums) k.sum = BlockTable::hash(user, k.io_bytes);
+    if (sums) k.sum = write_sum(t, block, user, k.io_bytes);
   } else if (!whole && state != BlockTable::State::kUnwritten) {
     k.phase = IoOp::kRead;  // read the rest of the span first
     k.rmw = true;
@@ -217,7 +217,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
     // A never-written block reads as zeros (the file is fresh and preallocated): no read needed.
     if (!whole) std::memset(k.io_buf, 0, k.io_bytes);
     std::memcpy(k.io_buf + (s - io_begin), user, e - s);
-    if (sums) k.sum = BlockTable::hash(k.io_buf, k.io_bytes);
+    if (sums) k.sum = write_sum(t, block, k.io_buf, k.io_bytes);
     k.phase = IoOp::kWrite;
   }
   enqueue(slot);
@@ -286,17 +286,32 @@ void IoWorker::handle(const IoCompletion& c) {
   finish(slot);
 }
 
+// The caller's sums when it covers `block` whole and said it hashes it, else null.
+static BlockSums* caller_block(const Transfer& t, uint64_t block) {
+  BlockSums* c = t.caller_sums.get();
+  return c && block >= c->first && block - c->first < c->count() ? c : nullptr;
+}
+
+uint64_t IoWorker::write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes) {
+  const BlockSums* c = caller_block(t, block);
+  return c ? c->sums[block - c->first] : BlockTable::hash(data, bytes);
+}
+
 bool IoWorker::verify(int slot) {
   Task& k = tasks_[slot];
   const RegionFile& r = *k.t->region;
-  if (!r.blocks.checksums() || r.blocks.state(k.block) != BlockTable::State::kWritten) return true;
+  if (!r.blocks.checksums()) return true;
+  const bool written = r.blocks.state(k.block) == BlockTable::State::kWritten;
+  if (BlockSums* c = caller_block(*k.t, k.block)) {  // the caller checks it where it uses it
+    c->sums[k.block - c->first] = written ? r.blocks.sum(k.block) : 0;
+    c->check[k.block - c->first] = written;
+    return true;
+  }
+  if (!written) return true;
   const uint64_t got = BlockTable::hash(k.io_buf, k.io_bytes);
   if (got == r.blocks.sum(k.block)) return true;
-  fail(slot, Status::Corrupt(fmt::format("{}: checksum mismatch in block {} (bytes {}..{}): xxh3 {:016x} when "
-                                         "written, {:016x} read back; the file was changed outside zoe or the "
-                                         "device returned bad data",
-                                         r.path, k.block, k.io_offset, k.io_offset + k.io_bytes - 1,
-                                         r.blocks.sum(k.block), got)));
+  fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.block, k.io_offset, k.io_offset + k.io_bytes,
+                                               r.blocks.sum(k.block), got)));
   return false;
 }
 

@@ -69,6 +69,8 @@ class IoWorker {
   bool background_may_start() const;
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
+  // A write's block sum: the caller's where it made it, else hashed here.
+  static uint64_t write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes);
   void enqueue(int slot);
   void handle(const IoCompletion& c);
   bool verify(int slot);

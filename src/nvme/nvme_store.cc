@@ -198,7 +198,38 @@ Result<int> NvmeStore::region(std::string_view name) const {
   return Status::Invalid(fmt::format("NVMe store {}: no region '{}'", dir_, name));
 }
 
-Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background) {
+namespace {
+// A read's sums also say which blocks have one to check.
+bool caller_sums_fit(IoOp op, const BlockSums& s, WholeBlocks w) {
+  return s.first == w.first && s.sums.size() == w.count && (op == IoOp::kWrite || s.check.size() == w.count);
+}
+}  // namespace
+
+Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background,
+                             std::shared_ptr<BlockSums> sums) {
+  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes, background, std::move(sums));
+}
+
+Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background,
+                              std::shared_ptr<BlockSums> sums) {
+  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes,
+                background, std::move(sums));
+}
+
+WholeBlocks NvmeStore::caller_blocks(int region, uint64_t offset, uint64_t bytes) const {
+  return whole_blocks(offset, bytes, o_.block_size, regions_[region]->file_bytes);
+}
+
+Status NvmeStore::check_sum(int region, uint64_t block, uint64_t recorded, uint64_t got) const {
+  if (got == recorded) return Status::Ok();
+  const RegionFile& r = *regions_[region];
+  const uint64_t begin = block * o_.block_size;
+  return Status::Corrupt(
+      checksum_mismatch(r.path, block, begin, std::min<uint64_t>(begin + o_.block_size, r.file_bytes), recorded, got));
+}
+
+Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background,
+                         std::shared_ptr<BlockSums> sums) {
   Ticket ticket;
   ticket.t_ = std::make_shared<Transfer>();
   Transfer& t = *ticket.t_;
@@ -217,8 +248,12 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
                                            regions_[region]->name, regions_[region]->bytes));
   } else if (bytes > 0 && user == nullptr) {
     t.status = Status::Invalid(fmt::format("{}: {} with a null buffer", regions_[region]->path, io_op_name(op)));
+  } else if (sums && !caller_sums_fit(op, *sums, caller_blocks(region, offset, bytes))) {
+    t.status = Status::Invalid(fmt::format("{}: {} of {} bytes at offset {}: the caller's block sums do not cover "
+                                           "its whole blocks", regions_[region]->path, io_op_name(op), bytes, offset));
   } else {
     t.region = regions_[region].get();
+    if (o_.checksums) t.caller_sums = std::move(sums);
     worker_->submit(ticket.t_);
     return ticket;
   }

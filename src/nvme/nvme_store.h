@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "nvme/block_sums.h"
 #include "nvme/nvme_env.h"
 #include "nvme/pinned_pool.h"
 #include "nvme/region_file.h"
@@ -96,6 +97,18 @@ class NvmeStore {
   // keep their order among themselves.
   Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background = false);
   Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background = false);
+  // The same with the sums of the blocks the range covers whole in the caller's hands (see
+  // BlockSums; sums.first and sums.count() must be caller_blocks() of the range). A write takes
+  // the caller's xxh3-64 of each such block as its sum; a read records the written sums there and
+  // leaves checking them (check_sum) to the caller. Without checksums these are the plain calls.
+  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background,
+                    std::shared_ptr<BlockSums> sums);
+  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background,
+                     std::shared_ptr<BlockSums> sums);
+  // The blocks of a range a caller may hash itself: those it covers whole.
+  WholeBlocks caller_blocks(int region, uint64_t offset, uint64_t bytes) const;
+  // Corrupt, naming the file and the block, when a block the caller read does not hash to its sum.
+  Status check_sum(int region, uint64_t block, uint64_t recorded, uint64_t got) const;
   Status wait(const Ticket& t);
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }
   Status write(int region, uint64_t offset, const void* src, uint64_t bytes) {
@@ -108,7 +121,8 @@ class NvmeStore {
 
  private:
   NvmeStore() = default;
-  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background = false);
+  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background = false,
+                std::shared_ptr<BlockSums> sums = nullptr);
   Status check_space(std::span<const RegionSpec> regions, uint64_t align);
   std::string file_path(const std::string& name) const { return dir_ + "/" + name + ".swap"; }
 

@@ -2,7 +2,9 @@
 // Ticket holds it until the caller has waited for it.
 #pragma once
 #include <cstdint>
+#include <memory>
 
+#include "nvme/block_sums.h"
 #include "nvme/io_queue.h"
 #include "nvme/region_file.h"
 #include "zoe/status.h"
@@ -19,6 +21,9 @@ struct Transfer {
   // Background: starts only while no other transfer has blocks to hand out, so it may be overtaken
   // (the caller keeps other requests off its blocks until it is waited for).
   bool background = false;
+  // The blocks it covers whole whose sums the caller makes (writes) or checks itself (reads: the
+  // I/O thread records each block's sum there as it lands). Null: the I/O thread does both.
+  std::shared_ptr<BlockSums> caller_sums;
 
   // The I/O thread's alone:
   uint64_t scheduled = 0;    // bytes handed to block tasks so far
