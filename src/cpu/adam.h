@@ -43,6 +43,9 @@ struct AdamRange {
   bool decay = true;            // false: weight_decay does not apply (biases, norms)
 };
 
+// Elements [begin, end) of r as a range of their own.
+AdamRange adam_sub_range(const AdamRange& r, size_t begin, size_t end);
+
 // Steps elements [0, n) of `r` with the given ISA on the calling thread. Lanes whose scaled
 // gradient is not finite keep all their state unchanged; the count of such elements is returned.
 // (The engine checks the global gradient before any rank steps, so a whole step is skipped on

@@ -77,8 +77,7 @@ size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa) {
   return run_range(range_consts(h, r), r, usable_isa(isa));
 }
 
-// Elements [begin, end) of r as a range of their own.
-static AdamRange sub_range(const AdamRange& r, size_t begin, size_t end) {
+AdamRange adam_sub_range(const AdamRange& r, size_t begin, size_t end) {
   AdamRange s = r;
   s.grad = static_cast<const char*>(r.grad) + begin * dtype_size(r.grad_dtype);
   s.master = r.master + begin;
@@ -94,7 +93,7 @@ size_t adam_step(const AdamHyper& h, const AdamRange& r, Isa isa, int threads) {
   const AdamConsts c = range_consts(h, r);
   const Isa use = usable_isa(isa);
   return parallel_chunks(r.n, threads, [&](size_t begin, size_t end) {
-    return run_range(c, sub_range(r, begin, end), use);
+    return run_range(c, adam_sub_range(r, begin, end), use);
   });
 }
 

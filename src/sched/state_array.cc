@@ -50,12 +50,21 @@ char* StateArray::ptr(int64_t e) const {
   return b.as<char>() + buffer_offset(e);
 }
 
-Ticket StateArray::read_async(int64_t e, int64_t n, void* dst, bool background) const {
-  return home_.store->read_async(region_, static_cast<uint64_t>(e - split_) * esize_, dst, n * esize_, background);
+Ticket StateArray::read_async(int64_t e, int64_t n, void* dst, bool background,
+                              std::shared_ptr<BlockSums> sums) const {
+  return home_.store->read_async(region_, static_cast<uint64_t>(e - split_) * esize_, dst, n * esize_, background,
+                                 std::move(sums));
 }
 
-Ticket StateArray::write_async(int64_t e, int64_t n, const void* src, bool background) const {
-  return home_.store->write_async(region_, static_cast<uint64_t>(e - split_) * esize_, src, n * esize_, background);
+Ticket StateArray::write_async(int64_t e, int64_t n, const void* src, bool background,
+                               std::shared_ptr<BlockSums> sums) const {
+  return home_.store->write_async(region_, static_cast<uint64_t>(e - split_) * esize_, src, n * esize_, background,
+                                  std::move(sums));
+}
+
+WholeBlocks StateArray::caller_blocks(int64_t e, int64_t n) const {
+  if (!home_.store->checksums()) return {};
+  return home_.store->caller_blocks(region_, static_cast<uint64_t>(e - split_) * esize_, n * esize_);
 }
 
 }  // namespace zoe

@@ -50,8 +50,18 @@ class StateArray {
   size_t buffer_offset(int64_t e) const { return (e < split_ ? e : e - split_) * esize_; }
 
   // NVMe parts only: elements [e, e + n) to or from memory that stays valid until waited for.
-  Ticket read_async(int64_t e, int64_t n, void* dst, bool background = false) const;
-  Ticket write_async(int64_t e, int64_t n, const void* src, bool background = false) const;
+  Ticket read_async(int64_t e, int64_t n, void* dst, bool background = false,
+                    std::shared_ptr<BlockSums> sums = nullptr) const;
+  Ticket write_async(int64_t e, int64_t n, const void* src, bool background = false,
+                     std::shared_ptr<BlockSums> sums = nullptr) const;
+  // Checksums a caller makes and checks itself (NvmeStore::caller_blocks): the store's blocks that
+  // elements [e, e + n) cover whole; empty where the store keeps no checksums. Block k begins at
+  // element split() + k * block_elems().
+  WholeBlocks caller_blocks(int64_t e, int64_t n) const;
+  int64_t block_elems() const { return home_.store->block_size() / esize_; }
+  Status check_sum(uint64_t block, uint64_t recorded, uint64_t got) const {
+    return home_.store->check_sum(region_, block, recorded, got);
+  }
   Status wait(const Ticket& t) const { return home_.store->wait(t); }
 
  private:

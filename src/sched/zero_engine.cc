@@ -750,10 +750,16 @@ ZeroEngine::WindowLayout ZeroEngine::window_layout() {
   WindowLayout wl;
   StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
                              plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
+  // The fp32 arrays with the first one's split and size share a block grid: the host Adam makes
+  // their sums (window_sums.h).
+  const StateArray* grid = nullptr;
   for (int i = 0; i < 4; ++i)
     if (slots_of[i] && slots_of[i]->has_nvme()) {
-      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem});
-      wl.per_elem += slots_of[i]->esize();
+      const StateArray& x = *slots_of[i];
+      if (!grid && x.esize() == 4) grid = &x;
+      const bool hot = cfg_.checksums && grid && x.esize() == 4 && x.split() == grid->split() && x.size() == grid->size();
+      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot});
+      wl.per_elem += x.esize();
     }
   return wl;
 }
@@ -800,13 +806,14 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   // host, their gradients staged in pinned host memory (see run_host_adam_group).
   HostStaging staging;
   ZOE_RETURN_IF_ERROR(staging.prepare(*this, groups));
-  GroupStep step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w) {
-    return exp_avg_.in_device_memory(a) ? run_adam_group(tasks, a, b, w, h)
-                                        : run_host_adam_group(tasks, a, b, w, h, staging.buf);
+  GroupStep step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w,
+                             const std::vector<HashedArray>* hashed) {
+    return host_adam(a) ? run_host_adam_group(tasks, a, b, w, h, staging.buf, hashed)
+                        : run_adam_group(tasks, a, b, w, h);
   };
   if (!wl.arrays.empty()) return stream_groups(groups, wl, step_group);
   for (auto [a, b] : groups) {  // all in memory: in place
-    ZOE_RETURN_IF_ERROR(step_group(a, b, {}));
+    ZOE_RETURN_IF_ERROR(step_group(a, b, {}, nullptr));
     progress_.advance(b);
   }
   return Status::Ok();
@@ -823,8 +830,11 @@ std::array<char*, 4> ZeroEngine::window_of(const WindowLayout& wl, AdamWindow& s
 void ZeroEngine::read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background) {
   sl.a = a, sl.b = b;
   auto w = window_of(wl, sl, a, b);
-  for (const Windowed& x : wl.arrays)
-    if (w[x.slot] && x.read) sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background)});
+  for (const Windowed& x : wl.arrays) {
+    sl.read_sums[x.slot] = x.hot_sums && host_adam(a) ? make_block_sums(*x.a, a, b, /*read=*/true) : nullptr;
+    if (w[x.slot] && x.read)
+      sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background, sl.read_sums[x.slot])});
+  }
 }
 
 // The windowed pass. Windows: the ones the last pass read ahead for this one (its first
@@ -863,7 +873,16 @@ Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, c
     auto w = window_of(wl, cur, a, b);
     for (const Windowed& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
       if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
-    if (st.ok()) st = step_group(a, b, w);
+    // Where the host Adam steps the window it makes the block sums of the fp32 state as it goes.
+    std::vector<HashedArray> hashed;
+    for (const Windowed& x : wl.arrays) {
+      cur.write_sums[x.slot] = nullptr;
+      if (!w[x.slot] || !x.hot_sums || !host_adam(a)) continue;
+      cur.write_sums[x.slot] = make_block_sums(*x.a, a, b, /*read=*/false);
+      adam_hashed_blocks_ += static_cast<int64_t>(cur.write_sums[x.slot]->count());
+      hashed.push_back({x.a, w[x.slot], x.read ? cur.read_sums[x.slot] : nullptr, cur.write_sums[x.slot]});
+    }
+    if (st.ok()) st = step_group(a, b, w, &hashed);
     // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
     if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
     // The optimizer's own state goes back in the background: nothing but the next pass (which
@@ -871,7 +890,8 @@ Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, c
     // master itself in fp32 training) go in the foreground: the next forward must see them.
     for (const Windowed& x : wl.arrays)
       if (st.ok() && w[x.slot])
-        cur.writes.push_back({x.a, x.a->write_async(a, b - a, w[x.slot], /*background=*/x.a != &param_)});
+        cur.writes.push_back(
+            {x.a, x.a->write_async(a, b - a, w[x.slot], /*background=*/x.a != &param_, cur.write_sums[x.slot])});
     if (st.ok()) progress_.advance(b);  // its write-backs are submitted: later reads see them
   }
   {
@@ -938,6 +958,7 @@ std::vector<ZeroEngine::GroupRange> ZeroEngine::group_ranges(const std::vector<A
     if (e0 >= e1) continue;
     int64_t x = t.x + (e0 - t.e);  // unit element of e0
     GroupRange g;
+    g.e = e0;
     AdamRange& r = g.r;
     r.decay = t.decay;
     r.grad = t.grad + (e0 - t.e) * gsize_;
@@ -986,7 +1007,8 @@ ZeroEngine::HostStaging::~HostStaging() {
 // memory (the weight copy; the fp32 weights in fp32 training) are stepped in staging and go back
 // up. Bitwise the device kernel's result: all Adam paths agree bit for bit.
 Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                                       const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging) {
+                                       const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
+                                       const std::vector<HashedArray>* hashed) {
   char* grads = staging.as<char>();
   char* masters = grads + (b - a) * gsize_;  // fp32 weights staged from device memory
   char* weights = masters + (b - a) * 4;     // low-precision copies staged for device memory
@@ -1016,9 +1038,14 @@ Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64
     k += static_cast<int64_t>(r.n);
   }
   ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kD2H)));
-  for (const GroupRange& g : ranges) {
-    host_nonfinite_ += adam_step(h, g.r, best_isa());
-    host_stepped_ += static_cast<int64_t>(g.r.n);
+  for (const GroupRange& g : ranges) host_stepped_ += static_cast<int64_t>(g.r.n);
+  if (hashed && !hashed->empty()) {
+    std::vector<IndexedAdamRange> indexed;
+    for (const GroupRange& g : ranges) indexed.push_back({g.e, g.r});
+    ZOE_ASSIGN_OR_RETURN(size_t bad, adam_with_block_sums(h, indexed, a, b, *hashed));
+    host_nonfinite_ += bad;
+  } else {
+    for (const GroupRange& g : ranges) host_nonfinite_ += adam_step(h, g.r, best_isa());
   }
   for (const Up& u : ups) ZOE_RETURN_IF_ERROR(dev_.copy(u.dst, u.src, u.bytes, Stream::kH2D));
   // The staging is reused by the next sub-group, and the compute stream reads the weights next.

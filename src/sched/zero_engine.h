@@ -15,6 +15,7 @@
 // all-gathered from their owners; sharded parameters are gathered by the next fetch().
 #pragma once
 #include <array>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
 #include "sched/state_array.h"
+#include "sched/window_sums.h"
 #include "sched/unit_trace.h"
 #include "sched/update_progress.h"
 #include "cpu/adam.h"
@@ -83,10 +85,12 @@ class ZeroEngine final : public Engine {
     int64_t deviations = 0;        // steps that left the recorded unit order
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
     int64_t gathered_ahead = 0;    // all-gathers started one fetch ahead, on that thread
+    int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
   };
   SchedStats sched_stats() const {
     SchedStats s = stats_;
     s.deviations = trace_.deviations();
+    s.adam_hashed_blocks = adam_hashed_blocks_.load();
     return s;
   }
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
@@ -175,6 +179,7 @@ class ZeroEngine final : public Engine {
   struct AdamTask;
   struct GroupRange {
     AdamRange r;
+    int64_t e = 0;                        // optimizer index of the range's first element
     int64_t master_at = 0, param_at = 0;  // array indices of the range's master and weight copy
   };
   std::vector<GroupRange> group_ranges(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
@@ -187,8 +192,12 @@ class ZeroEngine final : public Engine {
     Status prepare(ZeroEngine& e, const std::vector<std::pair<int64_t, int64_t>>& groups);
     ~HostStaging();
   };
+  // hashed: the windowed arrays whose block sums this step makes (see window_sums.h); may be null.
   Status run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                             const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging);
+                             const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
+                             const std::vector<HashedArray>* hashed);
+  // Whether sub-group [a, b) is stepped by the CPU Adam on the host (its state is not device memory).
+  bool host_adam(int64_t a) const { return !exp_avg_.in_device_memory(a); }
   Status gather_replicated_params();
   // A pinned window of the optimizer's pass: sub-group [a, b) of every array it streams.
   using ArrayTicket = std::pair<const StateArray*, Ticket>;
@@ -196,6 +205,9 @@ class ZeroEngine final : public Engine {
     int64_t a = 0, b = 0;
     PinnedPool::Lease lease;
     std::vector<ArrayTicket> reads, writes;
+    // Per slot, for arrays whose sums Adam makes: the sums recorded for what was read, and those
+    // of what goes back.
+    std::array<std::shared_ptr<BlockSums>, 4> read_sums, write_sums;
   };
   Status wait_tickets(std::vector<ArrayTicket>& ts);  // all of them, even after an error
   // The arrays the optimizer streams through pinned windows (those with an NVMe part), where each
@@ -205,13 +217,15 @@ class ZeroEngine final : public Engine {
     StateArray* a;
     bool read;       // loaded before Adam (state); the low-precision copy is only written
     size_t offset;   // bytes into the window per element of the sub-group (times its length)
+    bool hot_sums;   // its block sums are made by the host Adam, not the I/O thread (window_sums.h)
   };
   struct WindowLayout {
     std::vector<Windowed> arrays;
     size_t per_elem = 0;
   };
   using Groups = std::vector<std::pair<int64_t, int64_t>>;
-  using GroupStep = std::function<Status(int64_t, int64_t, const std::array<char*, 4>&)>;
+  using GroupStep =
+      std::function<Status(int64_t, int64_t, const std::array<char*, 4>&, const std::vector<HashedArray>*)>;
   std::vector<AdamTask> adam_tasks();
   WindowLayout window_layout();
   Groups adam_groups(const std::vector<AdamTask>& tasks, bool streaming);
@@ -221,6 +235,7 @@ class ZeroEngine final : public Engine {
   void read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest);
   void drop_read_ahead();                             // before anything rewrites the state
 
+  std::atomic<int64_t> adam_hashed_blocks_{0};  // the optimizer thread counts, others read
   Config cfg_;
   Device& dev_;
   Comm& comm_;
