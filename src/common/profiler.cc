@@ -1,5 +1,7 @@
 #include "common/profiler.h"
 
+#include <pthread.h>
+#include <unistd.h>
 #include <atomic>
 
 namespace zoe {
@@ -51,6 +53,8 @@ void Profiler::name_thread(const std::string& name) {
     }
   p.names_[this_tid()] = name;
   t_row.tid = t_tid;
+  // The OS knows a worker's name too (top -H, perf, gdb; 15 bytes); the process keeps its own.
+  if (gettid() != getpid()) pthread_setname_np(pthread_self(), ("zoe " + name).substr(0, 15).c_str());
 }
 
 std::map<int, std::string> Profiler::thread_names() {
