@@ -16,8 +16,11 @@ namespace {
 // their per-thread buffers), the allocator's own overhead, the process's small objects and the
 // test model's host buffers.
 // Measured (2 ranks, stage 3): 202 MiB; 83 MiB before the MLP computed on host copies of one
-// unit's weights and gradient (2 x 64 MiB here, the model's memory, not the engine's).
-constexpr double kSlackBytes = 256.0 * (1 << 20);
+// unit's weights and gradient (2 x 64 MiB here, the model's memory, not the engine's). Once in
+// about ten runs, under ctest's load, one rank peaked 64 MiB higher (266 MiB): one more unit-sized
+// transient outside the ledger (a library's or the allocator's) alive at the moment of the peak.
+// The slack allows that one unit, no more.
+constexpr double kSlackBytes = (202.0 + 64 + 54) * (1 << 20);
 
 TEST(MemoryRss, PeakRssOfAHundredMillionParameterModelIsTheLedgersPeak) {
   // 6 layers of 4096 x 4096 (+ bias + scale): 100.7 M parameters, fp32, stage 3 on 2 ranks:
