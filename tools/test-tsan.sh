@@ -11,5 +11,5 @@ CC=clang CXX=clang++ cmake $(tools/generator.sh build-tsan) -S . -B build-tsan -
 cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test profiler_test window_sums_test
 built=$SECONDS
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|CommWorker|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy|Profiler|WindowSums|WindowSumsEngine)\.' "$@")
+(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|CommWorker|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy|Profiler|WindowSumsTest|WindowSumsEngine)\.' "$@")
 echo "test-tsan.sh: build $((built - start)) s, tests $((SECONDS - built)) s"

@@ -4,10 +4,13 @@
 #include <mutex>
 
 #include <tbb/blocked_range.h>
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
 #include "ckpt/checksum.h"
+#include "cpu/parallel_chunks.h"
 
 namespace zoe {
 namespace {
@@ -34,6 +37,16 @@ size_t step_piece(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, 
     if (lo < hi) bad += adam_step_range(h, adam_sub_range(x.r, lo - x.e, hi - x.e), isa);
   }
   return bad;
+}
+
+// The first cell's error in window order, else the non-finite count of all cells.
+Result<size_t> sum_cells(const std::vector<Status>& errors, const std::vector<size_t>& bad) {
+  size_t nonfinite = 0;
+  for (size_t ci = 0; ci < errors.size(); ++ci) {
+    ZOE_RETURN_IF_ERROR(errors[ci]);
+    nonfinite += bad[ci];
+  }
+  return nonfinite;
 }
 
 }  // namespace
@@ -90,19 +103,24 @@ Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedA
       x.out->sums[c.k] = out[i].digest();
     }
   };
-  // Isolated: this thread steps only its own cells while it waits for the others, not the
-  // compute's tasks (a long GEMM slice here would hold up the write-backs and the next forward).
-  tbb::this_task_arena::isolate([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, cells.size(), 1), [&](const tbb::blocked_range<size_t>& r) {
-      for (size_t ci = r.begin(); ci != r.end(); ++ci) run_cell(ci);
-    });
-  });
-  size_t nonfinite = 0;
-  for (size_t ci = 0; ci < cells.size(); ++ci) {
-    ZOE_RETURN_IF_ERROR(errors[ci]);
-    nonfinite += bad[ci];
+  // Too little work to share (a few blocks): waking threads would cost more than the loop.
+  if (b - a < static_cast<int64_t>(2 * kChunkElems) || cells.size() < 2) {
+    for (size_t ci = 0; ci < cells.size(); ++ci) run_cell(ci);
+    return sum_cells(errors, bad);
   }
-  return nonfinite;
+  // An arena of its own, as adam_step's (cpu/parallel_chunks.cc): while this thread waits for the
+  // other cells it runs only cells, never the compute's tasks (a GEMM slice would hold up the
+  // write-backs and the next forward). Static partition: cells are near-equal blocks.
+  tbb::task_arena arena(tbb::info::default_concurrency());
+  arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, cells.size(), 1),
+        [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t ci = r.begin(); ci != r.end(); ++ci) run_cell(ci);
+        },
+        tbb::static_partitioner());
+  });
+  return sum_cells(errors, bad);
 }
 
 }  // namespace zoe
