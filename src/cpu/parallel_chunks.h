@@ -14,4 +14,9 @@ inline constexpr size_t kChunkElems = 64 * 1024;
 // equal share, the same on every call. Returns the sum of what fn returned.
 size_t parallel_chunks(size_t n, int threads, const std::function<size_t(size_t, size_t)>& fn);
 
+// The mechanism under it: fn(i) for each item of [0, items) on an arena of `threads` threads
+// (same rule) of its own, static partition. A thread waiting in it runs only its items, never
+// tasks of the caller's arena. Inline when there is one thread or item.
+void parallel_items(size_t items, int threads, const std::function<void(size_t)>& fn);
+
 }  // namespace zoe

@@ -1,13 +1,6 @@
 #include "sched/window_sums.h"
 
 #include <algorithm>
-#include <mutex>
-
-#include <tbb/blocked_range.h>
-#include <tbb/info.h>
-#include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
-#include <tbb/task_arena.h>
 
 #include "ckpt/checksum.h"
 #include "cpu/parallel_chunks.h"
@@ -103,23 +96,10 @@ Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedA
       x.out->sums[c.k] = out[i].digest();
     }
   };
-  // Too little work to share (a few blocks): waking threads would cost more than the loop.
-  if (b - a < static_cast<int64_t>(2 * kChunkElems) || cells.size() < 2) {
-    for (size_t ci = 0; ci < cells.size(); ++ci) run_cell(ci);
-    return sum_cells(errors, bad);
-  }
-  // An arena of its own, as adam_step's (cpu/parallel_chunks.cc): while this thread waits for the
-  // other cells it runs only cells, never the compute's tasks (a GEMM slice would hold up the
-  // write-backs and the next forward). Static partition: cells are near-equal blocks.
-  tbb::task_arena arena(tbb::info::default_concurrency());
-  arena.execute([&] {
-    tbb::parallel_for(
-        tbb::blocked_range<size_t>(0, cells.size(), 1),
-        [&](const tbb::blocked_range<size_t>& r) {
-          for (size_t ci = r.begin(); ci != r.end(); ++ci) run_cell(ci);
-        },
-        tbb::static_partitioner());
-  });
+  // As adam_step: inline below two chunks (waking threads would cost more than the loop), else an
+  // arena of its own, so this thread waiting for other cells never runs the compute's tasks (a
+  // GEMM slice would hold up the write-backs and the next forward).
+  parallel_items(cells.size(), b - a < static_cast<int64_t>(2 * kChunkElems) ? 1 : 0, run_cell);
   return sum_cells(errors, bad);
 }
 
