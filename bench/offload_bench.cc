@@ -59,6 +59,7 @@ struct OffloadCase {
   std::function<Status(OffloadCase&)> one_step;
   std::vector<double> secs;
   std::vector<double> user_s, sys_s;  // the process's CPU time during each timed step
+  std::vector<double> read_mb, written_mb;  // what the NVMe devices moved during each timed step
 
   double median_s() const { return median(secs); }
   uint64_t persistent() const {
@@ -157,11 +158,15 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
         Profiler::get().clear_events();
         Profiler::get().enable_trace(true);
       }
+      const ZeroEngine::SchedStats io0 = k.engine->sched_stats();
       auto [user0, sys0] = process_cpu_s();
       auto t0 = std::chrono::steady_clock::now();
       ZOE_RETURN_IF_ERROR(k.one_step(k));
       k.secs.push_back(seconds_since(t0));
       auto [user1, sys1] = process_cpu_s();
+      const ZeroEngine::SchedStats io1 = k.engine->sched_stats();
+      k.read_mb.push_back((io1.nvme_read_bytes - io0.nvme_read_bytes) / 1e6);
+      k.written_mb.push_back((io1.nvme_written_bytes - io0.nvme_written_bytes) / 1e6);
       k.user_s.push_back(user1 - user0);
       k.sys_s.push_back(sys1 - sys0);
       if (trace) {
@@ -193,11 +198,15 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
                        {"state_bytes", state}, {"threads", threads}, {"checksums", o.checksums},
                        {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
-                       {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)}});
+                       {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)},
+                       {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)}});
   }
   if (human)
     for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})
       std::fprintf(human, "%s: cpu_s %.2f+%.2f a step\n", label, median(k->user_s), median(k->sys_s));
+  if (human)
+    std::fprintf(human, "NVMe traffic during the offloaded step (scheduler on): read %.0f MB, written %.0f MB\n",
+                 median(on->read_mb), median(on->written_mb));
   if (human)
     std::fprintf(human, "device peak %.1f MB of a %.1f MB budget%s\n", on->peak_device() / 1e6, budget / 1e6,
                  o.trace_path.empty() ? "" : ("; trace of one step (scheduler on): " + o.trace_path).c_str());

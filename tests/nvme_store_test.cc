@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -30,6 +31,18 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kBlock = 64 << 10;  // small blocks: many of them in small files
+
+TransferOptions in_background() {
+  TransferOptions o;
+  o.background = true;
+  return o;
+}
+
+TransferOptions with_sums(std::shared_ptr<BlockSums> sums) {
+  TransferOptions o;
+  o.sums = std::move(sums);
+  return o;
+}
 
 std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -182,7 +195,7 @@ TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
   for (uint64_t k = 0; k < w.count; ++k) sums->sums.push_back(BlockTable::hash(buf.p + (k + 1) * kBlock - off, kBlock));
   const uint64_t good = sums->sums[2];
   sums->sums[2] ^= 1;  // block 3's sum is wrong on purpose: the store must take it as given
-  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, false, sums)).ok());
+  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, with_sums(sums))).ok());
   std::vector<uint8_t> back(n);
   Status s = store->read(0, off, back.data(), n);
   ASSERT_EQ(s.code(), Code::kCorrupt) << s.message();
@@ -191,7 +204,7 @@ TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
   // A read with the caller's sums: the store checks only the partial blocks and hands back the
   // recorded sums of the whole ones (block 3's wrong one too), with what was never written marked.
   sums->sums[2] = good;
-  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, false, sums)).ok());
+  ASSERT_TRUE(store->wait(store->write_async(0, off, buf.p, n, with_sums(sums))).ok());
   auto got = std::make_shared<BlockSums>();
   const WholeBlocks r = store->caller_blocks(0, 0, 10 * kBlock);
   ASSERT_EQ(r.count, 10u);
@@ -199,7 +212,7 @@ TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
   got->sums.assign(r.count, 0);
   got->check.assign(r.count, 0);
   std::vector<uint8_t> all(10 * kBlock);
-  ASSERT_TRUE(store->wait(store->read_async(0, 0, all.data(), all.size(), false, got)).ok());
+  ASSERT_TRUE(store->wait(store->read_async(0, 0, all.data(), all.size(), with_sums(got))).ok());
   for (uint64_t k = 0; k < r.count; ++k) {
     SCOPED_TRACE(k);
     const bool written = k <= 7;  // 0 and 7 by the partial ends; 8 and 9 never
@@ -219,10 +232,41 @@ TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
   // Sums that do not match the range's whole blocks are refused before anything moves.
   auto wrong = std::make_shared<BlockSums>(*got);
   wrong->first = 2;
-  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), false, wrong)).code(), Code::kInvalidInput);
+  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), with_sums(wrong))).code(), Code::kInvalidInput);
   wrong = std::make_shared<BlockSums>(*got);
   wrong->check.clear();  // a read needs room for the checks
-  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), false, wrong)).code(), Code::kInvalidInput);
+  EXPECT_EQ(store->wait(store->read_async(0, 0, all.data(), all.size(), with_sums(wrong))).code(), Code::kInvalidInput);
+  EXPECT_TRUE(store->close().ok());
+}
+
+// A write that says the rest of its last block is padding (pad_last_block) is not read back
+// first: the device reads nothing, the block reads back as the data and zeros, and its sum
+// verifies. Without that word the same write reads the written block first (read-modify-write).
+TEST_F(NvmeStoreTest, APaddedWriteIsNotReadBackFirst) {
+  auto store = open(options(), {{"state", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  AlignedBuffer buf(2 * kBlock);
+  std::vector<uint8_t> data = random_bytes(2 * kBlock, 3);
+  std::memcpy(buf.p, data.data(), data.size());
+  ASSERT_TRUE(store->write(0, 0, buf.p, 2 * kBlock).ok());  // block 1 is written: a partial write must care
+  for (bool pad : {true, false}) {
+    SCOPED_TRACE(pad);
+    const uint64_t n = kBlock + kBlock / 3;  // block 0 whole, block 1 in part
+    data = random_bytes(n, pad ? 4 : 5);
+    std::memcpy(buf.p, data.data(), n);
+    const NvmeStore::Traffic before = store->traffic();
+    TransferOptions o;
+    o.pad_last_block = pad;
+    ASSERT_TRUE(store->wait(store->write_async(0, 0, buf.p, n, o)).ok());
+    const NvmeStore::Traffic after = store->traffic();
+    EXPECT_EQ(after.read_bytes - before.read_bytes, pad ? 0 : kBlock);
+    EXPECT_EQ(after.written_bytes - before.written_bytes, 2 * kBlock);
+    std::vector<uint8_t> back(2 * kBlock);
+    ASSERT_TRUE(store->read(0, 0, back.data(), back.size()).ok());  // every sum verifies
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin()));
+    // Padded: zeros behind the data. Read back first: what the padded write left there.
+    EXPECT_TRUE(std::all_of(back.begin() + n, back.end(), [](uint8_t b) { return b == 0; }));
+  }
   EXPECT_TRUE(store->close().ok());
 }
 
@@ -255,10 +299,10 @@ TEST_F(NvmeStoreTest, BackgroundTransfersKeepTheirOrderAndYieldToTheForeground) 
   const std::vector<uint8_t> x = random_bytes(16 * kBlock, 3), y = random_bytes(16 * kBlock, 4),
                              p = random_bytes(4 * kBlock, 5);
   std::vector<uint8_t> mid(16 * kBlock), last(16 * kBlock), param(4 * kBlock);
-  std::vector<Ticket> bg = {store->write_async(0, 0, x.data(), x.size(), true),
-                            store->read_async(0, 0, mid.data(), mid.size(), true),
-                            store->write_async(0, 7, y.data(), y.size() - 7, true),
-                            store->read_async(0, 0, last.data(), last.size(), true)};
+  std::vector<Ticket> bg = {store->write_async(0, 0, x.data(), x.size(), in_background()),
+                            store->read_async(0, 0, mid.data(), mid.size(), in_background()),
+                            store->write_async(0, 7, y.data(), y.size() - 7, in_background()),
+                            store->read_async(0, 0, last.data(), last.size(), in_background())};
   // Foreground, submitted later, on other blocks: done first or not, it is exact.
   ASSERT_TRUE(store->write(1, 0, p.data(), p.size()).ok());
   ASSERT_TRUE(store->read(1, 0, param.data(), param.size()).ok());

@@ -40,6 +40,9 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
       EXPECT_LT(r.at(k).get<double>(), 60) << k;
     }
     EXPECT_GE(r.at("cpu_sys_s").get<double>(), 0);
+    // Parameters on NVMe, a quarter of the state on the device: the step's fetches read some.
+    EXPECT_GT(r.at("nvme_read_mb").get<double>(), 0);
+    EXPECT_GE(r.at("nvme_written_mb").get<double>(), 0);
     EXPECT_TRUE(r.at("checksums").get<bool>());
   }
   std::ifstream f(o.trace_path);

@@ -54,6 +54,11 @@ Status IoWorker::wait(const Transfer& t) {
   return t.status;
 }
 
+bool IoWorker::done(const Transfer& t) {
+  std::lock_guard l(mu_);
+  return t.done;
+}
+
 Status IoWorker::call(std::function<Status(IoQueue&)> fn) {
   Call c{std::move(fn), {}, false};
   bool wake = false;
@@ -152,6 +157,11 @@ void IoWorker::fill() {
   }
 }
 
+// A write's last block when the write starts it and says the rest is padding (pad_last_block).
+static bool pads_rest(const Transfer& t, uint64_t io_begin, uint64_t s, uint64_t e) {
+  return t.pad_last_block && io_begin == s && e == t.offset + t.bytes;
+}
+
 IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   Transfer& t = *tp;
   RegionFile& r = *t.region;
@@ -210,11 +220,12 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   } else if (direct) {
     k.phase = IoOp::kWrite;
     if (sums) k.sum = write_sum(t, block, user, k.io_bytes);
-  } else if (!whole && state != BlockTable::State::kUnwritten) {
+  } else if (!whole && state != BlockTable::State::kUnwritten && !pads_rest(t, io_begin, s, e)) {
     k.phase = IoOp::kRead;  // read the rest of the span first
     k.rmw = true;
   } else {
-    // A never-written block reads as zeros (the file is fresh and preallocated): no read needed.
+    // A never-written block reads as zeros (the file is fresh and preallocated), and a padded
+    // one's rest is zeros by the caller's word: no read needed.
     if (!whole) std::memset(k.io_buf, 0, k.io_bytes);
     std::memcpy(k.io_buf + (s - io_begin), user, e - s);
     if (sums) k.sum = write_sum(t, block, k.io_buf, k.io_bytes);
@@ -261,6 +272,7 @@ void IoWorker::handle(const IoCompletion& c) {
     enqueue(slot);
     return;
   }
+  (k.phase == IoOp::kRead ? read_bytes_ : written_bytes_).fetch_add(k.io_bytes, std::memory_order_relaxed);
   if (k.phase == IoOp::kRead) {
     if (!verify(slot)) return;
     uint8_t* at = k.io_buf + (k.user_begin - k.io_offset);

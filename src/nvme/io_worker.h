@@ -6,11 +6,13 @@
 //
 // Bytes go straight between the file and the caller's memory when the range and the address are
 // aligned (registered buffers when the memory is in the pinned pool); otherwise through a bounce
-// buffer: a partial block is read, patched and written back (read-modify-write), so the logical
-// size of every region is kept to the byte. Requests touching the same block run in submission
+// buffer: a partial block is read, patched and written back (read-modify-write; not when the
+// write says the rest of the block is padding), so the logical size of every region is kept to
+// the byte. Requests touching the same block run in submission
 // order. With checksums every write records the xxh3-64 of its whole block and every read of a
 // written block verifies it.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -41,11 +43,15 @@ class IoWorker {
 
   void submit(std::shared_ptr<Transfer> t);
   Status wait(const Transfer& t);
+  bool done(const Transfer& t);  // without waiting
   // Runs fn on the I/O thread and returns its Status: the queue belongs to that thread (io_uring
   // single issuer), so registering files or buffers goes through here.
   Status call(std::function<Status(IoQueue&)> fn);
   // Finishes everything submitted, then ends the thread. Idempotent.
   void stop();
+  // Bytes the device has read and written so far, padding and read-modify-write included.
+  uint64_t device_read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
+  uint64_t device_written_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Task {
@@ -102,6 +108,7 @@ class IoWorker {
   bool stopping_ = false;
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0};
   std::thread thread_;
 };
 

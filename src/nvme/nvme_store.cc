@@ -205,15 +205,13 @@ bool caller_sums_fit(IoOp op, const BlockSums& s, WholeBlocks w) {
 }
 }  // namespace
 
-Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background,
-                             std::shared_ptr<BlockSums> sums) {
-  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes, background, std::move(sums));
+Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes, const TransferOptions& o) {
+  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes, o);
 }
 
-Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background,
-                              std::shared_ptr<BlockSums> sums) {
-  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes,
-                background, std::move(sums));
+Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes, const TransferOptions& o) {
+  // The I/O thread only reads from a write's memory.
+  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes, o);
 }
 
 WholeBlocks NvmeStore::caller_blocks(int region, uint64_t offset, uint64_t bytes) const {
@@ -228,8 +226,9 @@ Status NvmeStore::check_sum(int region, uint64_t block, uint64_t recorded, uint6
       checksum_mismatch(r.path, block, begin, std::min<uint64_t>(begin + o_.block_size, r.file_bytes), recorded, got));
 }
 
-Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background,
-                         std::shared_ptr<BlockSums> sums) {
+Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes,
+                         const TransferOptions& o) {
+  const std::shared_ptr<BlockSums>& sums = o.sums;
   Ticket ticket;
   ticket.t_ = std::make_shared<Transfer>();
   Transfer& t = *ticket.t_;
@@ -237,7 +236,8 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   t.offset = offset;
   t.user = user;
   t.bytes = bytes;
-  t.background = background;
+  t.background = o.background;
+  t.pad_last_block = op == IoOp::kWrite && o.pad_last_block;
   if (closed_) {
     t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_, io_op_name(op)));
   } else if (region < 0 || region >= regions()) {
@@ -253,7 +253,7 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
                                            "its whole blocks", regions_[region]->path, io_op_name(op), bytes, offset));
   } else {
     t.region = regions_[region].get();
-    if (o_.checksums) t.caller_sums = std::move(sums);
+    if (o_.checksums) t.caller_sums = sums;
     worker_->submit(ticket.t_);
     return ticket;
   }
@@ -261,14 +261,14 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   return ticket;
 }
 
-Ticket NvmeStore::read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background) {
-  return submit(IoOp::kRead, region, offset, static_cast<uint8_t*>(dst), bytes, background);
+
+NvmeStore::Traffic NvmeStore::traffic() const {
+  return worker_ ? Traffic{worker_->device_read_bytes(), worker_->device_written_bytes()} : Traffic{};
 }
 
-Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background) {
-  // The I/O thread only reads from a write's memory.
-  return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes,
-                background);
+bool NvmeStore::ready(const Ticket& t) const {
+  if (!t.t_ || t.t_->region == nullptr || !worker_) return true;
+  return worker_->done(*t.t_);
 }
 
 Status NvmeStore::wait(const Ticket& t) {

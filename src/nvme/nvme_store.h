@@ -53,6 +53,20 @@ struct NvmeStoreOptions {
   NvmeEnv* env = nullptr;           // null: NvmeEnv::Default()
 };
 
+// How one transfer runs. background: behind every other transfer (see Transfer::background);
+// background transfers keep their order among themselves. sums: the sums of the blocks the range
+// covers whole are the caller's (see BlockSums; sums.first and sums.count() must be
+// caller_blocks() of the range): a write takes the caller's xxh3-64 of each such block as its
+// sum, a read records the written sums there and leaves checking them (check_sum) to the caller;
+// ignored without checksums. pad_last_block (writes): the bytes from the write's end to the end
+// of its last block are padding nobody reads, so that block is written with zeros there instead
+// of being read back first (read-modify-write) when the write does not cover it whole.
+struct TransferOptions {
+  bool background = false;
+  std::shared_ptr<BlockSums> sums;
+  bool pad_last_block = false;
+};
+
 struct RegionSpec {
   std::string name;  // file <name>.swap; letters, digits, '_', '-', '.'
   uint64_t bytes = 0;
@@ -93,23 +107,21 @@ class NvmeStore {
 
   // Bytes [offset, offset + bytes) of a region from or to the caller's memory. Any size, offset
   // and address; aligned ranges in aligned memory (best: a lease of the pool) move without a copy.
-  // background: behind every other transfer (see Transfer::background); background transfers
-  // keep their order among themselves.
-  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background = false);
-  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background = false);
-  // The same with the sums of the blocks the range covers whole in the caller's hands (see
-  // BlockSums; sums.first and sums.count() must be caller_blocks() of the range). A write takes
-  // the caller's xxh3-64 of each such block as its sum; a read records the written sums there and
-  // leaves checking them (check_sum) to the caller. Without checksums these are the plain calls.
-  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, bool background,
-                    std::shared_ptr<BlockSums> sums);
-  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, bool background,
-                     std::shared_ptr<BlockSums> sums);
+  Ticket read_async(int region, uint64_t offset, void* dst, uint64_t bytes, const TransferOptions& o = {});
+  Ticket write_async(int region, uint64_t offset, const void* src, uint64_t bytes, const TransferOptions& o = {});
   // The blocks of a range a caller may hash itself: those it covers whole.
   WholeBlocks caller_blocks(int region, uint64_t offset, uint64_t bytes) const;
   // Corrupt, naming the file and the block, when a block the caller read does not hash to its sum.
   Status check_sum(int region, uint64_t block, uint64_t recorded, uint64_t got) const;
   Status wait(const Ticket& t);
+  // Whether wait(t) would return at once.
+  bool ready(const Ticket& t) const;
+  // What the device has moved so far: whole requests, so padding, bounced block ends and
+  // read-modify-write reads count (the figure to compare with what callers asked for).
+  struct Traffic {
+    uint64_t read_bytes = 0, written_bytes = 0;
+  };
+  Traffic traffic() const;
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }
   Status write(int region, uint64_t offset, const void* src, uint64_t bytes) {
     return wait(write_async(region, offset, src, bytes));
@@ -121,8 +133,7 @@ class NvmeStore {
 
  private:
   NvmeStore() = default;
-  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, bool background = false,
-                std::shared_ptr<BlockSums> sums = nullptr);
+  Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, const TransferOptions& o);
   Status check_space(std::span<const RegionSpec> regions, uint64_t align);
   std::string file_path(const std::string& name) const { return dir_ + "/" + name + ".swap"; }
 

@@ -24,6 +24,8 @@ struct Transfer {
   // The blocks it covers whole whose sums the caller makes (writes) or checks itself (reads: the
   // I/O thread records each block's sum there as it lands). Null: the I/O thread does both.
   std::shared_ptr<BlockSums> caller_sums;
+  // A write whose last block past its end is padding: zero-filled there, not read back first.
+  bool pad_last_block = false;
 
   // The I/O thread's alone:
   uint64_t scheduled = 0;    // bytes handed to block tasks so far

@@ -1,5 +1,7 @@
 #include "sched/state_array.h"
 
+#include <algorithm>
+#include <cassert>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -10,7 +12,27 @@ int64_t offloaded_elems(Tier offload, double ratio, int64_t elems) {
   return offload == Tier::kDevice ? 0 : std::llround(ratio * static_cast<double>(elems));
 }
 
-Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, size_t esize, Kind kind) {
+std::vector<int64_t> nvme_segments(std::span<const int64_t> unit_starts, int64_t split, int64_t elems) {
+  std::vector<int64_t> seg = {split};
+  for (int64_t s : unit_starts)
+    if (s > split && s < elems) seg.push_back(s);
+  return seg;
+}
+
+uint64_t nvme_region_bytes(std::span<const int64_t> unit_starts, int64_t split, int64_t elems, size_t esize,
+                           uint64_t block) {
+  if (split >= elems) return 0;
+  std::vector<int64_t> seg = nvme_segments(unit_starts, split, elems);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < seg.size(); ++i) {
+    uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
+    bytes += (n + block - 1) / block * block;
+  }
+  return bytes;
+}
+
+Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, size_t esize, Kind kind,
+                            std::span<const int64_t> unit_starts) {
   home_ = home;
   elems_ = elems;
   esize_ = esize;
@@ -28,14 +50,42 @@ Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, s
   if (!home.store) return Status::Runtime("state on the nvme tier without an NVMe store");
   // The engine opens the store with every region it plans, so that one free-space check covers
   // them all; a region not planned is added (and checked) here.
-  RegionSpec spec{home.region, static_cast<uint64_t>(offloaded) * esize};
+  const uint64_t block = home.store->block_size();
+  segments_ = nvme_segments(unit_starts, split_, elems_);
+  seg_offset_.clear();
+  uint64_t at = 0;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    seg_offset_.push_back(at);
+    at += (static_cast<uint64_t>(part_end(segments_[i]) - segments_[i]) * esize + block - 1) / block * block;
+  }
+  RegionSpec spec{home.region, nvme_region_bytes(unit_starts, split_, elems_, esize, block)};
   if (!home.store->region(home.region).ok()) ZOE_RETURN_IF_ERROR(home.store->add_regions({&spec, 1}));
   ZOE_ASSIGN_OR_RETURN(region_, home.store->region(home.region));
   if (home.store->region_bytes(region_) != spec.bytes)
     return Status::Runtime(fmt::format("NVMe region '{}' has {} bytes, {} planned", home.region,
                                        home.store->region_bytes(region_), spec.bytes));
-  dev.ledger().add(Tier::kNvme, kind, spec.bytes);
+  dev.ledger().add(Tier::kNvme, kind, static_cast<uint64_t>(offloaded) * esize);
   return Status::Ok();
+}
+
+int64_t StateArray::part_end(int64_t e) const {
+  if (e < split_) return split_;
+  if (segments_.empty()) return elems_;
+  size_t i = segment_of(e);
+  return i + 1 < segments_.size() ? segments_[i + 1] : elems_;
+}
+
+size_t StateArray::segment_of(int64_t e) const {
+  return static_cast<size_t>(std::upper_bound(segments_.begin(), segments_.end(), e) - segments_.begin()) - 1;
+}
+
+uint64_t StateArray::region_offset(int64_t e) const {
+  size_t i = segment_of(e);
+  return seg_offset_[i] + static_cast<uint64_t>(e - segments_[i]) * esize_;
+}
+
+bool StateArray::same_layout(const StateArray& o) const {
+  return split_ == o.split_ && elems_ == o.elems_ && esize_ == o.esize_ && segments_ == o.segments_;
 }
 
 void StateArray::release(Device& dev) {
@@ -52,19 +102,21 @@ char* StateArray::ptr(int64_t e) const {
 
 Ticket StateArray::read_async(int64_t e, int64_t n, void* dst, bool background,
                               std::shared_ptr<BlockSums> sums) const {
-  return home_.store->read_async(region_, static_cast<uint64_t>(e - split_) * esize_, dst, n * esize_, background,
-                                 std::move(sums));
+  assert(n == 0 || e + n <= part_end(e));
+  return home_.store->read_async(region_, region_offset(e), dst, n * esize_, {background, std::move(sums), false});
 }
 
+// A write that reaches its segment's end leaves padding behind it in that block.
 Ticket StateArray::write_async(int64_t e, int64_t n, const void* src, bool background,
                                std::shared_ptr<BlockSums> sums) const {
-  return home_.store->write_async(region_, static_cast<uint64_t>(e - split_) * esize_, src, n * esize_, background,
-                                  std::move(sums));
+  assert(n == 0 || e + n <= part_end(e));
+  return home_.store->write_async(region_, region_offset(e), src, n * esize_,
+                                  {background, std::move(sums), /*pad_last_block=*/e + n == part_end(e)});
 }
 
 WholeBlocks StateArray::caller_blocks(int64_t e, int64_t n) const {
   if (!home_.store->checksums()) return {};
-  return home_.store->caller_blocks(region_, static_cast<uint64_t>(e - split_) * esize_, n * esize_);
+  return home_.store->caller_blocks(region_, region_offset(e), n * esize_);
 }
 
 }  // namespace zoe

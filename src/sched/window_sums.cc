@@ -56,14 +56,14 @@ std::shared_ptr<BlockSums> make_block_sums(const StateArray& array, int64_t a, i
 Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, int64_t a,
                                     int64_t b, std::span<const HashedArray> arrays) {
   const StateArray& grid = *arrays.front().array;
-  const int64_t origin = grid.split(), be = grid.block_elems();
+  // The window lies in one segment, whose blocks begin at its first element.
+  const int64_t origin = grid.segment_begin(a), be = grid.block_elems();
   const size_t esize = grid.esize();
   const WholeBlocks whole = grid.caller_blocks(a, b - a);
   std::vector<Cell> cells;
   for (int64_t c0 = a; c0 < b;) {
-    const int64_t block = (c0 - origin) / be;
-    const int64_t c1 = std::min(b, origin + (block + 1) * be);
-    const uint64_t ub = static_cast<uint64_t>(block);
+    const int64_t c1 = std::min(b, origin + ((c0 - origin) / be + 1) * be);
+    const uint64_t ub = grid.block_of(c0);
     const bool hashed = ub >= whole.first && ub - whole.first < whole.count;
     cells.push_back({c0, c1, hashed, hashed ? ub - whole.first : 0});
     c0 = c1;

@@ -5,7 +5,7 @@
 // those passes read cached bytes instead.
 //
 // The arrays hashed here share one block grid (the fp32 state: master, exp_avg, exp_avg_sq, with
-// one split): each block the window covers whole is one task, stepped piece by piece in order so
+// one layout: StateArray::same_layout): each block the window covers whole is one task, stepped piece by piece in order so
 // that its streaming hashes see its bytes in order. The window's partial blocks at either end
 // are stepped without hashing: the I/O thread hashes those (see BlockSums).
 #pragma once
@@ -37,8 +37,8 @@ struct HashedArray {
 // Steps `ranges` (inside window [a, b), in order of e, not overlapping) and, for each block of
 // the arrays' grid that [a, b) covers whole, checks the read sums and makes the written ones.
 // Returns the count of non-finite lanes (as adam_step), or Corrupt when a block read does not
-// hash to the sum it was written with. `arrays` share split, size and element size; their
-// BlockSums were sized by StateArray::caller_blocks(a, b - a).
+// hash to the sum it was written with. `arrays` share one layout (StateArray::same_layout); their
+// BlockSums were sized by StateArray::caller_blocks(a, b - a). [a, b) lies in one segment.
 Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, int64_t a,
                                     int64_t b, std::span<const HashedArray> arrays);
 

@@ -143,21 +143,46 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
     // Every region this store will hold, so that its free-space check covers all of them before
     // anything is written (exit 2, needed vs free).
     std::vector<RegionSpec> regions;
-    auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize) {
-      if (oc.device == OffloadDevice::kNvme && oc.nvme_path == path && offloaded_elems(Tier::kNvme, oc.ratio, n) > 0)
-        regions.push_back({name, static_cast<uint64_t>(offloaded_elems(Tier::kNvme, oc.ratio, n)) * esize});
+      auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize, bool optimizer) {
+      int64_t off = offloaded_elems(Tier::kNvme, oc.ratio, n);
+      if (oc.device == OffloadDevice::kNvme && oc.nvme_path == path && off > 0)
+        regions.push_back({name, nvme_region_bytes(unit_starts(optimizer), n - off, n, esize, cfg_.aio_block_size)});
     };
-    plan(cfg_.offload_param, "param", param_elems, wsize_);
-    if (cfg_.mixed_precision()) plan(cfg_.offload_optimizer, "master", opt_elems, 4);
-    plan(cfg_.offload_optimizer, "exp_avg", opt_elems, 4);
-    plan(cfg_.offload_optimizer, "exp_avg_sq", opt_elems, 4);
+    // In fp32 training the master is the param array itself.
+    plan(cfg_.offload_param, "param", param_elems, wsize_, /*optimizer=*/false);
+    if (cfg_.mixed_precision()) plan(cfg_.offload_optimizer, "master", opt_elems, 4, true);
+    plan(cfg_.offload_optimizer, "exp_avg", opt_elems, 4, true);
+    plan(cfg_.offload_optimizer, "exp_avg_sq", opt_elems, 4, true);
     ZOE_ASSIGN_OR_RETURN(auto store, NvmeStore::open(o, regions));
     stores_.push_back(std::move(store));
     store_paths_.push_back(path);
   }
   uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / std::max<uint64_t>(per_group, 1);
   group_elems_ = std::max<int64_t>(1024, std::min<int64_t>(cfg_.sub_group_size, static_cast<int64_t>(fit)));
+  // Sub-groups and parameter windows that cut a unit do so on a block boundary of every array
+  // (a block holds block/2 elements of a 2-byte array, block/4 of the fp32 ones): no block is
+  // shared by two windows.
+  const int64_t grain = cfg_.aio_block_size / 2;
+  if (group_elems_ >= grain) group_elems_ = group_elems_ / grain * grain;
   return Status::Ok();
+}
+
+ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
+  SchedStats s = stats_;
+  s.deviations = trace_.deviations();
+  s.adam_hashed_blocks = adam_hashed_blocks_.load();
+  for (const auto& store : stores_) {
+    NvmeStore::Traffic t = store->traffic();
+    s.nvme_read_bytes += t.read_bytes;
+    s.nvme_written_bytes += t.written_bytes;
+  }
+  return s;
+}
+
+std::vector<int64_t> ZeroEngine::unit_starts(bool optimizer) const {
+  std::vector<int64_t> starts;
+  for (int u = 0; u < num_units(); ++u) starts.push_back(optimizer ? opt_offset(u) : param_offset(u));
+  return starts;
 }
 
 Status ZeroEngine::allocate() {
@@ -178,14 +203,15 @@ Status ZeroEngine::allocate() {
   };
   int64_t opt_elems = plan_.shard_optimizer ? S : P;
   ZOE_RETURN_IF_ERROR(param_.allocate(dev_, home(cfg_.offload_param, "param"), plan_.shard_params ? S : P, wsize_,
-                                      Kind::kParam));
+                                      Kind::kParam, unit_starts(/*optimizer=*/false)));
   ZOE_ASSIGN_OR_RETURN(grad_, dev_.alloc((plan_.shard_grads ? S : P) * gsize_, Tier::kDevice, Kind::kGrad));
   ZOE_RETURN_IF_ERROR(dev_.zero(grad_.data, grad_.bytes));  // padding must be zero; first touch now
   const OffloadConfig& oo = cfg_.offload_optimizer;
+  const std::vector<int64_t> opt_units = unit_starts(/*optimizer=*/true);
   if (cfg_.mixed_precision())
-    ZOE_RETURN_IF_ERROR(master_.allocate(dev_, home(oo, "master"), opt_elems, 4, Kind::kMaster));
-  ZOE_RETURN_IF_ERROR(exp_avg_.allocate(dev_, home(oo, "exp_avg"), opt_elems, 4, Kind::kExpAvg));
-  ZOE_RETURN_IF_ERROR(exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq));
+    ZOE_RETURN_IF_ERROR(master_.allocate(dev_, home(oo, "master"), opt_elems, 4, Kind::kMaster, opt_units));
+  ZOE_RETURN_IF_ERROR(exp_avg_.allocate(dev_, home(oo, "exp_avg"), opt_elems, 4, Kind::kExpAvg, opt_units));
+  ZOE_RETURN_IF_ERROR(exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq, opt_units));
   ZOE_RETURN_IF_ERROR(check_device_fits());
   return start_comm_worker();
 }
@@ -750,14 +776,14 @@ ZeroEngine::WindowLayout ZeroEngine::window_layout() {
   WindowLayout wl;
   StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
                              plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
-  // The fp32 arrays with the first one's split and size share a block grid: the host Adam makes
-  // their sums (window_sums.h).
+  // The fp32 arrays with the first one's layout share a block grid: the host Adam makes their
+  // sums (window_sums.h).
   const StateArray* grid = nullptr;
   for (int i = 0; i < 4; ++i)
     if (slots_of[i] && slots_of[i]->has_nvme()) {
       const StateArray& x = *slots_of[i];
       if (!grid && x.esize() == 4) grid = &x;
-      const bool hot = cfg_.checksums && grid && x.esize() == 4 && x.split() == grid->split() && x.size() == grid->size();
+      const bool hot = cfg_.checksums && grid && x.esize() == 4 && x.same_layout(*grid);
       wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot});
       wl.per_elem += x.esize();
     }

@@ -86,13 +86,10 @@ class ZeroEngine final : public Engine {
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
     int64_t gathered_ahead = 0;    // all-gathers started one fetch ahead, on that thread
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
+    uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
+    uint64_t nvme_written_bytes = 0;
   };
-  SchedStats sched_stats() const {
-    SchedStats s = stats_;
-    s.deviations = trace_.deviations();
-    s.adam_hashed_blocks = adam_hashed_blocks_.load();
-    return s;
-  }
+  SchedStats sched_stats() const;
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
   void scaler_state(int64_t* good, int* hyst) const override;
 
@@ -106,6 +103,8 @@ class ZeroEngine final : public Engine {
   int64_t param_index(int u, int64_t x) const;  // unit element x in the param array
   int64_t opt_index(int u, int64_t x) const { return opt_offset(u) + (x - opt_begin(u)); }
   int64_t opt_stop(int u) const { return opt_index(u, opt_end(u)); }  // end of u's optimizer range
+  // Where each unit begins in the optimizer's arrays (else the param array): their NVMe segments.
+  std::vector<int64_t> unit_starts(bool optimizer) const;
   char* grad_ptr(int64_t elem) const { return grad_.as<char>() + elem * gsize_; }
   StateArray& master() { return cfg_.mixed_precision() ? master_ : param_; }
   StateArray& owned_array(OwnedKind k) {

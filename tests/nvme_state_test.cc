@@ -1,0 +1,125 @@
+// State on the NVMe tier, below the optimizer's windows: a StateArray's units begin on blocks of
+// its region (so a step moves each unit's blocks once, with no read-modify-write).
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "comm/comm.h"
+#include "cpu/cpu_device.h"
+#include "engine_harness.h"
+#include "sched/state_array.h"
+#include "test_util.h"
+
+namespace zoe {
+namespace {
+
+constexpr uint32_t kBlock = 4096;
+
+struct Aligned {
+  explicit Aligned(size_t n) : p(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)) {}
+  ~Aligned() { std::free(p); }
+  void* p;
+};
+
+std::vector<float> random_floats(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+Result<std::unique_ptr<NvmeStore>> open_store(const std::string& dir, CpuDevice& dev, PinnedPool* pool = nullptr) {
+  NvmeStoreOptions o;
+  o.nvme_path = dir;
+  o.job = "state";
+  o.block_size = kBlock;
+  o.ledger = &dev.ledger();
+  o.pool = pool;
+  return NvmeStore::open(o);
+}
+
+// Units of 1500, 2048 and 700 fp32 elements (1024 a block) after a split at 100: each begins on
+// a block of the region, part_end stops at each, a unit's transfers cover its own blocks only
+// (its last one padded), and rewriting a unit reads nothing back. The ledger books the elements,
+// not the padding.
+TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
+  const std::string dir = test::make_temp_dir("state-array");
+  CpuDevice dev{1 << 20, 64 << 20, /*strict=*/false};
+  auto opened = open_store(dir, dev);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<NvmeStore> store = std::move(opened).value();
+  const std::vector<int64_t> units = {0, 1600, 3648};
+  const int64_t elems = 4348, split = 100;
+  StateArray a;
+  ASSERT_TRUE(a.allocate(dev, {Tier::kNvme, double(elems - split) / elems, store.get(), "x"}, elems, 4,
+                         Kind::kExpAvg, units).ok());
+  ASSERT_EQ(a.split(), split);
+  EXPECT_EQ(store->region_bytes(0), 5 * kBlock);  // 2 + 2 + 1 blocks
+  EXPECT_EQ(nvme_region_bytes(units, split, elems, 4, kBlock), 5 * kBlock);
+  EXPECT_EQ(dev.ledger().snapshot().persistent(Tier::kNvme), uint64_t(elems - split) * 4);
+  EXPECT_EQ(a.part_end(0), 100);
+  EXPECT_EQ(a.part_end(100), 1600);
+  EXPECT_EQ(a.part_end(1599), 1600);
+  EXPECT_EQ(a.part_end(1600), 3648);
+  EXPECT_EQ(a.part_end(4000), elems);
+  EXPECT_EQ(a.segment_begin(2700), 1600);
+  EXPECT_EQ(a.block_of(100), 0u);
+  EXPECT_EQ(a.block_of(1600), 2u);
+  EXPECT_EQ(a.block_of(2624), 3u);
+  EXPECT_EQ(a.block_of(3648), 4u);
+  const WholeBlocks first = a.caller_blocks(100, 1500), second = a.caller_blocks(1600, 2048);
+  EXPECT_EQ(first.first, 0u);
+  EXPECT_EQ(first.count, 1u);  // block 1 holds the unit's last 476 elements: partial
+  EXPECT_EQ(second.first, 2u);
+  EXPECT_EQ(second.count, 2u);
+  const int64_t seg[3][2] = {{100, 1500}, {1600, 2048}, {3648, 700}};
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<float> v = random_floats(elems, 10 + round);
+    const NvmeStore::Traffic before = store->traffic();
+    for (auto [e, n] : seg) {
+      Aligned w(n * 4);
+      std::memcpy(w.p, v.data() + e, n * 4);
+      ASSERT_TRUE(a.wait(a.write_async(e, n, w.p)).ok());
+    }
+    const NvmeStore::Traffic wrote = store->traffic();
+    EXPECT_EQ(wrote.read_bytes, before.read_bytes);  // the second round rewrites without reading
+    EXPECT_EQ(wrote.written_bytes - before.written_bytes, 5 * kBlock);
+    for (auto [e, n] : seg) {
+      std::vector<float> back(n);
+      ASSERT_TRUE(a.wait(a.read_async(e, n, back.data())).ok());
+      EXPECT_EQ(std::memcmp(back.data(), v.data() + e, n * 4), 0);
+    }
+    EXPECT_EQ(store->traffic().read_bytes - wrote.read_bytes, 5 * kBlock);
+  }
+  a.release(dev);
+  ASSERT_TRUE(store->close().ok());
+  std::filesystem::remove_all(dir);
+}
+
+// One stage-3 step with everything on NVMe and one sub-group a unit moves exactly its blocks:
+// each unit's state (three fp32 arrays) read once, every array's units written once, each
+// fetch's bf16 unit read once (the scheduler off: six fetches a step), and nothing else.
+TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
+  auto self = make_self_comm();
+  const std::string dir = test::make_temp_dir("state-array-engine");
+  Config c = test::with_nvme_offload(test::scheduler_off(test::mlp_config(3, DType::kBF16, 3, 64)), dir, 1.0);
+  c.sub_group_size = 1 << 20;  // 4161 elements a unit: 5 blocks of fp32, 3 of bf16
+  std::vector<ZeroEngine::SchedStats> s;
+  for (int steps : {3, 4}) {
+    auto run = test::run_mlp(c, *self, steps);
+    ASSERT_TRUE(run.ok()) << run.status().message();
+    s.push_back(run->sched);
+  }
+  const uint64_t fp32_unit = 5 * 4096, bf16_unit = 3 * 4096;
+  EXPECT_EQ(s[1].nvme_written_bytes - s[0].nvme_written_bytes, 3 * (3 * fp32_unit + bf16_unit));
+  EXPECT_EQ(s[1].nvme_read_bytes - s[0].nvme_read_bytes, 3 * 3 * fp32_unit + 6 * bf16_unit);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zoe
