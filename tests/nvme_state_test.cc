@@ -1,15 +1,20 @@
 // State on the NVMe tier, below the optimizer's windows: a StateArray's units begin on blocks of
-// its region (so a step moves each unit's blocks once, with no read-modify-write).
+// its region (so a step moves each unit's blocks once, with no read-modify-write), and a
+// ChunkLoad copies each piece to the device as soon as its read lands, before its fetch.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
 #include "cpu/cpu_device.h"
 #include "engine_harness.h"
+#include "nvme/pinned_pool.h"
+#include "sched/chunk_load.h"
 #include "sched/state_array.h"
 #include "test_util.h"
 
@@ -101,14 +106,18 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   std::filesystem::remove_all(dir);
 }
 
-// One stage-3 step with everything on NVMe and one sub-group a unit moves exactly its blocks:
-// each unit's state (three fp32 arrays) read once, every array's units written once, each
-// fetch's bf16 unit read once (the scheduler off: six fetches a step), and nothing else.
+// One stage-3 step with everything on NVMe moves exactly its blocks: each unit's state (three
+// fp32 arrays) read once, every array's units written once, each fetch's bf16 unit read once (the
+// scheduler off: six fetches a step), and nothing else. A unit (4161 elements: 5 blocks of fp32,
+// 3 of bf16) is cut into sub-groups and load windows of 2048 elements (the pinned pool of a
+// 4.8 MB host budget holds three windows of that, and no room to read the next pass ahead, whose
+// background reads would still be landing when the counts are taken).
 TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   auto self = make_self_comm();
   const std::string dir = test::make_temp_dir("state-array-engine");
   Config c = test::with_nvme_offload(test::scheduler_off(test::mlp_config(3, DType::kBF16, 3, 64)), dir, 1.0);
-  c.sub_group_size = 1 << 20;  // 4161 elements a unit: 5 blocks of fp32, 3 of bf16
+  c.sub_group_size = 1 << 20;
+  c.host_memory_budget = 4'800'000;
   std::vector<ZeroEngine::SchedStats> s;
   for (int steps : {3, 4}) {
     auto run = test::run_mlp(c, *self, steps);
@@ -118,6 +127,59 @@ TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   const uint64_t fp32_unit = 5 * 4096, bf16_unit = 3 * 4096;
   EXPECT_EQ(s[1].nvme_written_bytes - s[0].nvme_written_bytes, 3 * (3 * fp32_unit + bf16_unit));
   EXPECT_EQ(s[1].nvme_read_bytes - s[0].nvme_read_bytes, 3 * 3 * fp32_unit + 6 * bf16_unit);
+  std::filesystem::remove_all(dir);
+}
+
+// A load of one unit in three pieces (windows of 2048 elements, two blocks of bf16): once the
+// reads have landed, advance() copies every piece to the device (strict: only the device touches
+// its memory) without the fetch, and finish() then only waits; a load without a destination
+// (staged) copies nothing until it gets one.
+TEST(ChunkLoadTest, PiecesAreCopiedAsTheirReadsLand) {
+  const std::string dir = test::make_temp_dir("chunk-load");
+  CpuDevice dev{1 << 20, 64 << 20, /*strict=*/true};
+  auto pool = PinnedPool::create({1 << 20, /*pin=*/false, &dev.ledger()});
+  ASSERT_TRUE(pool.ok()) << pool.status().message();
+  ASSERT_TRUE(dev.register_host((*pool)->base(), (*pool)->capacity()).ok());
+  auto opened = open_store(dir, dev, pool->get());
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<NvmeStore> store = std::move(opened).value();
+  const int64_t n = 5000;
+  const std::vector<int64_t> units = {0, 300};
+  StateArray a;
+  ASSERT_TRUE(a.allocate(dev, {Tier::kNvme, 1.0, store.get(), "param"}, 300 + n, 2, Kind::kParam, units).ok());
+  std::vector<uint16_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i * 7919);
+  ASSERT_TRUE(a.wait(a.write_async(300, n, v.data())).ok());
+  auto dst = dev.alloc(n * 2, Tier::kDevice, Kind::kParam);
+  ASSERT_TRUE(dst.ok());
+  for (bool staged : {false, true}) {
+    SCOPED_TRACE(staged);
+    ChunkLoad load(dev, pool->get(), a, 300, n, staged ? Buffer() : *dst, 0, 2048);
+    ASSERT_TRUE(load.start().ok());
+    ASSERT_TRUE(load.all_issued());
+    int copied = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    if (staged) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_EQ(load.advance(), 0);  // nowhere to copy to
+      load.set_destination(*dst);
+    }
+    while (copied < 3 && std::chrono::steady_clock::now() < until) {
+      copied += load.advance();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(copied, 3);
+    ASSERT_TRUE(load.finish().ok());
+    std::vector<uint16_t> back(n);
+    ASSERT_TRUE(dev.download(back.data(), dst->data, n * 2).ok());
+    EXPECT_EQ(back, v);
+    ASSERT_TRUE(dev.zero(dst->data, n * 2).ok());
+    ASSERT_TRUE(dev.synchronize().ok());
+  }
+  dev.free(*dst);
+  a.release(dev);
+  ASSERT_TRUE(store->close().ok());
+  dev.unregister_host((*pool)->base());
   std::filesystem::remove_all(dir);
 }
 

@@ -29,7 +29,7 @@ void ChunkLoad::drain() {
   if (finished_) return;
   for (NvmePiece& p : nvme_)
     if (p.read.valid()) (void)a_.wait(p.read);
-  if (copy_issued_) (void)dev_.wait(copied_);
+  (void)settle_copies();
   finished_ = true;
 }
 
@@ -47,7 +47,10 @@ Status ChunkLoad::read_piece(NvmePiece& p, bool wait_for_window) {
 
 Status ChunkLoad::start() {
   started_ = true;
-  if (!memory_.empty()) ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+  if (!memory_.empty()) {
+    ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+    h2d_ordered_ = true;
+  }
   for (const MemoryPiece& p : memory_) {
     ZOE_RETURN_IF_ERROR(dev_.copy_async(dst_, p.dst_off, a_.buffer_of(p.e), a_.buffer_offset(p.e), p.n * a_.esize(),
                                         Stream::kH2D));
@@ -74,25 +77,59 @@ bool ChunkLoad::all_issued() const {
   return true;
 }
 
+// The copy goes after the compute stream's earlier work: the destination's last user.
+Status ChunkLoad::copy_piece(NvmePiece& p) {
+  if (!h2d_ordered_) {
+    ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+    h2d_ordered_ = true;
+  }
+  ZOE_RETURN_IF_ERROR(dev_.copy(dst_.as<char>() + p.dst_off, p.window.data(), p.n * a_.esize(), Stream::kH2D));
+  copied_ = dev_.record(Stream::kH2D);
+  copy_issued_ = true;
+  p.copied = true;
+  p.read = Ticket();
+  return Status::Ok();
+}
+
+int ChunkLoad::advance() {
+  int copied = 0;
+  if (!dst_ || finished_) return copied;
+  for (NvmePiece& p : nvme_) {
+    if (p.copied) continue;
+    if (!p.read.valid() || !a_.ready(p.read) || !a_.wait(p.read).ok() || !copy_piece(p).ok()) break;
+    ++copied;
+  }
+  return copied;
+}
+
+Status ChunkLoad::settle_copies() {
+  Status st;
+  if (copy_issued_) st = dev_.wait(copied_);
+  copy_issued_ = false;
+  for (NvmePiece& p : nvme_)
+    if (p.copied) p.window = PinnedPool::Lease();
+  return st;
+}
+
 Status ChunkLoad::finish() {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
   Status st;
   for (NvmePiece& p : nvme_) {
-    if (!p.read.valid()) st = read_piece(p, true);
+    if (p.copied) continue;
+    // A piece still to be read may need a window this load's copies hold.
+    if (!p.read.valid()) {
+      st = settle_copies();
+      if (st.ok()) st = read_piece(p, true);
+    }
     if (st.ok()) {
       ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
       st = a_.wait(p.read);
     }
-    p.read = Ticket();
-    if (st.ok()) st = dev_.upload(dst_.as<char>() + p.dst_off, p.window.data(), p.n * a_.esize());
-    p.window = PinnedPool::Lease();
+    if (st.ok()) st = copy_piece(p);
     if (!st.ok()) break;
   }
-  if (copy_issued_) {
-    Status c = dev_.wait(copied_);
-    copy_issued_ = false;
-    if (st.ok()) st = c;
-  }
+  Status c = settle_copies();
+  if (st.ok()) st = c;
   drain();
   return st;
 }

@@ -2,8 +2,9 @@
 // slot). The mechanism under both a fetch and a prefetch, so the two move the same bytes:
 //   - memory parts (device or host) are one async copy on the h2d stream, ordered after the
 //     compute stream's earlier work (the optimizer may just have written them);
-//   - NVMe parts are read into pinned windows by the store's I/O thread and uploaded when the
-//     load finishes.
+//   - NVMe parts are read into pinned windows by the store's I/O thread, then copied on the h2d
+//     stream: by advance() as soon as a read has landed (the scheduler calls it as it goes), the
+//     rest when the load finishes. The thread that needs the unit only waits for the copies.
 // start() never blocks on the pinned pool: a piece that gets no window now is read in finish().
 // A load that is dropped unfinished (a prefetch nobody used) waits for what it issued.
 // A load of NVMe parts only may start without a destination (staged on the host while the device
@@ -28,6 +29,9 @@ class ChunkLoad {
   ~ChunkLoad();
 
   Status start();
+  // Never blocks: the pieces whose reads have landed, in order, are copied to the destination on
+  // the h2d stream; returns how many. A failed read is left for finish() to report.
+  int advance();
   // After it the elements are in dst (the h2d stream's copy is waited for).
   Status finish();
 
@@ -45,8 +49,12 @@ class ChunkLoad {
     size_t dst_off;
     PinnedPool::Lease window;
     Ticket read;
+    bool copied = false;  // its copy is on the h2d stream; the window is held until that is done
   };
   Status read_piece(NvmePiece& p, bool wait_for_window);
+  Status copy_piece(NvmePiece& p);
+  // Waits for the copies issued and gives their windows back.
+  Status settle_copies();
   void drain();
 
   Device& dev_;
@@ -60,7 +68,7 @@ class ChunkLoad {
   };
   std::vector<MemoryPiece> memory_;  // device and host-memory parts
   Event copied_;
-  bool copy_issued_ = false, started_ = false, finished_ = false;
+  bool copy_issued_ = false, h2d_ordered_ = false, started_ = false, finished_ = false;
 };
 
 }  // namespace zoe

@@ -440,6 +440,7 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   residency_[u] = Residency::kGathered;
   g.refs = 1;
   prefetch_ahead();
+  advance_loads();
   return ParamView{g.buf.data, dtype_, s.numel};
 }
 
@@ -452,7 +453,17 @@ Status ZeroEngine::release(int u) {
   bool room = has_room(0);
   if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency_)) unload(u);
   prefetch_ahead();
+  advance_loads();
   return Status::Ok();
+}
+
+// Loads ahead whose reads have landed start their copies to the device now, beside the compute,
+// not when their fetch comes (a load gathering on the communication thread is that thread's).
+void ZeroEngine::advance_loads() {
+  for (int v = 0; v < num_units(); ++v) {
+    Gathered& g = gathered_[v];
+    if (g.load && g.gathering == 0 && residency_[v] == Residency::kLoading) stats_.copied_ahead += g.load->advance();
+  }
 }
 
 void ZeroEngine::unload(int u) {

@@ -79,6 +79,7 @@ class ZeroEngine final : public Engine {
   struct SchedStats {
     int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
     int64_t staged_ahead = 0;      // of those without device room: NVMe reads into pinned memory only
+    int64_t copied_ahead = 0;      // NVMe pieces of loads ahead copied to the device as they landed
     int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way (or gathered ahead)
     int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
     int64_t evicted = 0;           // kept units dropped to make room
@@ -137,6 +138,7 @@ class ZeroEngine final : public Engine {
   bool has_room(uint64_t bytes);            // may the scheduler hold `bytes` more
   Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
   void prefetch_ahead();                    // starts the loads the policy asks for
+  void advance_loads();                     // loads ahead copy what has landed
   void unload(int u);                       // drops a kept or loading unit (refs must be 0)
   void unload_all();                        // before the parameters change
 
