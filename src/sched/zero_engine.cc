@@ -848,7 +848,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     return host_adam(a) ? run_host_adam_group(tasks, a, b, w, h, staging.buf, hashed)
                         : run_adam_group(tasks, a, b, w, h);
   };
-  if (!wl.arrays.empty()) return stream_groups(groups, wl, step_group);
+  if (!wl.arrays.empty()) return stream_groups(groups, tasks, wl, step_group);
   for (auto [a, b] : groups) {  // all in memory: in place
     ZOE_RETURN_IF_ERROR(step_group(a, b, {}, nullptr));
     progress_.advance(b);
@@ -878,7 +878,26 @@ void ZeroEngine::read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, 
 // sub-groups), then three that rotate: sub-group k+1 is read while Adam runs on k and k-1 is
 // written back. Windows are as large as the largest sub-group (sub-groups end at units: often
 // far below group_elems_), so the pool has room to read ahead.
-Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, const GroupStep& step_group) {
+namespace {
+
+// Zeros where Adam writes nothing in window [a, b) of a write-only array: the padding between the
+// tasks' ranges (in order of e), not the whole window.
+template <typename Task>  // ZeroEngine::AdamTask: sorted by e, n elements each
+void zero_gaps(char* w, size_t esize, int64_t a, int64_t b, const std::vector<Task>& tasks) {
+  auto first = std::partition_point(tasks.begin(), tasks.end(), [&](const auto& t) { return t.e + t.n <= a; });
+  int64_t at = a;
+  for (auto t = first; t != tasks.end() && t->e < b; ++t) {
+    const int64_t lo = std::max(t->e, a);
+    if (lo > at) std::memset(w + (at - a) * esize, 0, (lo - at) * esize);
+    at = std::max(at, std::min(t->e + t->n, b));
+  }
+  if (b > at) std::memset(w + (at - a) * esize, 0, (b - at) * esize);
+}
+
+}  // namespace
+
+Status ZeroEngine::stream_groups(const Groups& groups, const std::vector<AdamTask>& tasks, const WindowLayout& wl,
+                                 const GroupStep& step_group) {
   std::vector<AdamWindow> ahead = std::move(read_ahead_);
   read_ahead_.clear();
   size_t A = 0;
@@ -909,7 +928,7 @@ Status ZeroEngine::stream_groups(const Groups& groups, const WindowLayout& wl, c
     }
     auto w = window_of(wl, cur, a, b);
     for (const Windowed& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
-      if (w[x.slot] && !x.read) std::memset(w[x.slot], 0, (b - a) * x.a->esize());
+      if (w[x.slot] && !x.read) zero_gaps(w[x.slot], x.a->esize(), a, b, tasks);
     // Where the host Adam steps the window it makes the block sums of the fp32 state as it goes.
     std::vector<HashedArray> hashed;
     for (const Windowed& x : wl.arrays) {

@@ -230,7 +230,8 @@ class ZeroEngine final : public Engine {
   std::vector<AdamTask> adam_tasks();
   WindowLayout window_layout();
   Groups adam_groups(const std::vector<AdamTask>& tasks, bool streaming);
-  Status stream_groups(const Groups& groups, const WindowLayout& wl, const GroupStep& step_group);
+  Status stream_groups(const Groups& groups, const std::vector<AdamTask>& tasks, const WindowLayout& wl,
+                       const GroupStep& step_group);
   std::array<char*, 4> window_of(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b);
   void read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background);
   void read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest);
