@@ -226,7 +226,10 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   } else {
     // A never-written block reads as zeros (the file is fresh and preallocated), and a padded
     // one's rest is zeros by the caller's word: no read needed.
-    if (!whole) std::memset(k.io_buf, 0, k.io_bytes);
+    if (!whole) {  // zeros around the caller's bytes
+      std::memset(k.io_buf, 0, s - io_begin);
+      std::memset(k.io_buf + (e - io_begin), 0, io_end - e);
+    }
     std::memcpy(k.io_buf + (s - io_begin), user, e - s);
     if (sums) k.sum = write_sum(t, block, k.io_buf, k.io_bytes);
     k.phase = IoOp::kWrite;
