@@ -19,16 +19,24 @@ std::vector<int64_t> nvme_segments(std::span<const int64_t> unit_starts, int64_t
   return seg;
 }
 
+namespace {
+
+// Where each segment begins in the region, then the region's size: segments rounded up to blocks.
+std::vector<uint64_t> segment_offsets(const std::vector<int64_t>& seg, int64_t elems, size_t esize, uint64_t block) {
+  std::vector<uint64_t> at = {0};
+  for (size_t i = 0; i < seg.size(); ++i) {
+    uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
+    at.push_back(at.back() + (n + block - 1) / block * block);
+  }
+  return at;
+}
+
+}  // namespace
+
 uint64_t nvme_region_bytes(std::span<const int64_t> unit_starts, int64_t split, int64_t elems, size_t esize,
                            uint64_t block) {
   if (split >= elems) return 0;
-  std::vector<int64_t> seg = nvme_segments(unit_starts, split, elems);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < seg.size(); ++i) {
-    uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
-    bytes += (n + block - 1) / block * block;
-  }
-  return bytes;
+  return segment_offsets(nvme_segments(unit_starts, split, elems), elems, esize, block).back();
 }
 
 Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, size_t esize, Kind kind,
@@ -50,15 +58,10 @@ Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, s
   if (!home.store) return Status::Runtime("state on the nvme tier without an NVMe store");
   // The engine opens the store with every region it plans, so that one free-space check covers
   // them all; a region not planned is added (and checked) here.
-  const uint64_t block = home.store->block_size();
   segments_ = nvme_segments(unit_starts, split_, elems_);
-  seg_offset_.clear();
-  uint64_t at = 0;
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    seg_offset_.push_back(at);
-    at += (static_cast<uint64_t>(part_end(segments_[i]) - segments_[i]) * esize + block - 1) / block * block;
-  }
-  RegionSpec spec{home.region, nvme_region_bytes(unit_starts, split_, elems_, esize, block)};
+  seg_offset_ = segment_offsets(segments_, elems_, esize, home.store->block_size());
+  RegionSpec spec{home.region, seg_offset_.back()};
+  seg_offset_.pop_back();
   if (!home.store->region(home.region).ok()) ZOE_RETURN_IF_ERROR(home.store->add_regions({&spec, 1}));
   ZOE_ASSIGN_OR_RETURN(region_, home.store->region(home.region));
   if (home.store->region_bytes(region_) != spec.bytes)
