@@ -57,8 +57,6 @@ class StateArray {
   // The end of the part holding element e, and on NVMe of its segment: ranges the engine walks
   // never cross it.
   int64_t part_end(int64_t e) const;
-  // The first element of e's NVMe segment: its blocks begin there, every block_elems() elements.
-  int64_t segment_begin(int64_t e) const { return segments_[segment_of(e)]; }
   // The same layout: split, size, element size and segments (one block grid).
   bool same_layout(const StateArray& o) const;
 
@@ -80,6 +78,8 @@ class StateArray {
   // elements [e, e + n) cover whole; empty where the store keeps no checksums.
   WholeBlocks caller_blocks(int64_t e, int64_t n) const;
   int64_t block_elems() const { return home_.store->block_size() / esize_; }
+  // The first element of e's segment: its blocks begin there, every block_elems() elements.
+  int64_t segment_begin(int64_t e) const { return segments_[segment_of(e)]; }
   // The store's block that holds element e.
   uint64_t block_of(int64_t e) const { return region_offset(e) / home_.store->block_size(); }
   Status check_sum(uint64_t block, uint64_t recorded, uint64_t got) const {

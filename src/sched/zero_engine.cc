@@ -143,7 +143,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
     // Every region this store will hold, so that its free-space check covers all of them before
     // anything is written (exit 2, needed vs free).
     std::vector<RegionSpec> regions;
-      auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize, bool optimizer) {
+    auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize, bool optimizer) {
       int64_t off = offloaded_elems(Tier::kNvme, oc.ratio, n);
       if (oc.device == OffloadDevice::kNvme && oc.nvme_path == path && off > 0)
         regions.push_back({name, nvme_region_bytes(unit_starts(optimizer), n - off, n, esize, cfg_.aio_block_size)});
@@ -868,16 +868,13 @@ void ZeroEngine::read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, 
   sl.a = a, sl.b = b;
   auto w = window_of(wl, sl, a, b);
   for (const Windowed& x : wl.arrays) {
-    sl.read_sums[x.slot] = x.hot_sums && host_adam(a) ? make_block_sums(*x.a, a, b, /*read=*/true) : nullptr;
-    if (w[x.slot] && x.read)
-      sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background, sl.read_sums[x.slot])});
+    sl.read_sums[x.slot] = nullptr;
+    if (!w[x.slot] || !x.read) continue;
+    if (x.hot_sums && host_adam(a)) sl.read_sums[x.slot] = make_block_sums(*x.a, a, b, /*read=*/true);
+    sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background, sl.read_sums[x.slot])});
   }
 }
 
-// The windowed pass. Windows: the ones the last pass read ahead for this one (its first
-// sub-groups), then three that rotate: sub-group k+1 is read while Adam runs on k and k-1 is
-// written back. Windows are as large as the largest sub-group (sub-groups end at units: often
-// far below group_elems_), so the pool has room to read ahead.
 namespace {
 
 // Zeros where Adam writes nothing in window [a, b) of a write-only array: the padding between the
@@ -896,6 +893,10 @@ void zero_gaps(char* w, size_t esize, int64_t a, int64_t b, const std::vector<Ta
 
 }  // namespace
 
+// The windowed pass. Windows: the ones the last pass read ahead for this one (its first
+// sub-groups), then three that rotate: sub-group k+1 is read while Adam runs on k and k-1 is
+// written back. Windows are as large as the largest sub-group (sub-groups end at units: often
+// far below group_elems_), so the pool has room to read ahead.
 Status ZeroEngine::stream_groups(const Groups& groups, const std::vector<AdamTask>& tasks, const WindowLayout& wl,
                                  const GroupStep& step_group) {
   std::vector<AdamWindow> ahead = std::move(read_ahead_);
