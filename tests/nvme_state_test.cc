@@ -37,7 +37,19 @@ std::vector<float> random_floats(int64_t n, uint64_t seed) {
   return v;
 }
 
-Result<std::unique_ptr<NvmeStore>> open_store(const std::string& dir, CpuDevice& dev, PinnedPool* pool = nullptr) {
+Result<std::unique_ptr<NvmeStore>> open_store(const std::string& dir, CpuDevice& dev, PinnedPool* pool = nullptr);
+
+// The direct-I/O alignment of swap files in `dir` (0 if a store cannot be opened there).
+uint64_t dio_align(const std::string& dir) {
+  CpuDevice dev{1 << 20, 1 << 20, /*strict=*/false};
+  auto store = open_store(dir + "/probe", dev);
+  if (!store.ok() || !store.value()->add_regions(std::vector<RegionSpec>{{"probe", kBlock}}).ok()) return 0;
+  const uint64_t align = store.value()->region_align(0);
+  (void)store.value()->close();
+  return align;
+}
+
+Result<std::unique_ptr<NvmeStore>> open_store(const std::string& dir, CpuDevice& dev, PinnedPool* pool) {
   NvmeStoreOptions o;
   o.nvme_path = dir;
   o.job = "state";
@@ -49,8 +61,8 @@ Result<std::unique_ptr<NvmeStore>> open_store(const std::string& dir, CpuDevice&
 
 // Units of 1500, 2048 and 700 fp32 elements (1024 a block) after a split at 100: each begins on
 // a block of the region, part_end stops at each, a unit's transfers cover its own blocks only
-// (its last one padded), and rewriting a unit reads nothing back. The ledger books the elements,
-// not the padding.
+// (its last one ends with its data), and rewriting a unit reads nothing back. The ledger books
+// the elements, not the padding.
 TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   const std::string dir = test::make_temp_dir("state-array");
   CpuDevice dev{1 << 20, 64 << 20, /*strict=*/false};
@@ -64,7 +76,9 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
                          Kind::kExpAvg, units).ok());
   ASSERT_EQ(a.split(), split);
   EXPECT_EQ(store->region_bytes(0), 5 * kBlock);  // 2 + 2 + 1 blocks
-  EXPECT_EQ(nvme_region_bytes(units, split, elems, 4, kBlock), 5 * kBlock);
+  const RegionSpec spec = nvme_region("x", units, split, elems, 4, kBlock);
+  EXPECT_EQ(spec.bytes, 5 * kBlock);
+  EXPECT_EQ(spec.segment_ends, (std::vector<uint64_t>{6000, 2 * kBlock + 8192, 4 * kBlock + 2800}));
   EXPECT_EQ(dev.ledger().snapshot().persistent(Tier::kNvme), uint64_t(elems - split) * 4);
   EXPECT_EQ(a.part_end(0), 100);
   EXPECT_EQ(a.part_end(100), 1600);
@@ -82,6 +96,10 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   EXPECT_EQ(second.first, 2u);
   EXPECT_EQ(second.count, 2u);
   const int64_t seg[3][2] = {{100, 1500}, {1600, 2048}, {3648, 700}};
+  // Each unit's last block stops at its data, aligned: the padding behind it never moves.
+  const uint64_t align = store->region_align(0);
+  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  const uint64_t moved = aligned(6000) + 8192 + aligned(2800);
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round);
     const std::vector<float> v = random_floats(elems, 10 + round);
@@ -93,13 +111,13 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
     }
     const NvmeStore::Traffic wrote = store->traffic();
     EXPECT_EQ(wrote.read_bytes, before.read_bytes);  // the second round rewrites without reading
-    EXPECT_EQ(wrote.written_bytes - before.written_bytes, 5 * kBlock);
+    EXPECT_EQ(wrote.written_bytes - before.written_bytes, moved);
     for (auto [e, n] : seg) {
       std::vector<float> back(n);
       ASSERT_TRUE(a.wait(a.read_async(e, n, back.data())).ok());
       EXPECT_EQ(std::memcmp(back.data(), v.data() + e, n * 4), 0);
     }
-    EXPECT_EQ(store->traffic().read_bytes - wrote.read_bytes, 5 * kBlock);
+    EXPECT_EQ(store->traffic().read_bytes - wrote.read_bytes, moved);
   }
   a.release(dev);
   ASSERT_TRUE(store->close().ok());
@@ -109,9 +127,10 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
 // One stage-3 step with everything on NVMe moves exactly its blocks: each unit's state (three
 // fp32 arrays) read once, every array's units written once, each fetch's bf16 unit read once (the
 // scheduler off: six fetches a step), and nothing else. A unit (4161 elements: 5 blocks of fp32,
-// 3 of bf16) is cut into sub-groups and load windows of 2048 elements (the pinned pool of a
-// 4.8 MB host budget holds three windows of that, and no room to read the next pass ahead, whose
-// background reads would still be landing when the counts are taken).
+// 3 of bf16, the last of each ending with its data) is cut into sub-groups and load windows of
+// 2048 elements (the pinned pool of a 4.8 MB host budget holds three windows of that, and no room
+// to read the next pass ahead, whose background reads would still be landing when the counts are
+// taken).
 TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   auto self = make_self_comm();
   const std::string dir = test::make_temp_dir("state-array-engine");
@@ -124,7 +143,11 @@ TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
     ASSERT_TRUE(run.ok()) << run.status().message();
     s.push_back(run->sched);
   }
-  const uint64_t fp32_unit = 5 * 4096, bf16_unit = 3 * 4096;
+  // The unit's last block ends with its data, rounded up to the file system's direct-I/O alignment.
+  const uint64_t align = dio_align(dir);
+  ASSERT_GT(align, 0u);
+  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  const uint64_t fp32_unit = aligned(4161 * 4), bf16_unit = aligned(4161 * 2);
   EXPECT_EQ(s[1].nvme_written_bytes - s[0].nvme_written_bytes, 3 * (3 * fp32_unit + bf16_unit));
   EXPECT_EQ(s[1].nvme_read_bytes - s[0].nvme_read_bytes, 3 * 3 * fp32_unit + 6 * bf16_unit);
   std::filesystem::remove_all(dir);

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ckpt/checksum.h"
@@ -167,8 +168,9 @@ INSTANTIATE_TEST_SUITE_P(Checksums, NvmeRoundTrip, ::testing::Bool(),
 
 TEST(WholeBlocks, OnlyBlocksTheRangeCoversWhole) {
   constexpr uint64_t B = 100, file = 1050;  // the file's last block is 50 bytes
+  const BlockTable table(file, B, true);
   auto w = [&](uint64_t off, uint64_t n) {
-    WholeBlocks x = whole_blocks(off, n, B, file);
+    WholeBlocks x = table.whole(off, n);
     return std::pair<uint64_t, uint64_t>{x.first, x.count};
   };
   EXPECT_EQ(w(0, 100), std::make_pair(uint64_t{0}, uint64_t{1}));
@@ -177,6 +179,32 @@ TEST(WholeBlocks, OnlyBlocksTheRangeCoversWhole) {
   EXPECT_EQ(w(150, 100).second, 0u);
   EXPECT_EQ(w(1000, 50), std::make_pair(uint64_t{10}, uint64_t{1}));  // up to the end of the file
   EXPECT_EQ(w(900, 149), std::make_pair(uint64_t{9}, uint64_t{1}));   // short of it
+}
+
+// Segments ending at 130 and 460 (aligned to 20: 140 and 460) of a grid of 100: block 1 is
+// [100, 140), block 4 [400, 460); [140, 200) and [460, 500) belong to no block.
+TEST(WholeBlocks, ABlockStopsAtItsSegmentsEnd) {
+  const std::vector<uint64_t> ends = {130, 460, 600};
+  const BlockTable table(1000, 100, true, ends, 20);
+  EXPECT_EQ(table.blocks(), 10u);
+  EXPECT_EQ(table.end(0), 100u);
+  EXPECT_EQ(table.end(1), 140u);
+  EXPECT_EQ(table.end(2), 300u);
+  EXPECT_EQ(table.end(4), 460u);
+  EXPECT_EQ(table.end(5), 600u);  // a segment ending on the grid: no short block
+  EXPECT_EQ(table.end(9), 1000u);
+  EXPECT_EQ(table.whole(0, 130).count, 1u);                                      // block 1 not reached
+  EXPECT_EQ(table.whole(0, 140).count, 2u);                                      // its aligned end
+  EXPECT_EQ(table.whole(200, 260).first, 2u);
+  EXPECT_EQ(table.whole(200, 260).count, 3u);
+  EXPECT_TRUE(table.in_blocks(0, 140));
+  EXPECT_TRUE(table.in_blocks(200, 260));
+  EXPECT_TRUE(table.in_blocks(460, 0));
+  EXPECT_FALSE(table.in_blocks(0, 141));   // into the padding after 140
+  EXPECT_FALSE(table.in_blocks(150, 10));  // inside it
+  EXPECT_FALSE(table.in_blocks(199, 2));
+  EXPECT_FALSE(table.in_blocks(0, 1000));
+  EXPECT_FALSE(table.in_blocks(440, 30));
 }
 
 TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
@@ -267,6 +295,58 @@ TEST_F(NvmeStoreTest, APaddedWriteIsNotReadBackFirst) {
     // Padded: zeros behind the data. Read back first: what the padded write left there.
     EXPECT_TRUE(std::all_of(back.begin() + n, back.end(), [](uint8_t b) { return b == 0; }));
   }
+  EXPECT_TRUE(store->close().ok());
+}
+
+// Two segments: [0, 1.3 blocks) and [2 blocks, 3.5 blocks), each padded to the next block. Each
+// one's last block stops at its data (aligned), so writing and reading both moves 1.3 + 1.5
+// blocks' worth (aligned), not 4 blocks; the padding cannot be reached; and a flipped byte in a
+// short block is still caught.
+TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
+  const uint64_t a = kBlock + 3 * kBlock / 10, b = 3 * kBlock / 2;
+  RegionSpec spec{"state", 4 * kBlock, {a, 2 * kBlock + b}};
+  auto store = open(options(), {spec});
+  ASSERT_TRUE(store);
+  const uint64_t align = store->region_align(0);
+  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  AlignedBuffer buf(2 * kBlock);
+  const std::vector<uint8_t> x = random_bytes(a, 1), y = random_bytes(b, 2);
+  TransferOptions pad;
+  pad.pad_last_block = true;
+  const NvmeStore::Traffic t0 = store->traffic();
+  std::memcpy(buf.p, x.data(), a);
+  ASSERT_TRUE(store->wait(store->write_async(0, 0, buf.p, a, pad)).ok());
+  std::memcpy(buf.p, y.data(), b);
+  ASSERT_TRUE(store->wait(store->write_async(0, 2 * kBlock, buf.p, b, pad)).ok());
+  const NvmeStore::Traffic t1 = store->traffic();
+  EXPECT_EQ(t1.written_bytes - t0.written_bytes, aligned(a) + aligned(b));
+  EXPECT_EQ(t1.read_bytes, t0.read_bytes);
+  std::vector<uint8_t> back(b);
+  ASSERT_TRUE(store->read(0, 2 * kBlock, back.data(), b).ok());
+  EXPECT_TRUE(back == y);
+  back.resize(a);
+  ASSERT_TRUE(store->read(0, 0, back.data(), a).ok());
+  EXPECT_TRUE(back == x);
+  EXPECT_EQ(store->traffic().read_bytes - t1.read_bytes, aligned(a) + aligned(b));
+  // The caller may hash the short block itself only where its range reaches the block's end.
+  EXPECT_EQ(store->caller_blocks(0, 0, aligned(a)).count, 2u);
+  EXPECT_EQ(store->caller_blocks(0, 2 * kBlock, b).count, aligned(b) == b ? 2u : 1u);
+  // Past a segment's data into its padding: refused, naming the region.
+  Status s = store->read(0, a, back.data(), kBlock);
+  EXPECT_EQ(s.code(), Code::kInvalidInput);
+  EXPECT_NE(s.message().find("into its padding"), std::string::npos) << s.message();
+  EXPECT_EQ(store->write(0, 0, buf.p, 2 * kBlock).code(), Code::kInvalidInput);
+  // A flipped byte in the short block 1.
+  int fd = ::open(store->region_path(0).c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const uint8_t flipped = x[kBlock + 5] ^ 0x10;
+  ASSERT_EQ(::pwrite(fd, &flipped, 1, kBlock + 5), 1);
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ::close(fd);
+  s = store->read(0, 0, back.data(), a);
+  ASSERT_EQ(s.code(), Code::kCorrupt);
+  EXPECT_NE(s.message().find(fmt::format("block 1 (bytes {}..{})", kBlock, aligned(a) - 1)),
+            std::string::npos) << s.message();
   EXPECT_TRUE(store->close().ok());
 }
 

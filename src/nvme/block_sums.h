@@ -18,11 +18,9 @@ struct BlockSums {
   uint64_t count() const { return sums.size(); }
 };
 
-// The whole blocks of bytes [offset, offset + bytes) of a region file: [first, first + count).
-// A block ends at the next multiple of block_bytes or at the end of the file, whichever is first.
+// The blocks a range of a region file covers whole: [first, first + count) (BlockTable::whole).
 struct WholeBlocks {
   uint64_t first = 0, count = 0;
 };
-WholeBlocks whole_blocks(uint64_t offset, uint64_t bytes, uint64_t block_bytes, uint64_t file_bytes);
 
 }  // namespace zoe

@@ -1,11 +1,20 @@
 // BlockTable: what a store knows about each block (aio.block_size bytes) of one region file —
 // never written, written (with the xxh3-64 of the whole block when checksums are on), or its last
 // write failed (its bytes are undefined, so reading it is an error). Kept in memory only: swap
-// files are scratch of one process. Used by the store's I/O thread alone, so not locked.
+// files are scratch of one process. Used by the store's I/O thread alone, so not locked (the
+// block extents are fixed at construction and read by any thread).
+//
+// Blocks lie on a grid of block_bytes, but a region may say where its caller's segments of data
+// end (the next one beginning on the grid): the block holding a segment's end stops there,
+// rounded up to the direct-I/O alignment. Its requests and its sum cover that much, not the grid
+// block: the bytes after it, up to the next block, belong to no block and are never moved.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "nvme/block_sums.h"
 
 namespace zoe {
 
@@ -13,12 +22,22 @@ class BlockTable {
  public:
   enum class State : uint8_t { kUnwritten, kWritten, kFailed };
 
-  BlockTable(uint64_t file_bytes, uint64_t block_bytes, bool checksums);
+  // segment_ends: ascending byte offsets; `align` rounds them up (the file's direct-I/O alignment).
+  BlockTable(uint64_t file_bytes, uint64_t block_bytes, bool checksums, std::span<const uint64_t> segment_ends = {},
+             uint64_t align = 1);
 
   uint64_t blocks() const { return state_.size(); }
   bool checksums() const { return checksums_; }
   State state(uint64_t block) const { return state_[block]; }
   uint64_t sum(uint64_t block) const { return sums_[block]; }
+
+  // Block b's bytes: [begin(b), end(b)).
+  uint64_t begin(uint64_t block) const { return block * block_bytes_; }
+  uint64_t end(uint64_t block) const;
+  // Whether bytes [offset, offset + bytes) lie in blocks (none of them after a segment's end).
+  bool in_blocks(uint64_t offset, uint64_t bytes) const;
+  // The blocks that [offset, offset + bytes) covers whole.
+  WholeBlocks whole(uint64_t offset, uint64_t bytes) const;
 
   void set_written(uint64_t block, uint64_t sum);  // sum is ignored without checksums
   void set_failed(uint64_t block) { state_[block] = State::kFailed; }
@@ -28,6 +47,8 @@ class BlockTable {
 
  private:
   bool checksums_;
+  uint64_t file_bytes_, block_bytes_;
+  std::vector<uint64_t> short_ends_;  // ascending: the aligned segment ends that stop a block early
   std::vector<State> state_;
   std::vector<uint64_t> sums_;  // empty without checksums
 };

@@ -168,8 +168,8 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   const uint64_t s = t.offset + t.scheduled;
   const uint64_t block = s / block_;
   const uint64_t block_begin = block * block_;
-  const uint64_t block_end = std::min<uint64_t>(block_begin + block_, r.file_bytes);
-  const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_begin + block_);
+  const uint64_t block_end = r.blocks.end(block);
+  const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_end);
   const uint64_t align = r.file.offset_align;
   const bool sums = r.blocks.checksums();
   // With checksums the whole block moves (its sum covers all of it); without, the aligned span.
@@ -291,11 +291,12 @@ void IoWorker::handle(const IoCompletion& c) {
     if (k.bounce >= 0) std::memcpy(k.user, at, n);
   } else {
     // A block whose last write failed becomes valid again only when a write covers all of it.
-    const uint64_t block_begin = k.block * block_;
-    const uint64_t block_end = std::min<uint64_t>(block_begin + block_, r.bytes);
+    const uint64_t block_begin = r.blocks.begin(k.block);
+    const uint64_t block_end = std::min<uint64_t>(r.blocks.end(k.block), r.bytes);
     RegionFile& rw = *k.t->region;
     if (rw.blocks.state(k.block) != BlockTable::State::kFailed ||
-        (k.user_begin == block_begin && k.user_end == block_end))
+        (k.user_begin == block_begin &&
+         (k.user_end == block_end || pads_rest(*k.t, k.io_offset, k.user_begin, k.user_end))))
       rw.blocks.set_written(k.block, k.sum);
   }
   finish(slot);

@@ -169,7 +169,7 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
       break;
     }
     r.file_bytes = round_up(r.bytes, r.file.offset_align);
-    r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums);
+    r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums, spec.segment_ends, r.file.offset_align);
     if (!(s = env_->allocate(r.file.fd, r.path, r.file_bytes)).ok()) break;
     s = worker_->call([&](IoQueue& q) -> Status {
       ZOE_ASSIGN_OR_RETURN(r.queue_file, q.add_file(r.file.fd));
@@ -215,15 +215,13 @@ Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint
 }
 
 WholeBlocks NvmeStore::caller_blocks(int region, uint64_t offset, uint64_t bytes) const {
-  return whole_blocks(offset, bytes, o_.block_size, regions_[region]->file_bytes);
+  return regions_[region]->blocks.whole(offset, bytes);
 }
 
 Status NvmeStore::check_sum(int region, uint64_t block, uint64_t recorded, uint64_t got) const {
   if (got == recorded) return Status::Ok();
   const RegionFile& r = *regions_[region];
-  const uint64_t begin = block * o_.block_size;
-  return Status::Corrupt(
-      checksum_mismatch(r.path, block, begin, std::min<uint64_t>(begin + o_.block_size, r.file_bytes), recorded, got));
+  return Status::Corrupt(checksum_mismatch(r.path, block, r.blocks.begin(block), r.blocks.end(block), recorded, got));
 }
 
 Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes,
@@ -246,6 +244,10 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
     t.status = Status::Invalid(fmt::format("{}: {} of {} bytes at offset {} is past the end of region '{}' ({} bytes)",
                                            regions_[region]->path, io_op_name(op), bytes, offset,
                                            regions_[region]->name, regions_[region]->bytes));
+  } else if (!regions_[region]->blocks.in_blocks(offset, bytes)) {
+    t.status = Status::Invalid(fmt::format("{}: {} of {} bytes at offset {} reaches past the end of a segment of "
+                                           "region '{}' into its padding", regions_[region]->path, io_op_name(op),
+                                           bytes, offset, regions_[region]->name));
   } else if (bytes > 0 && user == nullptr) {
     t.status = Status::Invalid(fmt::format("{}: {} with a null buffer", regions_[region]->path, io_op_name(op)));
   } else if (sums && !caller_sums_fit(op, *sums, caller_blocks(region, offset, bytes))) {

@@ -70,6 +70,11 @@ struct TransferOptions {
 struct RegionSpec {
   std::string name;  // file <name>.swap; letters, digits, '_', '-', '.'
   uint64_t bytes = 0;
+  // Where the caller's segments of data end, ascending, each followed by padding up to the next
+  // block (where the next segment begins): the block holding an end stops there (rounded up to
+  // the direct-I/O alignment), so the padding is never moved or hashed, and no transfer may touch
+  // it (see BlockTable). Empty: blocks lie on the grid.
+  std::vector<uint64_t> segment_ends = {};
 };
 
 // An asynchronous transfer; wait for it with NvmeStore::wait (once or more).
@@ -100,6 +105,8 @@ class NvmeStore {
   int regions() const { return static_cast<int>(regions_.size()); }
   uint64_t region_bytes(int region) const { return regions_[region]->bytes; }
   const std::string& region_path(int region) const { return regions_[region]->path; }
+  // The file's direct-I/O alignment: requests begin and end on multiples of it.
+  uint32_t region_align(int region) const { return regions_[region]->file.offset_align; }
   const std::string& dir() const { return dir_; }
   uint32_t block_size() const { return o_.block_size; }
   unsigned queue_depth() const { return o_.queue_depth; }

@@ -19,24 +19,17 @@ std::vector<int64_t> nvme_segments(std::span<const int64_t> unit_starts, int64_t
   return seg;
 }
 
-namespace {
-
-// Where each segment begins in the region, then the region's size: segments rounded up to blocks.
-std::vector<uint64_t> segment_offsets(const std::vector<int64_t>& seg, int64_t elems, size_t esize, uint64_t block) {
-  std::vector<uint64_t> at = {0};
+RegionSpec nvme_region(std::string name, std::span<const int64_t> unit_starts, int64_t split, int64_t elems,
+                       size_t esize, uint64_t block) {
+  RegionSpec spec{std::move(name), 0, {}};
+  if (split >= elems) return spec;
+  const std::vector<int64_t> seg = nvme_segments(unit_starts, split, elems);
   for (size_t i = 0; i < seg.size(); ++i) {
-    uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
-    at.push_back(at.back() + (n + block - 1) / block * block);
+    const uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
+    spec.segment_ends.push_back(spec.bytes + n);
+    spec.bytes += (n + block - 1) / block * block;
   }
-  return at;
-}
-
-}  // namespace
-
-uint64_t nvme_region_bytes(std::span<const int64_t> unit_starts, int64_t split, int64_t elems, size_t esize,
-                           uint64_t block) {
-  if (split >= elems) return 0;
-  return segment_offsets(nvme_segments(unit_starts, split, elems), elems, esize, block).back();
+  return spec;
 }
 
 Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, size_t esize, Kind kind,
@@ -59,9 +52,13 @@ Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, s
   // The engine opens the store with every region it plans, so that one free-space check covers
   // them all; a region not planned is added (and checked) here.
   segments_ = nvme_segments(unit_starts, split_, elems_);
-  seg_offset_ = segment_offsets(segments_, elems_, esize, home.store->block_size());
-  RegionSpec spec{home.region, seg_offset_.back()};
-  seg_offset_.pop_back();
+  const RegionSpec spec = nvme_region(home.region, unit_starts, split_, elems_, esize, home.store->block_size());
+  // Segment i begins where segment i - 1's blocks end.
+  seg_offset_ = {0};
+  for (size_t i = 0; i + 1 < segments_.size(); ++i) {
+    const uint64_t block = home.store->block_size();
+    seg_offset_.push_back((spec.segment_ends[i] + block - 1) / block * block);
+  }
   if (!home.store->region(home.region).ok()) ZOE_RETURN_IF_ERROR(home.store->add_regions({&spec, 1}));
   ZOE_ASSIGN_OR_RETURN(region_, home.store->region(home.region));
   if (home.store->region_bytes(region_) != spec.bytes)

@@ -7,8 +7,9 @@
 //
 // On NVMe the elements are cut into segments, one per unit (the engine's transfers never cross a
 // unit), and each segment begins on a block of its region: a unit's reads and write-backs share
-// no block with its neighbours', so they are neither read twice nor read-modify-written, and only
-// a segment's last block is ever partial (written with zero padding behind it).
+// no block with its neighbours', so they are neither read twice nor read-modify-written. A
+// segment's last block ends with its data (rounded up to the direct-I/O alignment): the padding up
+// to the next block is neither moved nor hashed.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -32,9 +33,10 @@ int64_t offloaded_elems(Tier offload, double ratio, int64_t elems);
 
 // The first element of each NVMe segment of elements [split, elems) cut at `unit_starts`.
 std::vector<int64_t> nvme_segments(std::span<const int64_t> unit_starts, int64_t split, int64_t elems);
-// The bytes of the NVMe region that holds them: each segment rounded up to whole blocks.
-uint64_t nvme_region_bytes(std::span<const int64_t> unit_starts, int64_t split, int64_t elems, size_t esize,
-                           uint64_t block);
+// The NVMe region that holds them: each segment begins on a block (the region is the segments
+// rounded up to whole blocks) and its last block ends with its data (RegionSpec::segment_ends).
+RegionSpec nvme_region(std::string name, std::span<const int64_t> unit_starts, int64_t split, int64_t elems,
+                       size_t esize, uint64_t block);
 
 class StateArray {
  public:
@@ -42,7 +44,7 @@ class StateArray {
   StateArray(StateArray&&) = default;
   StateArray& operator=(StateArray&&) = default;
   // Allocates the memory parts (zeroed) and, for an NVMe home, adds the store region (zero until
-  // written, nvme_region_bytes long); every part is booked in the device's ledger under its tier
+  // written, laid out as nvme_region says); every part is booked in the device's ledger under its tier
   // and `kind` (the NVMe part by its elements, not its padding). unit_starts: the first element
   // of each unit, ascending (empty: one unit).
   Status allocate(Device& dev, const StateHome& home, int64_t elems, size_t esize, Kind kind,

@@ -146,7 +146,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
     auto plan = [&](const OffloadConfig& oc, const char* name, int64_t n, size_t esize, bool optimizer) {
       int64_t off = offloaded_elems(Tier::kNvme, oc.ratio, n);
       if (oc.device == OffloadDevice::kNvme && oc.nvme_path == path && off > 0)
-        regions.push_back({name, nvme_region_bytes(unit_starts(optimizer), n - off, n, esize, cfg_.aio_block_size)});
+        regions.push_back(nvme_region(name, unit_starts(optimizer), n - off, n, esize, cfg_.aio_block_size));
     };
     // In fp32 training the master is the param array itself.
     plan(cfg_.offload_param, "param", param_elems, wsize_, /*optimizer=*/false);
