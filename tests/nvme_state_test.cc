@@ -44,7 +44,7 @@ uint64_t dio_align(const std::string& dir) {
   CpuDevice dev{1 << 20, 1 << 20, /*strict=*/false};
   auto store = open_store(dir + "/probe", dev);
   if (!store.ok() || !store.value()->add_regions(std::vector<RegionSpec>{{"probe", kBlock}}).ok()) return 0;
-  const uint64_t align = store.value()->region_align(0);
+  const uint64_t align = store.value()->segment_end_align(0);
   (void)store.value()->close();
   return align;
 }
@@ -97,7 +97,7 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   EXPECT_EQ(second.count, 2u);
   const int64_t seg[3][2] = {{100, 1500}, {1600, 2048}, {3648, 700}};
   // Each unit's last block stops at its data, aligned: the padding behind it never moves.
-  const uint64_t align = store->region_align(0);
+  const uint64_t align = store->segment_end_align(0);
   auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
   const uint64_t moved = aligned(6000) + 8192 + aligned(2800);
   for (int round = 0; round < 2; ++round) {

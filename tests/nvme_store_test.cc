@@ -307,7 +307,7 @@ TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
   RegionSpec spec{"state", 4 * kBlock, {a, 2 * kBlock + b}};
   auto store = open(options(), {spec});
   ASSERT_TRUE(store);
-  const uint64_t align = store->region_align(0);
+  const uint64_t align = store->segment_end_align(0);
   auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
   AlignedBuffer buf(2 * kBlock);
   const std::vector<uint8_t> x = random_bytes(a, 1), y = random_bytes(b, 2);

@@ -40,6 +40,11 @@ Status remove_dead_jobs(NvmeEnv* env, const std::string& nvme_path, const std::s
 }
 
 constexpr uint64_t kPage = 4096;
+
+// Where a block stops at a segment's end: the direct-I/O alignment, but at least a page, since
+// ext4 makes a direct write not aligned to its block (4 KiB) wait for every direct I/O in flight
+// on the file.
+uint64_t end_align(const DirectFile& f) { return std::max<uint64_t>(f.offset_align, kPage); }
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool plain_name(std::string_view s) {
@@ -169,7 +174,7 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
       break;
     }
     r.file_bytes = round_up(r.bytes, r.file.offset_align);
-    r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums, spec.segment_ends, r.file.offset_align);
+    r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums, spec.segment_ends, end_align(r.file));
     if (!(s = env_->allocate(r.file.fd, r.path, r.file_bytes)).ok()) break;
     s = worker_->call([&](IoQueue& q) -> Status {
       ZOE_ASSIGN_OR_RETURN(r.queue_file, q.add_file(r.file.fd));
@@ -213,6 +218,8 @@ Ticket NvmeStore::write_async(int region, uint64_t offset, const void* src, uint
   // The I/O thread only reads from a write's memory.
   return submit(IoOp::kWrite, region, offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), bytes, o);
 }
+
+uint64_t NvmeStore::segment_end_align(int region) const { return end_align(regions_[region]->file); }
 
 WholeBlocks NvmeStore::caller_blocks(int region, uint64_t offset, uint64_t bytes) const {
   return regions_[region]->blocks.whole(offset, bytes);

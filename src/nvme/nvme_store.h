@@ -105,8 +105,8 @@ class NvmeStore {
   int regions() const { return static_cast<int>(regions_.size()); }
   uint64_t region_bytes(int region) const { return regions_[region]->bytes; }
   const std::string& region_path(int region) const { return regions_[region]->path; }
-  // The file's direct-I/O alignment: requests begin and end on multiples of it.
-  uint32_t region_align(int region) const { return regions_[region]->file.offset_align; }
+  // Where a block stops at a segment's end (RegionSpec::segment_ends): rounded up to this.
+  uint64_t segment_end_align(int region) const;
   const std::string& dir() const { return dir_; }
   uint32_t block_size() const { return o_.block_size; }
   unsigned queue_depth() const { return o_.queue_depth; }
