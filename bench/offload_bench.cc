@@ -36,6 +36,8 @@ Config bench_config(const OffloadBenchOptions& o, const std::string& nvme_dir, u
   c.grad_clip = 1.0;
   c.device = "cpu";
   c.checksums = o.checksums;
+  c.aio_block_size = o.aio_block_size;
+  c.aio_queue_depth = o.aio_queue_depth;
   c.device_memory_budget = budget;
   c.host_memory_budget = uint64_t{4} << 30;
   if (!nvme_dir.empty()) {
@@ -181,9 +183,10 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
       "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s){}",
       o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads,
       o.checksums ? "" : ", no checksums");
+  const std::string aio = fmt::format("aio.block_size {}, aio.queue_depth {}", o.aio_block_size, o.aio_queue_depth);
   if (human)
-    std::fprintf(human, "# %s; params and optimizer on NVMe (%s)\n%10s %10s %16s %12s %8s %8s %14s\n", shape.c_str(),
-                 o.nvme_dir.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap",
+    std::fprintf(human, "# %s; params and optimizer on NVMe (%s; %s)\n%10s %10s %16s %12s %8s %8s %14s\n", shape.c_str(),
+                 o.nvme_dir.c_str(), aio.c_str(), "scheduler", "step_s", "compute_only_s", "io_only_s", "ratio", "overlap",
                  "cpu_s usr+sys");
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"on", on.get()}, {"off", off.get()}}) {
@@ -197,6 +200,7 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
                        {"state_bytes", state}, {"threads", threads}, {"checksums", o.checksums},
+                       {"aio_block_size", o.aio_block_size}, {"aio_queue_depth", o.aio_queue_depth},
                        {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
                        {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)},
                        {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)}});

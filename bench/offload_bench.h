@@ -24,6 +24,8 @@ struct OffloadBenchOptions {
   std::string nvme_dir = "out/bench-offload";
   std::string trace_path;  // non-empty: the Chrome trace of one offloaded step
   bool checksums = true;   // zoe.checksums of the offloaded engines: xxh3 sums per swap block
+  int64_t aio_block_size = int64_t{1} << 20;  // aio.block_size, aio.queue_depth of their stores
+  int aio_queue_depth = 8;
 };
 
 Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FILE* human);

@@ -92,7 +92,7 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   EXPECT_EQ(a.block_of(3648), 4u);
   const WholeBlocks first = a.caller_blocks(100, 1500), second = a.caller_blocks(1600, 2048);
   EXPECT_EQ(first.first, 0u);
-  EXPECT_EQ(first.count, 1u);  // block 1 holds the unit's last 476 elements: partial
+  EXPECT_EQ(first.count, 2u);  // block 1 holds the unit's last 476 elements and ends with them
   EXPECT_EQ(second.first, 2u);
   EXPECT_EQ(second.count, 2u);
   const int64_t seg[3][2] = {{100, 1500}, {1600, 2048}, {3648, 700}};

@@ -181,26 +181,29 @@ TEST(WholeBlocks, OnlyBlocksTheRangeCoversWhole) {
   EXPECT_EQ(w(900, 149), std::make_pair(uint64_t{9}, uint64_t{1}));   // short of it
 }
 
-// Segments ending at 130 and 460 (aligned to 20: 140 and 460) of a grid of 100: block 1 is
-// [100, 140), block 4 [400, 460); [140, 200) and [460, 500) belong to no block.
+// Segments ending at 130 and 460 of a grid of 100, requests aligned to 20: block 1 is [100, 130)
+// and its requests [100, 140); block 4 is [400, 460), requests too; [130, 200) and [460, 500)
+// belong to no block.
 TEST(WholeBlocks, ABlockStopsAtItsSegmentsEnd) {
   const std::vector<uint64_t> ends = {130, 460, 600};
   const BlockTable table(1000, 100, true, ends, 20);
   EXPECT_EQ(table.blocks(), 10u);
   EXPECT_EQ(table.end(0), 100u);
-  EXPECT_EQ(table.end(1), 140u);
+  EXPECT_EQ(table.end(1), 130u);
+  EXPECT_EQ(table.io_end(1), 140u);
   EXPECT_EQ(table.end(2), 300u);
   EXPECT_EQ(table.end(4), 460u);
+  EXPECT_EQ(table.io_end(4), 460u);
   EXPECT_EQ(table.end(5), 600u);  // a segment ending on the grid: no short block
   EXPECT_EQ(table.end(9), 1000u);
-  EXPECT_EQ(table.whole(0, 130).count, 1u);                                      // block 1 not reached
-  EXPECT_EQ(table.whole(0, 140).count, 2u);                                      // its aligned end
+  EXPECT_EQ(table.whole(0, 129).count, 1u);  // block 1 not reached
+  EXPECT_EQ(table.whole(0, 130).count, 2u);  // its data's end
   EXPECT_EQ(table.whole(200, 260).first, 2u);
   EXPECT_EQ(table.whole(200, 260).count, 3u);
-  EXPECT_TRUE(table.in_blocks(0, 140));
+  EXPECT_TRUE(table.in_blocks(0, 130));
   EXPECT_TRUE(table.in_blocks(200, 260));
   EXPECT_TRUE(table.in_blocks(460, 0));
-  EXPECT_FALSE(table.in_blocks(0, 141));   // into the padding after 140
+  EXPECT_FALSE(table.in_blocks(0, 131));   // into the padding after 130
   EXPECT_FALSE(table.in_blocks(150, 10));  // inside it
   EXPECT_FALSE(table.in_blocks(199, 2));
   EXPECT_FALSE(table.in_blocks(0, 1000));
@@ -299,9 +302,9 @@ TEST_F(NvmeStoreTest, APaddedWriteIsNotReadBackFirst) {
 }
 
 // Two segments: [0, 1.3 blocks) and [2 blocks, 3.5 blocks), each padded to the next block. Each
-// one's last block stops at its data (aligned), so writing and reading both moves 1.3 + 1.5
-// blocks' worth (aligned), not 4 blocks; the padding cannot be reached; and a flipped byte in a
-// short block is still caught.
+// one's last block stops at its data (its requests at the next aligned offset), so writing and
+// reading both moves 1.3 + 1.5 blocks' worth (aligned), not 4 blocks; the padding cannot be
+// reached; and a flipped byte in a short block is still caught.
 TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
   const uint64_t a = kBlock + 3 * kBlock / 10, b = 3 * kBlock / 2;
   RegionSpec spec{"state", 4 * kBlock, {a, 2 * kBlock + b}};
@@ -328,9 +331,10 @@ TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
   ASSERT_TRUE(store->read(0, 0, back.data(), a).ok());
   EXPECT_TRUE(back == x);
   EXPECT_EQ(store->traffic().read_bytes - t1.read_bytes, aligned(a) + aligned(b));
-  // The caller may hash the short block itself only where its range reaches the block's end.
-  EXPECT_EQ(store->caller_blocks(0, 0, aligned(a)).count, 2u);
-  EXPECT_EQ(store->caller_blocks(0, 2 * kBlock, b).count, aligned(b) == b ? 2u : 1u);
+  // A range that reaches a segment's end covers its short block whole: the caller may hash it.
+  EXPECT_EQ(store->caller_blocks(0, 0, a).count, 2u);
+  EXPECT_EQ(store->caller_blocks(0, 0, a - 1).count, 1u);
+  EXPECT_EQ(store->caller_blocks(0, 2 * kBlock, b).count, 2u);
   // Past a segment's data into its padding: refused, naming the region.
   Status s = store->read(0, a, back.data(), kBlock);
   EXPECT_EQ(s.code(), Code::kInvalidInput);
@@ -345,9 +349,18 @@ TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
   ::close(fd);
   s = store->read(0, 0, back.data(), a);
   ASSERT_EQ(s.code(), Code::kCorrupt);
-  EXPECT_NE(s.message().find(fmt::format("block 1 (bytes {}..{})", kBlock, aligned(a) - 1)),
+  EXPECT_NE(s.message().find(fmt::format("block 1 (bytes {}..{})", kBlock, a - 1)),
             std::string::npos) << s.message();
   EXPECT_TRUE(store->close().ok());
+}
+
+TEST_F(NvmeStoreTest, SegmentEndsThatShareABlockAreRefused) {
+  for (std::vector<uint64_t> ends : {std::vector<uint64_t>{100, 200}, {2 * kBlock, kBlock}, {5 * kBlock}}) {
+    auto r = NvmeStore::open(options(), std::vector<RegionSpec>{{"state", 4 * kBlock, ends}});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidInput);
+    EXPECT_NE(r.status().message().find("region 'state': segment end"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST_F(NvmeStoreTest, AsyncTransfersOnOneBlockApplyInSubmissionOrder) {

@@ -81,6 +81,8 @@ int bench_command(const BenchArgs& a) {
     if (!a.dir.empty()) o.nvme_dir = a.dir;
     o.trace_path = a.trace;
     o.checksums = !a.no_checksums;
+    if (a.aio_block_size > 0) o.aio_block_size = a.aio_block_size;
+    if (a.aio_queue_depth > 0) o.aio_queue_depth = a.aio_queue_depth;
     if (a.threads.size() > 1) return report_error(Status::Invalid("bench offload: one --threads"));
     if (!a.threads.empty()) o.threads = a.threads[0];
     st = bench_offload(o, &out, human);

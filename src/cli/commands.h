@@ -42,6 +42,8 @@ struct BenchArgs {
   std::string dir;                  // --dir: where `bench nvme` puts its test file
   std::string trace;                // --trace: `bench offload` keeps one step's timeline
   bool no_checksums = false;        // --no-checksums: `bench offload` with zoe.checksums false
+  int64_t aio_block_size = 0;       // --aio-block-size, --aio-queue-depth: `bench offload`'s store (0: defaults)
+  int aio_queue_depth = 0;
 };
 int bench_command(const BenchArgs& a);
 

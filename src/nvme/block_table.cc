@@ -11,11 +11,10 @@ BlockTable::BlockTable(uint64_t file_bytes, uint64_t block_bytes, bool checksums
     : checksums_(checksums),
       file_bytes_(file_bytes),
       block_bytes_(block_bytes),
+      align_(align),
       state_((file_bytes + block_bytes - 1) / block_bytes, State::kUnwritten) {
-  for (uint64_t e : segment_ends) {
-    const uint64_t at = (e + align - 1) / align * align;
-    if (at % block_bytes != 0 && at < file_bytes) short_ends_.push_back(at);
-  }
+  for (uint64_t e : segment_ends)
+    if (e % block_bytes != 0 && e < file_bytes) short_ends_.push_back(e);
   if (checksums_) sums_.assign(state_.size(), 0);
 }
 
@@ -23,6 +22,11 @@ uint64_t BlockTable::end(uint64_t block) const {
   const uint64_t b = begin(block), grid_end = std::min(b + block_bytes_, file_bytes_);
   auto it = std::upper_bound(short_ends_.begin(), short_ends_.end(), b);
   return it != short_ends_.end() && *it < grid_end ? *it : grid_end;
+}
+
+uint64_t BlockTable::io_end(uint64_t block) const {
+  const uint64_t e = end(block), grid_end = std::min(begin(block) + block_bytes_, file_bytes_);
+  return std::min((e + align_ - 1) / align_ * align_, grid_end);
 }
 
 bool BlockTable::in_blocks(uint64_t offset, uint64_t bytes) const {

@@ -5,9 +5,10 @@
 // block extents are fixed at construction and read by any thread).
 //
 // Blocks lie on a grid of block_bytes, but a region may say where its caller's segments of data
-// end (the next one beginning on the grid): the block holding a segment's end stops there,
-// rounded up to the direct-I/O alignment. Its requests and its sum cover that much, not the grid
-// block: the bytes after it, up to the next block, belong to no block and are never moved.
+// end (the next one beginning on the grid): the block holding a segment's end stops there. Its
+// sum covers its bytes up to that end, and its requests run on to the next multiple of `align`
+// (zeros when written); the rest of the grid block belongs to no block and is never moved. A
+// caller whose range reaches the segment's end covers the block whole (it may hash it itself).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +23,7 @@ class BlockTable {
  public:
   enum class State : uint8_t { kUnwritten, kWritten, kFailed };
 
-  // segment_ends: ascending byte offsets; `align` rounds them up (the file's direct-I/O alignment).
+  // segment_ends: ascending byte offsets; `align`: what requests round a short block up to.
   BlockTable(uint64_t file_bytes, uint64_t block_bytes, bool checksums, std::span<const uint64_t> segment_ends = {},
              uint64_t align = 1);
 
@@ -31,9 +32,10 @@ class BlockTable {
   State state(uint64_t block) const { return state_[block]; }
   uint64_t sum(uint64_t block) const { return sums_[block]; }
 
-  // Block b's bytes: [begin(b), end(b)).
+  // Block b's bytes: [begin(b), end(b)); its requests: [begin(b), io_end(b)).
   uint64_t begin(uint64_t block) const { return block * block_bytes_; }
   uint64_t end(uint64_t block) const;
+  uint64_t io_end(uint64_t block) const;
   // Whether bytes [offset, offset + bytes) lie in blocks (none of them after a segment's end).
   bool in_blocks(uint64_t offset, uint64_t bytes) const;
   // The blocks that [offset, offset + bytes) covers whole.
@@ -47,8 +49,8 @@ class BlockTable {
 
  private:
   bool checksums_;
-  uint64_t file_bytes_, block_bytes_;
-  std::vector<uint64_t> short_ends_;  // ascending: the aligned segment ends that stop a block early
+  uint64_t file_bytes_, block_bytes_, align_;
+  std::vector<uint64_t> short_ends_;  // ascending: the segment ends that stop a block early
   std::vector<State> state_;
   std::vector<uint64_t> sums_;  // empty without checksums
 };

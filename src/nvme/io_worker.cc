@@ -168,15 +168,17 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   const uint64_t s = t.offset + t.scheduled;
   const uint64_t block = s / block_;
   const uint64_t block_begin = block * block_;
-  const uint64_t block_end = r.blocks.end(block);
+  const uint64_t block_end = r.blocks.end(block), block_io_end = r.blocks.io_end(block);
   const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_end);
   const uint64_t align = r.file.offset_align;
   const bool sums = r.blocks.checksums();
   // With checksums the whole block moves (its sum covers all of it); without, the aligned span.
   const uint64_t io_begin = sums ? block_begin : s / align * align;
-  const uint64_t io_end = sums ? block_end : std::min<uint64_t>((e + align - 1) / align * align, block_end);
+  const uint64_t io_end = sums ? block_io_end : std::min<uint64_t>((e + align - 1) / align * align, block_io_end);
   uint8_t* user = t.user + (s - t.offset);
   const bool whole = io_begin == s && io_end == e;
+  // A short block's bytes after its data are padding: a write of all its data reads nothing back.
+  const bool all_data = s == block_begin && e == block_end;
   const bool direct = whole && reinterpret_cast<uintptr_t>(user) % r.file.mem_align == 0;
   const BlockTable::State state = r.blocks.state(block);
 
@@ -219,8 +221,8 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
     k.phase = IoOp::kRead;
   } else if (direct) {
     k.phase = IoOp::kWrite;
-    if (sums) k.sum = write_sum(t, block, user, k.io_bytes);
-  } else if (!whole && state != BlockTable::State::kUnwritten && !pads_rest(t, io_begin, s, e)) {
+    if (sums) k.sum = write_sum(t, block, user, block_end - block_begin);
+  } else if (!whole && !all_data && state != BlockTable::State::kUnwritten && !pads_rest(t, io_begin, s, e)) {
     k.phase = IoOp::kRead;  // read the rest of the span first
     k.rmw = true;
   } else {
@@ -231,7 +233,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
       std::memset(k.io_buf + (e - io_begin), 0, io_end - e);
     }
     std::memcpy(k.io_buf + (s - io_begin), user, e - s);
-    if (sums) k.sum = write_sum(t, block, k.io_buf, k.io_bytes);
+    if (sums) k.sum = write_sum(t, block, k.io_buf, block_end - block_begin);
     k.phase = IoOp::kWrite;
   }
   enqueue(slot);
@@ -282,7 +284,7 @@ void IoWorker::handle(const IoCompletion& c) {
     const uint64_t n = k.user_end - k.user_begin;
     if (k.rmw) {  // patch the caller's bytes in and write the span back
       std::memcpy(at, k.user, n);
-      if (r.blocks.checksums()) k.sum = BlockTable::hash(k.io_buf, k.io_bytes);
+      if (r.blocks.checksums()) k.sum = BlockTable::hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
       k.phase = IoOp::kWrite;
       k.done = 0;
       enqueue(slot);
@@ -324,9 +326,9 @@ bool IoWorker::verify(int slot) {
     return true;
   }
   if (!written) return true;
-  const uint64_t got = BlockTable::hash(k.io_buf, k.io_bytes);
+  const uint64_t got = BlockTable::hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
   if (got == r.blocks.sum(k.block)) return true;
-  fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.block, k.io_offset, k.io_offset + k.io_bytes,
+  fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.block, k.io_offset, r.blocks.end(k.block),
                                                r.blocks.sum(k.block), got)));
   return false;
 }

@@ -148,6 +148,13 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
     if (!plain_name(r.name))
       return Status::Invalid("NVMe store: region name '" + r.name + "' must be letters, digits, '_', '-' or '.'");
     if (r.bytes == 0) return Status::Invalid("NVMe store: region '" + r.name + "' is empty");
+    for (size_t k = 0; k < r.segment_ends.size(); ++k) {
+      const uint64_t e = r.segment_ends[k];
+      // The next segment begins on a block: two ends never share one, and they ascend.
+      if (e > r.bytes || (k > 0 && e / o_.block_size <= (r.segment_ends[k - 1] - 1) / o_.block_size))
+        return Status::Invalid(fmt::format("NVMe store: region '{}': segment end {} is past the region's {} bytes, "
+                                           "or not in a later block than the one before", r.name, e, r.bytes));
+    }
     bool dup = region(r.name).ok();
     for (size_t j = 0; j < i; ++j) dup = dup || regions[j].name == r.name;
     if (dup) return Status::Invalid("NVMe store: region '" + r.name + "' added twice");
