@@ -62,6 +62,7 @@ struct OffloadCase {
   std::vector<double> secs;
   std::vector<double> user_s, sys_s;  // the process's CPU time during each timed step
   std::vector<double> read_mb, written_mb;  // what the NVMe devices moved during each timed step
+  std::vector<double> io_hashed_mb;         // and what the I/O threads hashed (the rest is Adam's)
 
   double median_s() const { return median(secs); }
   uint64_t persistent() const {
@@ -169,6 +170,7 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
       const ZeroEngine::SchedStats io1 = k.engine->sched_stats();
       k.read_mb.push_back((io1.nvme_read_bytes - io0.nvme_read_bytes) / 1e6);
       k.written_mb.push_back((io1.nvme_written_bytes - io0.nvme_written_bytes) / 1e6);
+      k.io_hashed_mb.push_back((io1.nvme_hashed_bytes - io0.nvme_hashed_bytes) / 1e6);
       k.user_s.push_back(user1 - user0);
       k.sys_s.push_back(sys1 - sys0);
       if (trace) {
@@ -203,14 +205,17 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"aio_block_size", o.aio_block_size}, {"aio_queue_depth", o.aio_queue_depth},
                        {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
                        {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)},
-                       {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)}});
+                       {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)},
+                       {"io_thread_hashed_mb", median(k->io_hashed_mb)}});
   }
   if (human)
     for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})
       std::fprintf(human, "%s: cpu_s %.2f+%.2f a step\n", label, median(k->user_s), median(k->sys_s));
   if (human)
-    std::fprintf(human, "NVMe traffic during the offloaded step (scheduler on): read %.0f MB, written %.0f MB\n",
-                 median(on->read_mb), median(on->written_mb));
+    std::fprintf(human,
+                 "NVMe traffic during the offloaded step (scheduler on): read %.0f MB, written %.0f MB; the I/O "
+                 "thread hashed %.0f MB\n",
+                 median(on->read_mb), median(on->written_mb), median(on->io_hashed_mb));
   if (human)
     std::fprintf(human, "device peak %.1f MB of a %.1f MB budget%s\n", on->peak_device() / 1e6, budget / 1e6,
                  o.trace_path.empty() ? "" : ("; trace of one step (scheduler on): " + o.trace_path).c_str());

@@ -130,7 +130,7 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
 // 3 of bf16, the last of each ending with its data) is cut into sub-groups and load windows of
 // 2048 elements (the pinned pool of a 4.8 MB host budget holds three windows of that, and no room
 // to read the next pass ahead, whose background reads would still be landing when the counts are
-// taken).
+// taken). Of the block sums, the I/O thread makes or checks only the fetches'.
 TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   auto self = make_self_comm();
   const std::string dir = test::make_temp_dir("state-array-engine");
@@ -150,6 +150,11 @@ TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   const uint64_t fp32_unit = aligned(4161 * 4), bf16_unit = aligned(4161 * 2);
   EXPECT_EQ(s[1].nvme_written_bytes - s[0].nvme_written_bytes, 3 * (3 * fp32_unit + bf16_unit));
   EXPECT_EQ(s[1].nvme_read_bytes - s[0].nvme_read_bytes, 3 * 3 * fp32_unit + 6 * bf16_unit);
+  // Adam hashes every block of the optimizer's windows, the bf16 weights' too (a unit's last
+  // block ends with its data, so the windows cover each whole): the I/O thread hashes only what
+  // the fetches read, the weights' data.
+  EXPECT_EQ(s[1].nvme_hashed_bytes - s[0].nvme_hashed_bytes, 6 * 4161 * 2);
+  EXPECT_GT(s[1].adam_hashed_blocks, s[0].adam_hashed_blocks);
   std::filesystem::remove_all(dir);
 }
 

@@ -42,6 +42,7 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
     EXPECT_GE(r.at("cpu_sys_s").get<double>(), 0);
     // Parameters on NVMe, a quarter of the state on the device: the step's fetches read some.
     EXPECT_GT(r.at("nvme_read_mb").get<double>(), 0);
+    EXPECT_GE(r.at("io_thread_hashed_mb").get<double>(), 0);
     EXPECT_GE(r.at("nvme_written_mb").get<double>(), 0);
     EXPECT_TRUE(r.at("checksums").get<bool>());
   }

@@ -1,6 +1,7 @@
 // The optimizer's windows hashed where Adam has them in cache (sched/window_sums.h): the same
-// update as adam_step, bitwise; the sums of what it wrote are the blocks' xxh3 (the store then
-// verifies them on its own reads); a block changed on disk is found by the Adam pass, naming the
+// update as adam_step, bitwise; the sums of what it wrote are the blocks' xxh3, for the fp32
+// state and for the bf16 weights whose blocks hold two of the state's (the store then verifies
+// them on its own reads); a block changed on disk is found by the Adam pass, naming the
 // file and block; and in the engine, the path runs and trains bitwise as in memory.
 #include <fcntl.h>
 #include <unistd.h>
@@ -62,9 +63,13 @@ class WindowSumsTest : public ::testing::Test {
       state_[i] = random_floats(kElems, 10 + i, /*positive=*/i == 2);
       ASSERT_TRUE(arrays_[i].wait(arrays_[i].write_async(0, kElems, state_[i].data())).ok());
     }
+    // The bf16 weights: the same elements, 2048 a block (each block two of the state's).
+    Status st = param_.allocate(dev_, {Tier::kNvme, 1.0, store_.get(), "param"}, kElems, 2, Kind::kParam);
+    ASSERT_TRUE(st.ok()) << st.message();
   }
   void TearDown() override {
     for (StateArray& a : arrays_) a.release(dev_);
+    param_.release(dev_);
     store_.reset();
     std::filesystem::remove_all(root_);
   }
@@ -97,6 +102,7 @@ class WindowSumsTest : public ::testing::Test {
   CpuDevice dev_{1 << 20, 64 << 20, /*strict=*/false};
   std::unique_ptr<NvmeStore> store_;
   StateArray arrays_[3];
+  StateArray param_;
   std::vector<float> state_[3];
 
   void check_window(int64_t a, int64_t b);
@@ -114,8 +120,12 @@ void WindowSumsTest::check_window(int64_t a, int64_t b) {
     ASSERT_EQ(in[i]->count(), static_cast<uint64_t>(b / 1024 - a / 1024 - 1));
     for (uint64_t k = 0; k < in[i]->count(); ++k) EXPECT_EQ(in[i]->check[k], 1);
   }
-  // Three ranges with a gap (padding Adam leaves alone) and mixed decay; bf16 gradients.
-  std::vector<uint16_t> grads(n), params(n, 0), ref_params(n, 0);
+  // Three ranges with a gap (padding Adam leaves alone) and mixed decay; bf16 gradients. The
+  // weights' window is write-only: zero where Adam writes nothing.
+  std::vector<uint16_t> grads(n), ref_params(n, 0);
+  Aligned pw(n * 2);
+  uint16_t* params = pw.as<uint16_t>();
+  std::memset(params, 0, n * 2);
   std::mt19937 rng(5);
   for (uint16_t& g : grads) g = static_cast<uint16_t>(0x3c00 + rng() % 0x600) ^ (rng() % 2 ? 0x8000 : 0);
   std::vector<float> ref[3];
@@ -145,12 +155,13 @@ void WindowSumsTest::check_window(int64_t a, int64_t b) {
     };
     float* win[3] = {m0.as<float>(), m1.as<float>(), m2.as<float>()};
     float* refs[3] = {ref[0].data(), ref[1].data(), ref[2].data()};
-    ranges.push_back({s.e, range(win, params.data())});
+    ranges.push_back({s.e, range(win, params)});
     adam_step(h, range(refs, ref_params.data()), best_isa());
   }
   auto out = [&](int i) { return make_block_sums(arrays_[i], a, b, /*read=*/false); };
   std::vector<HashedArray> hashed;
   for (int i = 0; i < 3; ++i) hashed.push_back({&arrays_[i], w[i]->as<char>(), in[i], out(i)});
+  hashed.push_back({&param_, pw.as<char>(), nullptr, make_block_sums(param_, a, b, /*read=*/false)});
   auto bad = adam_with_block_sums(h, ranges, a, b, hashed);
   ASSERT_TRUE(bad.ok()) << bad.status().message();
   EXPECT_EQ(bad.value(), 0u);
@@ -161,17 +172,27 @@ void WindowSumsTest::check_window(int64_t a, int64_t b) {
     for (uint64_t k = 0; k < s.count(); ++k)
       EXPECT_EQ(s.sums[k], BlockTable::hash(w[i]->as<char>() + ((s.first + k) * 1024 - a) * 4, kBlock)) << k;
   }
-  EXPECT_EQ(params, ref_params);
+  EXPECT_EQ(0, std::memcmp(params, ref_params.data(), n * 2));
+  const BlockSums& ps = *hashed[3].out;
+  ASSERT_EQ(ps.first, static_cast<uint64_t>(a / 2048 + 1));
+  ASSERT_EQ(ps.count(), static_cast<uint64_t>(b / 2048 - a / 2048 - 1));
+  for (uint64_t k = 0; k < ps.count(); ++k)
+    EXPECT_EQ(ps.sums[k], BlockTable::hash(pw.as<char>() + ((ps.first + k) * 2048 - a) * 2, kBlock)) << k;
 
   // Written back with those sums, the store's own reads verify against them.
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(arrays_[i].wait(arrays_[i].write_async(a, n, w[i]->p, false, hashed[i].out)).ok());
+  ASSERT_TRUE(param_.wait(param_.write_async(a, n, params, false, hashed[3].out)).ok());
   std::vector<float> all(kElems);
   for (int i = 0; i < 3; ++i) {
     Status s = arrays_[i].wait(arrays_[i].read_async(0, kElems, all.data()));
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(0, std::memcmp(all.data() + a, ref[i].data(), n * 4));
   }
+  std::vector<uint16_t> all_params(kElems);
+  Status s = param_.wait(param_.read_async(0, kElems, all_params.data()));
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(0, std::memcmp(all_params.data() + a, ref_params.data(), n * 2));
 }
 
 // Window [700, 9300): blocks 1..8 whole (elements 1024..9215), 0 and 9 in part; one thread.

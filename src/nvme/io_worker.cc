@@ -284,7 +284,7 @@ void IoWorker::handle(const IoCompletion& c) {
     const uint64_t n = k.user_end - k.user_begin;
     if (k.rmw) {  // patch the caller's bytes in and write the span back
       std::memcpy(at, k.user, n);
-      if (r.blocks.checksums()) k.sum = BlockTable::hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
+      if (r.blocks.checksums()) k.sum = hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
       k.phase = IoOp::kWrite;
       k.done = 0;
       enqueue(slot);
@@ -310,9 +310,14 @@ static BlockSums* caller_block(const Transfer& t, uint64_t block) {
   return c && block >= c->first && block - c->first < c->count() ? c : nullptr;
 }
 
+uint64_t IoWorker::hash(const uint8_t* data, size_t bytes) {
+  hashed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return BlockTable::hash(data, bytes);
+}
+
 uint64_t IoWorker::write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes) {
   const BlockSums* c = caller_block(t, block);
-  return c ? c->sums[block - c->first] : BlockTable::hash(data, bytes);
+  return c ? c->sums[block - c->first] : hash(data, bytes);
 }
 
 bool IoWorker::verify(int slot) {
@@ -326,7 +331,7 @@ bool IoWorker::verify(int slot) {
     return true;
   }
   if (!written) return true;
-  const uint64_t got = BlockTable::hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
+  const uint64_t got = hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
   if (got == r.blocks.sum(k.block)) return true;
   fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.block, k.io_offset, r.blocks.end(k.block),
                                                r.blocks.sum(k.block), got)));

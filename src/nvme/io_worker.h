@@ -52,6 +52,8 @@ class IoWorker {
   // Bytes the device has read and written so far, padding and read-modify-write included.
   uint64_t device_read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
   uint64_t device_written_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
+  // Bytes this thread has hashed (block sums it made or checked, not the callers').
+  uint64_t hashed_bytes() const { return hashed_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Task {
@@ -76,7 +78,7 @@ class IoWorker {
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
   // A write's block sum: the caller's where it made it, else hashed here.
-  static uint64_t write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes);
+  uint64_t write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes);
   void enqueue(int slot);
   void handle(const IoCompletion& c);
   bool verify(int slot);
@@ -108,7 +110,8 @@ class IoWorker {
   bool stopping_ = false;
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
-  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0};
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0};
+  uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted
   std::thread thread_;
 };
 

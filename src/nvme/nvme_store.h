@@ -127,6 +127,7 @@ class NvmeStore {
   // read-modify-write reads count (the figure to compare with what callers asked for).
   struct Traffic {
     uint64_t read_bytes = 0, written_bytes = 0;
+    uint64_t hashed_bytes = 0;  // what the I/O thread hashed (callers' sums not counted)
   };
   Traffic traffic() const;
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }

@@ -84,8 +84,8 @@ uint64_t StateArray::region_offset(int64_t e) const {
   return seg_offset_[i] + static_cast<uint64_t>(e - segments_[i]) * esize_;
 }
 
-bool StateArray::same_layout(const StateArray& o) const {
-  return split_ == o.split_ && elems_ == o.elems_ && esize_ == o.esize_ && segments_ == o.segments_;
+bool StateArray::same_segments(const StateArray& o) const {
+  return split_ == o.split_ && elems_ == o.elems_ && segments_ == o.segments_;
 }
 
 void StateArray::release(Device& dev) {

@@ -59,8 +59,9 @@ class StateArray {
   // The end of the part holding element e, and on NVMe of its segment: ranges the engine walks
   // never cross it.
   int64_t part_end(int64_t e) const;
-  // The same layout: split, size, element size and segments (one block grid).
-  bool same_layout(const StateArray& o) const;
+  // The same split, size and segments (blocks begin at the same elements; their grids nest when
+  // element sizes divide each other).
+  bool same_segments(const StateArray& o) const;
 
   // Whether element e is device memory (else host memory or NVMe): where Adam runs on it.
   bool in_device_memory(int64_t e) const { return e < split_; }

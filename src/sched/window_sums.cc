@@ -12,14 +12,6 @@ namespace {
 // gradients and its weight copy stay in L2 between hashing and stepping.
 constexpr int64_t kPieceElems = 16384;
 
-// One cell: elements [c0, c1) of the window, within one block of the grid. `hashed` when the
-// window covers that block whole (its index among the arrays' BlockSums is k).
-struct Cell {
-  int64_t c0 = 0, c1 = 0;
-  bool hashed = false;
-  uint64_t k = 0;
-};
-
 // Adam on the parts of `ranges` inside [p, q); `ri` is the first range that may reach p.
 size_t step_piece(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, size_t ri, int64_t p, int64_t q,
                   Isa isa) {
@@ -32,12 +24,12 @@ size_t step_piece(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, 
   return bad;
 }
 
-// The first cell's error in window order, else the non-finite count of all cells.
-Result<size_t> sum_cells(const std::vector<Status>& errors, const std::vector<size_t>& bad) {
+// The first task's error in window order, else the non-finite count of all tasks.
+Result<size_t> sum_tasks(const std::vector<Status>& errors, const std::vector<size_t>& bad) {
   size_t nonfinite = 0;
-  for (size_t ci = 0; ci < errors.size(); ++ci) {
-    ZOE_RETURN_IF_ERROR(errors[ci]);
-    nonfinite += bad[ci];
+  for (size_t ti = 0; ti < errors.size(); ++ti) {
+    ZOE_RETURN_IF_ERROR(errors[ti]);
+    nonfinite += bad[ti];
   }
   return nonfinite;
 }
@@ -55,52 +47,71 @@ std::shared_ptr<BlockSums> make_block_sums(const StateArray& array, int64_t a, i
 
 Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedAdamRange> ranges, int64_t a,
                                     int64_t b, std::span<const HashedArray> arrays) {
-  const StateArray& grid = *arrays.front().array;
-  // The window lies in one segment, whose blocks begin at its first element.
-  const int64_t origin = grid.segment_begin(a), be = grid.block_elems();
-  const size_t esize = grid.esize();
-  const WholeBlocks whole = grid.caller_blocks(a, b - a);
-  std::vector<Cell> cells;
-  for (int64_t c0 = a; c0 < b;) {
-    const int64_t c1 = std::min(b, origin + ((c0 - origin) / be + 1) * be);
-    const uint64_t ub = grid.block_of(c0);
-    const bool hashed = ub >= whole.first && ub - whole.first < whole.count;
-    cells.push_back({c0, c1, hashed, hashed ? ub - whole.first : 0});
-    c0 = c1;
+  // Every array's blocks begin at the segment's first element; the coarsest grid (the largest
+  // block in elements: the 2-byte weights') cuts the window into tasks, each of which holds
+  // whole blocks of every finer grid.
+  const int64_t origin = arrays.front().array->segment_begin(a);
+  int64_t coarse = 0;
+  std::vector<WholeBlocks> whole;
+  for (const HashedArray& x : arrays) {
+    coarse = std::max(coarse, x.array->block_elems());
+    whole.push_back(x.array->caller_blocks(a, b - a));
   }
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  for (int64_t t0 = a; t0 < b;) {
+    const int64_t t1 = std::min(b, origin + ((t0 - origin) / coarse + 1) * coarse);
+    tasks.push_back({t0, t1});
+    t0 = t1;
+  }
+  // Array i's block of element e, as an index into its BlockSums; -1 when the window does not
+  // cover that block whole (the I/O thread hashes it).
+  auto sum_index = [&](size_t i, int64_t e) -> int64_t {
+    const uint64_t blk = arrays[i].array->block_of(e);
+    return blk >= whole[i].first && blk - whole[i].first < whole[i].count ? int64_t(blk - whole[i].first) : -1;
+  };
+  auto block_end = [&](size_t i, int64_t e) {
+    const int64_t be = arrays[i].array->block_elems();
+    return origin + ((e - origin) / be + 1) * be;
+  };
   const Isa isa = best_isa();
-  std::vector<Status> errors(cells.size());
-  std::vector<size_t> bad(cells.size(), 0);
-  auto at = [&](const HashedArray& x, int64_t e) { return x.window + (e - a) * esize; };
-  auto run_cell = [&](size_t ci) {
-    const Cell& c = cells[ci];
-    std::vector<Checksum> in(c.hashed ? arrays.size() : 0), out(c.hashed ? arrays.size() : 0);
-    // The first range that reaches c0.
+  std::vector<Status> errors(tasks.size());
+  std::vector<size_t> bad(tasks.size(), 0);
+  auto at = [&](const HashedArray& x, int64_t e) { return x.window + (e - a) * x.array->esize(); };
+  auto run_task = [&](size_t ti) {
+    const auto [t0, t1] = tasks[ti];
+    std::vector<Checksum> in(arrays.size()), out(arrays.size());
+    // The first range that reaches t0.
     size_t ri = std::partition_point(ranges.begin(), ranges.end(),
                                      [&](const IndexedAdamRange& x) {
-                                       return x.e + static_cast<int64_t>(x.r.n) <= c.c0;
+                                       return x.e + static_cast<int64_t>(x.r.n) <= t0;
                                      }) - ranges.begin();
-    for (int64_t p = c.c0; p < c.c1; p += kPieceElems) {
-      const int64_t q = std::min(p + kPieceElems, c.c1);
-      const size_t bytes = static_cast<size_t>(q - p) * esize;
-      for (size_t i = 0; i < in.size(); ++i)
-        if (arrays[i].in) in[i].update(at(arrays[i], p), bytes);
-      bad[ci] += step_piece(h, ranges, ri, p, q, isa);
-      for (size_t i = 0; i < out.size(); ++i) out[i].update(at(arrays[i], p), bytes);
+    for (int64_t p = t0; p < t1;) {
+      // Pieces end where any array's block does, so that each sum sees exactly its block's bytes.
+      int64_t q = std::min(t1, p + kPieceElems);
+      for (size_t i = 0; i < arrays.size(); ++i) q = std::min(q, block_end(i, p));
+      for (size_t i = 0; i < arrays.size(); ++i)
+        if (arrays[i].in && sum_index(i, p) >= 0) in[i].update(at(arrays[i], p), (q - p) * arrays[i].array->esize());
+      bad[ti] += step_piece(h, ranges, ri, p, q, isa);
+      for (size_t i = 0; i < arrays.size(); ++i) {
+        const HashedArray& x = arrays[i];
+        const int64_t k = sum_index(i, p);
+        if (k < 0) continue;
+        out[i].update(at(x, p), (q - p) * x.array->esize());
+        if (q != t1 && q != block_end(i, p)) continue;
+        if (x.in && x.in->check[k] && errors[ti].ok())
+          errors[ti] = x.array->check_sum(whole[i].first + k, x.in->sums[k], in[i].digest());
+        x.out->sums[k] = out[i].digest();
+        in[i] = Checksum(), out[i] = Checksum();
+      }
       while (ri < ranges.size() && ranges[ri].e + static_cast<int64_t>(ranges[ri].r.n) <= q) ++ri;
-    }
-    for (size_t i = 0; i < out.size(); ++i) {
-      const HashedArray& x = arrays[i];
-      if (x.in && x.in->check[c.k] && errors[ci].ok())
-        errors[ci] = x.array->check_sum(whole.first + c.k, x.in->sums[c.k], in[i].digest());
-      x.out->sums[c.k] = out[i].digest();
+      p = q;
     }
   };
   // As adam_step: inline below two chunks (waking threads would cost more than the loop), else an
-  // arena of its own, so this thread waiting for other cells never runs the compute's tasks (a
+  // arena of its own, so this thread waiting for other tasks never runs the compute's tasks (a
   // GEMM slice would hold up the write-backs and the next forward).
-  parallel_items(cells.size(), b - a < static_cast<int64_t>(2 * kChunkElems) ? 1 : 0, run_cell);
-  return sum_cells(errors, bad);
+  parallel_items(tasks.size(), b - a < static_cast<int64_t>(2 * kChunkElems) ? 1 : 0, run_task);
+  return sum_tasks(errors, bad);
 }
 
 }  // namespace zoe

@@ -175,6 +175,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
     NvmeStore::Traffic t = store->traffic();
     s.nvme_read_bytes += t.read_bytes;
     s.nvme_written_bytes += t.written_bytes;
+    s.nvme_hashed_bytes += t.hashed_bytes;
   }
   return s;
 }
@@ -787,14 +788,18 @@ ZeroEngine::WindowLayout ZeroEngine::window_layout() {
   WindowLayout wl;
   StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
                              plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
-  // The fp32 arrays with the first one's layout share a block grid: the host Adam makes their
-  // sums (window_sums.h).
+  // The arrays segmented as the first fp32 one have nesting block grids (the weights' block is two
+  // of the state's): the host Adam makes their sums (window_sums.h).
   const StateArray* grid = nullptr;
+  for (int i = 0; i < 4; ++i)
+    if (slots_of[i] && slots_of[i]->has_nvme() && slots_of[i]->esize() == 4) {
+      grid = slots_of[i];
+      break;
+    }
   for (int i = 0; i < 4; ++i)
     if (slots_of[i] && slots_of[i]->has_nvme()) {
       const StateArray& x = *slots_of[i];
-      if (!grid && x.esize() == 4) grid = &x;
-      const bool hot = cfg_.checksums && grid && x.esize() == 4 && x.same_layout(*grid);
+      const bool hot = cfg_.checksums && grid && 4 % x.esize() == 0 && x.same_segments(*grid);
       wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot});
       wl.per_elem += x.esize();
     }

@@ -89,6 +89,7 @@ class ZeroEngine final : public Engine {
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
     uint64_t nvme_written_bytes = 0;
+    uint64_t nvme_hashed_bytes = 0;  // block sums the NVMe I/O threads made or checked (not Adam's)
   };
   SchedStats sched_stats() const;
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
