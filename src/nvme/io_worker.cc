@@ -172,7 +172,8 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_end);
   const uint64_t align = r.file.offset_align;
   const bool sums = r.blocks.checksums();
-  // With checksums the whole block moves (its sum covers all of it); without, the aligned span.
+  // With checksums the block's whole request span moves (its sum covers all its data); without,
+  // the aligned span.
   const uint64_t io_begin = sums ? block_begin : s / align * align;
   const uint64_t io_end = sums ? block_io_end : std::min<uint64_t>((e + align - 1) / align * align, block_io_end);
   uint8_t* user = t.user + (s - t.offset);

@@ -77,6 +77,7 @@ class IoWorker {
   bool background_may_start() const;
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
+  uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted in hashed_bytes_
   // A write's block sum: the caller's where it made it, else hashed here.
   uint64_t write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes);
   void enqueue(int slot);
@@ -111,7 +112,6 @@ class IoWorker {
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
   std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0};
-  uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted
   std::thread thread_;
 };
 

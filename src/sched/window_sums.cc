@@ -78,7 +78,7 @@ Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedA
   std::vector<size_t> bad(tasks.size(), 0);
   auto at = [&](const HashedArray& x, int64_t e) { return x.window + (e - a) * x.array->esize(); };
   auto run_task = [&](size_t ti) {
-    const auto [t0, t1] = tasks[ti];
+    const int64_t t0 = tasks[ti].first, t1 = tasks[ti].second;  // not a binding: clang's lambdas cannot capture one
     std::vector<Checksum> in(arrays.size()), out(arrays.size());
     // The first range that reaches t0.
     size_t ri = std::partition_point(ranges.begin(), ranges.end(),
