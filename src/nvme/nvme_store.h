@@ -71,9 +71,9 @@ struct RegionSpec {
   std::string name;  // file <name>.swap; letters, digits, '_', '-', '.'
   uint64_t bytes = 0;
   // Where the caller's segments of data end, ascending, each followed by padding up to the next
-  // block (where the next segment begins): the block holding an end stops there (rounded up to
-  // the direct-I/O alignment), so the padding is never moved or hashed, and no transfer may touch
-  // it (see BlockTable). Empty: blocks lie on the grid.
+  // block (where the next segment begins): the block holding an end stops there (its sum covers
+  // the data, its requests run on to the next page), so the padding is never moved or hashed,
+  // and no transfer may touch it (see BlockTable). Empty: blocks lie on the grid.
   std::vector<uint64_t> segment_ends = {};
 };
 

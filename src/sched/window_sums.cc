@@ -85,22 +85,25 @@ Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedA
                                      [&](const IndexedAdamRange& x) {
                                        return x.e + static_cast<int64_t>(x.r.n) <= t0;
                                      }) - ranges.begin();
+    std::vector<int64_t> k(arrays.size()), end(arrays.size());  // each array's block at p
     for (int64_t p = t0; p < t1;) {
       // Pieces end where any array's block does, so that each sum sees exactly its block's bytes.
       int64_t q = std::min(t1, p + kPieceElems);
-      for (size_t i = 0; i < arrays.size(); ++i) q = std::min(q, block_end(i, p));
+      for (size_t i = 0; i < arrays.size(); ++i) {
+        k[i] = sum_index(i, p), end[i] = block_end(i, p);
+        q = std::min(q, end[i]);
+      }
       for (size_t i = 0; i < arrays.size(); ++i)
-        if (arrays[i].in && sum_index(i, p) >= 0) in[i].update(at(arrays[i], p), (q - p) * arrays[i].array->esize());
+        if (arrays[i].in && k[i] >= 0) in[i].update(at(arrays[i], p), (q - p) * arrays[i].array->esize());
       bad[ti] += step_piece(h, ranges, ri, p, q, isa);
       for (size_t i = 0; i < arrays.size(); ++i) {
         const HashedArray& x = arrays[i];
-        const int64_t k = sum_index(i, p);
-        if (k < 0) continue;
+        if (k[i] < 0) continue;
         out[i].update(at(x, p), (q - p) * x.array->esize());
-        if (q != t1 && q != block_end(i, p)) continue;
-        if (x.in && x.in->check[k] && errors[ti].ok())
-          errors[ti] = x.array->check_sum(whole[i].first + k, x.in->sums[k], in[i].digest());
-        x.out->sums[k] = out[i].digest();
+        if (q != t1 && q != end[i]) continue;
+        if (x.in && x.in->check[k[i]] && errors[ti].ok())
+          errors[ti] = x.array->check_sum(whole[i].first + k[i], x.in->sums[k[i]], in[i].digest());
+        x.out->sums[k[i]] = out[i].digest();
         in[i] = Checksum(), out[i] = Checksum();
       }
       while (ri < ranges.size() && ranges[ri].e + static_cast<int64_t>(ranges[ri].r.n) <= q) ++ri;

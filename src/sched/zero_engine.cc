@@ -935,7 +935,7 @@ Status ZeroEngine::stream_groups(const Groups& groups, const std::vector<AdamTas
     auto w = window_of(wl, cur, a, b);
     for (const Windowed& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
       if (w[x.slot] && !x.read) zero_gaps(w[x.slot], x.a->esize(), a, b, tasks);
-    // Where the host Adam steps the window it makes the block sums of the fp32 state as it goes.
+    // Where the host Adam steps the window it makes the block sums of the state and weights as it goes.
     std::vector<HashedArray> hashed;
     for (const Windowed& x : wl.arrays) {
       cur.write_sums[x.slot] = nullptr;
