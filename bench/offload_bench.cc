@@ -193,11 +193,18 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"on", on.get()}, {"off", off.get()}}) {
     double step_s = k->median_s(), ratio = step_s / bound;
+    // The same ratio within each round (its four steps ran within seconds of each other): the
+    // load here drifts on that scale, so the spread of these says how far `ratio` can be trusted.
+    std::vector<double> rounds;
+    for (int r = 0; r < o.iters; ++r)
+      rounds.push_back(k->secs[r] / std::max(compute->secs[r], io->secs[r]));
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
     double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);
     if (human)
-      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f\n", label, step_s, compute_s, io_s,
-                   ratio, 100 * overlap, median(k->user_s), median(k->sys_s));
+      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f   (rounds' ratios %.2f..%.2f, median %.2f)\n",
+                   label, step_s, compute_s, io_s, ratio, 100 * overlap, median(k->user_s), median(k->sys_s),
+                   *std::min_element(rounds.begin(), rounds.end()), *std::max_element(rounds.begin(), rounds.end()),
+                   median(rounds));
     results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
@@ -206,7 +213,8 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"cpu_user_s", median(k->user_s)}, {"cpu_sys_s", median(k->sys_s)},
                        {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)},
                        {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)},
-                       {"io_thread_hashed_mb", median(k->io_hashed_mb)}});
+                       {"io_thread_hashed_mb", median(k->io_hashed_mb)}, {"round_ratios", rounds},
+                       {"round_ratio_median", median(rounds)}});
   }
   if (human)
     for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})

@@ -24,6 +24,7 @@ class FaultInjectingQueue : public IoQueue {
   Status attach_thread() override { return base_->attach_thread(); }
 
   Status enqueue(const IoRequest& r) override {
+    ++enqueued_[static_cast<int>(r.op)];
     const FaultInjectingEnv::Verdict v = env_->next_request(r.op);
     if (v.err > 0) {
       injected_.push_back({r.tag, -v.err});
@@ -35,6 +36,10 @@ class FaultInjectingQueue : public IoQueue {
   }
 
   Status submit_and_wait(unsigned wait_for, std::vector<IoCompletion>* out) override {
+    for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
+      env_->note_submission(op, enqueued_[static_cast<int>(op)]);
+      enqueued_[static_cast<int>(op)] = 0;
+    }
     if (injected_.empty()) return base_->submit_and_wait(wait_for, out);
     Status s = base_->submit_and_wait(0, out);
     out->insert(out->end(), injected_.begin(), injected_.end());
@@ -46,6 +51,7 @@ class FaultInjectingQueue : public IoQueue {
   std::unique_ptr<IoQueue> base_;
   FaultInjectingEnv* env_;
   std::vector<IoCompletion> injected_;
+  int enqueued_[2] = {0, 0};  // since the last submit_and_wait
 };
 
 }  // namespace
@@ -63,6 +69,13 @@ void FaultInjectingEnv::shorten_request(IoOp op, int k) {
 void FaultInjectingEnv::set_free_bytes(std::optional<uint64_t> bytes) {
   std::lock_guard l(mu_);
   free_bytes_ = bytes;
+}
+
+void FaultInjectingEnv::note_submission(IoOp op, int requests) {
+  std::atomic<int>& most = largest_[static_cast<int>(op)];
+  int seen = most.load();
+  while (requests > seen && !most.compare_exchange_weak(seen, requests)) {
+  }
 }
 
 FaultInjectingEnv::Verdict FaultInjectingEnv::next_request(IoOp op) {

@@ -29,6 +29,9 @@ class FaultInjectingEnv : public NvmeEnv {
   void set_sparse_allocate(bool sparse) { sparse_allocate_ = sparse; }
   // Requests of kind `op` seen so far.
   int requests(IoOp op) const { return count_[static_cast<int>(op)].load(); }
+  // The most requests of kind `op` that one submit_and_wait handed to the kernel together.
+  int largest_submission(IoOp op) const { return largest_[static_cast<int>(op)].load(); }
+  void note_submission(IoOp op, int requests);  // by the queue wrapper
 
   struct Verdict {
     int err = 0;        // > 0: complete with -err instead of submitting
@@ -58,6 +61,7 @@ class FaultInjectingEnv : public NvmeEnv {
   std::mutex mu_;
   std::vector<Rule> rules_;
   std::atomic<int> count_[2] = {0, 0};
+  std::atomic<int> largest_[2] = {0, 0};
   std::optional<uint64_t> free_bytes_;
   bool sparse_allocate_ = false;
 };

@@ -74,7 +74,7 @@ class IoWorker {
 
   void run();
   void fill();
-  bool background_may_start() const;
+  size_t background_room() const;  // background blocks fill() may start now
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
   uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted in hashed_bytes_
