@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <thread>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <tbb/global_control.h>
 
@@ -61,6 +63,7 @@ struct OffloadCase {
   std::function<Status(OffloadCase&)> one_step;
   std::vector<double> secs;
   std::vector<double> user_s, sys_s;  // the process's CPU time during each timed step
+  std::vector<double> steal_s;        // the machine's vCPUs' stolen time then (all of them)
   std::vector<double> read_mb, written_mb;  // what the NVMe devices moved during each timed step
   std::vector<double> io_hashed_mb;         // and what the I/O threads hashed (the rest is Adam's)
 
@@ -102,6 +105,19 @@ std::pair<double, double> process_cpu_s() {
   getrusage(RUSAGE_SELF, &u);
   auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
   return {s(u.ru_utime), s(u.ru_stime)};
+}
+
+// CPU seconds the hypervisor ran something else on this machine's vCPUs (all of them), from
+// /proc/stat; 0 where it is not reported. On a shared VM this is the noise of every timing here.
+double machine_steal_s() {
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return 0;
+  unsigned long long v[8] = {};
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                            &v[5], &v[6], &v[7]);
+  std::fclose(f);
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  return n == 8 && hz > 0 ? double(v[7]) / hz : 0;
 }
 
 Status train_step(OffloadCase& k) {
@@ -163,10 +179,12 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
       }
       const ZeroEngine::SchedStats io0 = k.engine->sched_stats();
       auto [user0, sys0] = process_cpu_s();
+      const double steal0 = machine_steal_s();
       auto t0 = std::chrono::steady_clock::now();
       ZOE_RETURN_IF_ERROR(k.one_step(k));
       k.secs.push_back(seconds_since(t0));
       auto [user1, sys1] = process_cpu_s();
+      k.steal_s.push_back(machine_steal_s() - steal0);
       const ZeroEngine::SchedStats io1 = k.engine->sched_stats();
       k.read_mb.push_back((io1.nvme_read_bytes - io0.nvme_read_bytes) / 1e6);
       k.written_mb.push_back((io1.nvme_written_bytes - io0.nvme_written_bytes) / 1e6);
@@ -201,10 +219,10 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
     double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);
     if (human)
-      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f   (rounds' ratios %.2f..%.2f, median %.2f)\n",
+      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f   (rounds' ratios %.2f..%.2f, median %.2f; steal %.2f s)\n",
                    label, step_s, compute_s, io_s, ratio, 100 * overlap, median(k->user_s), median(k->sys_s),
                    *std::min_element(rounds.begin(), rounds.end()), *std::max_element(rounds.begin(), rounds.end()),
-                   median(rounds));
+                   median(rounds), median(k->steal_s));
     results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
@@ -214,11 +232,13 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"compute_only_cpu_s", median(compute->user_s) + median(compute->sys_s)},
                        {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)},
                        {"io_thread_hashed_mb", median(k->io_hashed_mb)}, {"round_ratios", rounds},
+                       {"steal_s", median(k->steal_s)}, {"compute_only_steal_s", median(compute->steal_s)},
                        {"round_ratio_median", median(rounds)}});
   }
   if (human)
     for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})
-      std::fprintf(human, "%s: cpu_s %.2f+%.2f a step\n", label, median(k->user_s), median(k->sys_s));
+      std::fprintf(human, "%s: cpu_s %.2f+%.2f a step (the machine's vCPUs lost %.2f s to steal)\n", label,
+                   median(k->user_s), median(k->sys_s), median(k->steal_s));
   if (human)
     std::fprintf(human,
                  "NVMe traffic during the offloaded step (scheduler on): read %.0f MB, written %.0f MB; the I/O "
