@@ -213,16 +213,22 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
     double step_s = k->median_s(), ratio = step_s / bound;
     // The same ratio within each round (its four steps ran within seconds of each other): the
     // load here drifts on that scale, so the spread of these says how far `ratio` can be trusted.
-    std::vector<double> rounds;
-    for (int r = 0; r < o.iters; ++r)
+    std::vector<double> rounds, quiet;
+    for (int r = 0; r < o.iters; ++r) {
       rounds.push_back(k->secs[r] / std::max(compute->secs[r], io->secs[r]));
+      // Quiet: none of the round's three steps lost more than a tenth of one vCPU to steal. Steal
+      // lands in whichever step runs then, so a round it hit says nothing either way.
+      auto calm = [&](const OffloadCase& c) { return c.steal_s[r] <= 0.1 * c.secs[r]; };
+      if (calm(*k) && calm(*compute) && calm(*io)) quiet.push_back(rounds.back());
+    }
     // Overlap: the share of the shorter of compute and I/O that ran under the other.
     double overlap = (compute_s + io_s - step_s) / std::min(compute_s, io_s);
     if (human)
-      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f   (rounds' ratios %.2f..%.2f, median %.2f; steal %.2f s)\n",
+      std::fprintf(human, "%10s %10.3f %16.3f %12.3f %8.2f %7.0f%% %7.2f+%.2f   (rounds' ratios %.2f..%.2f, median %.2f; steal %.2f s; %zu quiet rounds%s)\n",
                    label, step_s, compute_s, io_s, ratio, 100 * overlap, median(k->user_s), median(k->sys_s),
                    *std::min_element(rounds.begin(), rounds.end()), *std::max_element(rounds.begin(), rounds.end()),
-                   median(rounds), median(k->steal_s));
+                   median(rounds), median(k->steal_s), quiet.size(),
+                   quiet.empty() ? "" : fmt::format(", median {:.2f}", median(quiet)).c_str());
     results.push_back({{"case", fmt::format("{}, scheduler {}", shape, label)}, {"step_s", step_s},
                        {"compute_only_s", compute_s}, {"io_only_s", io_s}, {"ratio", ratio}, {"overlap", overlap},
                        {"device_budget_bytes", budget}, {"peak_device_bytes", k->peak_device()},
@@ -233,7 +239,9 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
                        {"nvme_read_mb", median(k->read_mb)}, {"nvme_written_mb", median(k->written_mb)},
                        {"io_thread_hashed_mb", median(k->io_hashed_mb)}, {"round_ratios", rounds},
                        {"steal_s", median(k->steal_s)}, {"compute_only_steal_s", median(compute->steal_s)},
-                       {"round_ratio_median", median(rounds)}});
+                       {"round_ratio_median", median(rounds)},
+                       {"quiet_round_ratios", quiet},
+                       {"quiet_round_ratio_median", quiet.empty() ? nlohmann::json() : nlohmann::json(median(quiet))}});
   }
   if (human)
     for (const auto& [label, k] : {std::pair<const char*, OffloadCase*>{"compute only", compute.get()}, {"io only", io.get()}})
