@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 CC=clang CXX=clang++ cmake $(tools/generator.sh build-tsan) -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_CUDA=OFF \
   -DZOE_SANITIZE=thread -DZOE_UNITY_BUILD=ON >/dev/null
-cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test profiler_test window_sums_test nvme_state_test
+cmake --build build-tsan -j "$(nproc)" --target zero_test nvme_store_test prefetch_policy_test profiler_test window_sums_test nvme_state_test optimizer_windows_test
 built=$SECONDS
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|CommWorker|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy|Profiler|WindowSumsTest|WindowSumsEngine|StateArrayOnNvme|ChunkLoadTest)\.' "$@")
+(cd build-tsan && ctest --output-on-failure -j 2 -R '(ZeroOneRank|CommWorker|ShardLayout|NvmeStoreTest|NvmeRoundTrip|NvmeFaultTest|UnitTrace|PrefetchPolicy|Profiler|WindowSumsTest|WindowSumsEngine|StateArrayOnNvme|ChunkLoadTest|OptimizerWindowsTest)\.' "$@")
 echo "test-tsan.sh: build $((built - start)) s, tests $((SECONDS - built)) s"

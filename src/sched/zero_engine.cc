@@ -63,7 +63,7 @@ ZeroEngine::~ZeroEngine() {
   (void)finish_reductions();
   comm_worker_.reset();
   (void)wait_update();
-  drop_read_ahead();
+  windows_.reset();  // waits for what it read ahead
   set_activation_bytes(0);
   for (auto& g : gathered_) {
     g.load.reset();  // waits for what it issued
@@ -129,6 +129,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
   ZOE_ASSIGN_OR_RETURN(pool_, PinnedPool::create({pool_bytes, pin, &dev_.ledger()}));
   // Adam and the copies read the windows in place: the device must reach the pool.
   ZOE_RETURN_IF_ERROR(dev_.register_host(pool_->base(), pool_->capacity()));
+  windows_ = std::make_unique<OptimizerWindows>(dev_, *pool_, [this](int64_t a) { return host_adam(a); });
   for (const std::string& path : paths) {
     NvmeStoreOptions o;
     o.nvme_path = path;
@@ -170,7 +171,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
 ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
   SchedStats s = stats_;
   s.deviations = trace_.deviations();
-  s.adam_hashed_blocks = adam_hashed_blocks_.load();
+  s.adam_hashed_blocks = windows_ ? windows_->hashed_blocks() : 0;
   for (const auto& store : stores_) {
     NvmeStore::Traffic t = store->traffic();
     s.nvme_read_bytes += t.read_bytes;
@@ -784,7 +785,7 @@ std::vector<ZeroEngine::AdamTask> ZeroEngine::adam_tasks() {
 }
 
 // In fp32 training the master is the parameter array itself (slot 0), never also slot 3.
-ZeroEngine::WindowLayout ZeroEngine::window_layout() {
+WindowLayout ZeroEngine::window_layout() {
   WindowLayout wl;
   StateArray* slots_of[4] = {&master(), &exp_avg_, &exp_avg_sq_,
                              plan_.shard_params && cfg_.mixed_precision() ? &param_ : nullptr};
@@ -800,20 +801,23 @@ ZeroEngine::WindowLayout ZeroEngine::window_layout() {
     if (slots_of[i] && slots_of[i]->has_nvme()) {
       const StateArray& x = *slots_of[i];
       const bool hot = cfg_.checksums && grid && 4 % x.esize() == 0 && x.same_segments(*grid);
-      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot});
+      // The weights (the master itself in fp32 training) go back in the foreground: the next
+      // forward reads them.
+      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot, /*background_write=*/slots_of[i] != &param_});
       wl.per_elem += x.esize();
     }
+  wl.pool_keep_per_elem = pool_bytes_per_elem(wl.per_elem);
   return wl;
 }
 
 // Sub-groups: at most group_elems_ when streaming, sub_group_size where the state is in host
 // memory (its gradients are staged there), cut where any array changes part and where a unit
 // ends (the next forward waits for its units one by one).
-ZeroEngine::Groups ZeroEngine::adam_groups(const std::vector<AdamTask>& tasks, bool streaming) {
+SubGroups ZeroEngine::adam_groups(const std::vector<AdamTask>& tasks, bool streaming) {
   auto limit = [&](int64_t e) {
     return streaming ? group_elems_ : exp_avg_.in_device_memory(e) ? int64_t{1} << 60 : cfg_.sub_group_size;
   };
-  Groups groups;
+  SubGroups groups;
   for (const AdamTask& t : tasks)
     for (int64_t e = t.e; e < t.e + t.n;) {
       if (groups.empty() || e >= groups.back().second) {
@@ -843,7 +847,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   ZOE_SPAN("adam", "adam", Bucket::kOptimizer);
   std::vector<AdamTask> tasks = adam_tasks();
   WindowLayout wl = window_layout();
-  Groups groups = adam_groups(tasks, !wl.arrays.empty());
+  SubGroups groups = adam_groups(tasks, !wl.arrays.empty());
   // ZeRO-Offload: sub-groups whose state is not device memory are stepped by the CPU Adam on the
   // host, their gradients staged in pinned host memory (see run_host_adam_group).
   HostStaging staging;
@@ -853,157 +857,16 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
     return host_adam(a) ? run_host_adam_group(tasks, a, b, w, h, staging.buf, hashed)
                         : run_adam_group(tasks, a, b, w, h);
   };
-  if (!wl.arrays.empty()) return stream_groups(groups, tasks, wl, step_group);
+  if (!wl.arrays.empty()) {
+    std::vector<std::pair<int64_t, int64_t>> written;  // sorted: tasks are in optimizer order
+    for (const AdamTask& t : tasks) written.push_back({t.e, t.e + t.n});
+    return windows_->run(groups, written, wl, step_group, [&](int64_t b) { progress_.advance(b); });
+  }
   for (auto [a, b] : groups) {  // all in memory: in place
     ZOE_RETURN_IF_ERROR(step_group(a, b, {}, nullptr));
     progress_.advance(b);
   }
   return Status::Ok();
-}
-
-// Where each windowed array of sub-group [a, b) sits in a window (null: in memory there).
-std::array<char*, 4> ZeroEngine::window_of(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b) {
-  std::array<char*, 4> w{};
-  for (const Windowed& x : wl.arrays)
-    if (x.a->on_nvme(a)) w[x.slot] = reinterpret_cast<char*>(sl.lease.data()) + x.offset * (b - a);
-  return w;
-}
-
-void ZeroEngine::read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background) {
-  sl.a = a, sl.b = b;
-  auto w = window_of(wl, sl, a, b);
-  for (const Windowed& x : wl.arrays) {
-    sl.read_sums[x.slot] = nullptr;
-    if (!w[x.slot] || !x.read) continue;
-    if (x.hot_sums && host_adam(a)) sl.read_sums[x.slot] = make_block_sums(*x.a, a, b, /*read=*/true);
-    sl.reads.push_back({x.a, x.a->read_async(a, b - a, w[x.slot], background, sl.read_sums[x.slot])});
-  }
-}
-
-namespace {
-
-// Zeros where Adam writes nothing in window [a, b) of a write-only array: the padding between the
-// tasks' ranges (in order of e), not the whole window.
-template <typename Task>  // ZeroEngine::AdamTask: sorted by e, n elements each
-void zero_gaps(char* w, size_t esize, int64_t a, int64_t b, const std::vector<Task>& tasks) {
-  auto first = std::partition_point(tasks.begin(), tasks.end(), [&](const auto& t) { return t.e + t.n <= a; });
-  int64_t at = a;
-  for (auto t = first; t != tasks.end() && t->e < b; ++t) {
-    const int64_t lo = std::max(t->e, a);
-    if (lo > at) std::memset(w + (at - a) * esize, 0, (lo - at) * esize);
-    at = std::max(at, std::min(t->e + t->n, b));
-  }
-  if (b > at) std::memset(w + (at - a) * esize, 0, (b - at) * esize);
-}
-
-}  // namespace
-
-// The windowed pass. Windows: the ones the last pass read ahead for this one (its first
-// sub-groups), then three that rotate: sub-group k+1 is read while Adam runs on k and k-1 is
-// written back. Windows are as large as the largest sub-group (sub-groups end at units: often
-// far below group_elems_), so the pool has room to read ahead.
-Status ZeroEngine::stream_groups(const Groups& groups, const std::vector<AdamTask>& tasks, const WindowLayout& wl,
-                                 const GroupStep& step_group) {
-  std::vector<AdamWindow> ahead = std::move(read_ahead_);
-  read_ahead_.clear();
-  size_t A = 0;
-  while (A < ahead.size() && A < groups.size() && ahead[A].a == groups[A].first && ahead[A].b == groups[A].second) ++A;
-  int64_t largest = 0;
-  for (auto [a, b] : groups) largest = std::max(largest, b - a);
-  AdamWindow rot[3];
-  for (AdamWindow& sl : rot) {
-    ZOE_ASSIGN_OR_RETURN(sl.lease, pool_->acquire(largest * wl.per_elem));
-  }
-  auto slot_of = [&](size_t k) -> AdamWindow& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
-  Status st = Status::Ok();
-  if (A == 0) read_window(wl, rot[0], groups[0].first, groups[0].second, false);
-  for (size_t k = 0; k < groups.size() && st.ok(); ++k) {
-    AdamWindow& cur = slot_of(k);
-    auto [a, b] = groups[k];
-    if (k + 1 < groups.size() && k + 1 >= A) {  // a rotating window, last written back two groups ago
-      AdamWindow& next = slot_of(k + 1);
-      {
-        ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
-        st = wait_tickets(next.writes);
-      }
-      if (st.ok()) read_window(wl, next, groups[k + 1].first, groups[k + 1].second, false);
-    }
-    {
-      ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
-      if (st.ok()) st = wait_tickets(cur.reads);
-    }
-    auto w = window_of(wl, cur, a, b);
-    for (const Windowed& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
-      if (w[x.slot] && !x.read) zero_gaps(w[x.slot], x.a->esize(), a, b, tasks);
-    // Where the host Adam steps the window it makes the block sums of the state and weights as it goes.
-    std::vector<HashedArray> hashed;
-    for (const Windowed& x : wl.arrays) {
-      cur.write_sums[x.slot] = nullptr;
-      if (!w[x.slot] || !x.hot_sums || !host_adam(a)) continue;
-      cur.write_sums[x.slot] = make_block_sums(*x.a, a, b, /*read=*/false);
-      adam_hashed_blocks_ += static_cast<int64_t>(cur.write_sums[x.slot]->count());
-      hashed.push_back({x.a, w[x.slot], x.read ? cur.read_sums[x.slot] : nullptr, cur.write_sums[x.slot]});
-    }
-    if (st.ok()) st = step_group(a, b, w, &hashed);
-    // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
-    if (st.ok()) st = dev_.wait(dev_.record(Stream::kCompute));
-    // The optimizer's own state goes back in the background: nothing but the next pass (which
-    // waits for it) touches it, and the fetches' parameter reads come first. The weights (the
-    // master itself in fp32 training) go in the foreground: the next forward must see them.
-    for (const Windowed& x : wl.arrays)
-      if (st.ok() && w[x.slot])
-        cur.writes.push_back(
-            {x.a, x.a->write_async(a, b - a, w[x.slot], /*background=*/x.a != &param_, cur.write_sums[x.slot])});
-    if (st.ok()) progress_.advance(b);  // its write-backs are submitted: later reads see them
-  }
-  {
-    ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
-    for (AdamWindow* sl : {&rot[0], &rot[1], &rot[2]}) {  // every transfer is waited for, even after an error
-      Status r = wait_tickets(sl->reads), w = wait_tickets(sl->writes);
-      if (st.ok()) st = r.ok() ? w : r;
-    }
-    for (AdamWindow& sl : ahead) {
-      Status r = wait_tickets(sl.reads), w = wait_tickets(sl.writes);
-      if (st.ok()) st = r.ok() ? w : r;
-    }
-  }
-  ahead.clear();
-  for (AdamWindow& sl : rot) sl.lease = PinnedPool::Lease();
-  if (st.ok()) read_ahead_next(groups, wl, largest);
-  return st;
-}
-
-// The next pass's first sub-groups are read now, in the background, behind this pass's
-// write-backs (the store keeps a block's requests in order), so those reads overlap the next
-// forward and backward. They take what the pool has beyond the next pass's three windows and two
-// parameter loads.
-void ZeroEngine::read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest) {
-  uint64_t keep = pool_bytes_per_elem(wl.per_elem) * largest + (uint64_t{1} << 20);
-  for (auto [a, b] : groups) {
-    uint64_t bytes = (b - a) * wl.per_elem;
-    if (pool_->available() < keep + bytes) return;
-    AdamWindow sl;
-    auto lease = pool_->try_acquire(bytes);
-    if (!lease.ok() || !lease->data()) return;
-    sl.lease = std::move(*lease);
-    read_window(wl, sl, a, b, /*background=*/true);
-    read_ahead_.push_back(std::move(sl));
-  }
-}
-
-Status ZeroEngine::wait_tickets(std::vector<ArrayTicket>& ts) {
-  Status first = Status::Ok();
-  for (auto& [array, t] : ts) {
-    Status st = array->wait(t);  // its own store's
-    if (first.ok()) first = st;
-  }
-  ts.clear();
-  return first;
-}
-
-void ZeroEngine::drop_read_ahead() {
-  for (AdamWindow& sl : read_ahead_) (void)wait_tickets(sl.reads);
-  read_ahead_.clear();
 }
 
 // The Adam ranges of the parts of `tasks` inside optimizer indices [a, b). win[i] holds element a

@@ -29,6 +29,7 @@
 #include "sched/comm_worker.h"
 #include "sched/gather_pool.h"
 #include "sched/loss_scaler.h"
+#include "sched/optimizer_windows.h"
 #include "sched/prefetch_policy.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
@@ -201,44 +202,15 @@ class ZeroEngine final : public Engine {
   // Whether sub-group [a, b) is stepped by the CPU Adam on the host (its state is not device memory).
   bool host_adam(int64_t a) const { return !exp_avg_.in_device_memory(a); }
   Status gather_replicated_params();
-  // A pinned window of the optimizer's pass: sub-group [a, b) of every array it streams.
-  using ArrayTicket = std::pair<const StateArray*, Ticket>;
-  struct AdamWindow {
-    int64_t a = 0, b = 0;
-    PinnedPool::Lease lease;
-    std::vector<ArrayTicket> reads, writes;
-    // Per slot, for arrays whose sums Adam makes: the sums recorded for what was read, and those
-    // of what goes back.
-    std::array<std::shared_ptr<BlockSums>, 4> read_sums, write_sums;
-  };
-  Status wait_tickets(std::vector<ArrayTicket>& ts);  // all of them, even after an error
-  // The arrays the optimizer streams through pinned windows (those with an NVMe part), where each
-  // sits in a window, and a window's bytes per element.
-  struct Windowed {
-    int slot;        // 0 master, 1 exp_avg, 2 exp_avg_sq, 3 the low-precision parameters
-    StateArray* a;
-    bool read;       // loaded before Adam (state); the low-precision copy is only written
-    size_t offset;   // bytes into the window per element of the sub-group (times its length)
-    bool hot_sums;   // its block sums are made by the host Adam, not the I/O thread (window_sums.h)
-  };
-  struct WindowLayout {
-    std::vector<Windowed> arrays;
-    size_t per_elem = 0;
-  };
-  using Groups = std::vector<std::pair<int64_t, int64_t>>;
-  using GroupStep =
-      std::function<Status(int64_t, int64_t, const std::array<char*, 4>&, const std::vector<HashedArray>*)>;
+  using GroupStep = OptimizerWindows::Step;
   std::vector<AdamTask> adam_tasks();
+  // The arrays the optimizer streams through pinned windows (those with an NVMe part).
   WindowLayout window_layout();
-  Groups adam_groups(const std::vector<AdamTask>& tasks, bool streaming);
-  Status stream_groups(const Groups& groups, const std::vector<AdamTask>& tasks, const WindowLayout& wl,
-                       const GroupStep& step_group);
-  std::array<char*, 4> window_of(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b);
-  void read_window(const WindowLayout& wl, AdamWindow& sl, int64_t a, int64_t b, bool background);
-  void read_ahead_next(const Groups& groups, const WindowLayout& wl, int64_t largest);
-  void drop_read_ahead();                             // before anything rewrites the state
+  SubGroups adam_groups(const std::vector<AdamTask>& tasks, bool streaming);
+  void drop_read_ahead() {  // before anything rewrites the state
+    if (windows_) windows_->drop_read_ahead();
+  }
 
-  std::atomic<int64_t> adam_hashed_blocks_{0};  // the optimizer thread counts, others read
   Config cfg_;
   Device& dev_;
   Comm& comm_;
@@ -254,6 +226,7 @@ class ZeroEngine final : public Engine {
   std::vector<std::string> store_paths_;            // the nvme_path of each store
   int64_t group_elems_ = 0;
   StateArray param_, master_, exp_avg_, exp_avg_sq_;
+  std::unique_ptr<OptimizerWindows> windows_;  // after the arrays and the pool: it holds their tickets and leases
   Buffer grad_;
   // Device-side results of a step, read back once: the squared gradient norm and the count of
   // non-finite gradient elements Adam met.
@@ -275,7 +248,6 @@ class ZeroEngine final : public Engine {
   PrefetchPolicy prefetch_;
   bool told_deviation_ = false;
   SchedStats stats_;
-  std::vector<AdamWindow> read_ahead_;  // the next pass's first sub-groups, read after this one
   UpdateProgress progress_;
   std::thread update_thread_;
   // The communication thread (its own duplicate of comm_) and the reductions queued on it.
