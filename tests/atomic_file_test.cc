@@ -215,6 +215,10 @@ TEST(Checksum, KnownValuesAndStreaming) {
   std::string other = data;
   other[12345] ^= 1;
   EXPECT_NE(checksum_buffer(other.data(), other.size()), c.hex());
+  c.reset();  // a fresh stream on the same state
+  c.update("ab", 2);
+  c.update("c", 1);
+  EXPECT_EQ(c.hex(), "78af5f94892f3950");
 }
 
 TEST(Checksum, FilesAcrossChunkBoundaries) {

@@ -44,6 +44,8 @@ void Checksum::update(const void* data, size_t n) {
 
 uint64_t Checksum::digest() const { return XXH3_64bits_digest(s_->st); }
 
+void Checksum::reset() { XXH3_64bits_reset(s_->st); }
+
 std::string Checksum::checksum_to_hex(uint64_t h) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));

@@ -19,6 +19,7 @@ class Checksum {
 
   void update(const void* data, size_t n);
   uint64_t digest() const;  // of everything so far; update() may continue afterwards
+  void reset();             // back to the empty input, keeping the state's memory
   std::string hex() const { return checksum_to_hex(digest()); }
 
   static std::string checksum_to_hex(uint64_t h);

@@ -363,8 +363,7 @@ constexpr size_t kMergedRequestBytes = size_t{4} << 20;
 // one notification and raises one interrupt for the batch instead of one per block (each costs a
 // VM exit). A batch is what one disk request holds (kMergedRequestBytes), at most half the queue.
 size_t IoWorker::background_room() const {
-  for (const Task& k : tasks_)
-    if (k.t) return 0;  // a foreground request, or the last batch, is in flight
+  if (in_flight_ > 0) return 0;  // a foreground request, or the last batch, is in flight
   const size_t blocks = std::max<size_t>(1, kMergedRequestBytes / block_);
   return std::max<size_t>(1, std::min(blocks, tasks_.size() / 2));
 }

@@ -104,7 +104,7 @@ Result<size_t> adam_with_block_sums(const AdamHyper& h, std::span<const IndexedA
         if (x.in && x.in->check[k[i]] && errors[ti].ok())
           errors[ti] = x.array->check_sum(whole[i].first + k[i], x.in->sums[k[i]], in[i].digest());
         x.out->sums[k[i]] = out[i].digest();
-        in[i] = Checksum(), out[i] = Checksum();
+        in[i].reset(), out[i].reset();
       }
       while (ri < ranges.size() && ranges[ri].e + static_cast<int64_t>(ranges[ri].r.n) <= q) ++ri;
       p = q;
