@@ -1,5 +1,6 @@
 // `zoe bench offload` on a small GPT-2: the contract's fields, a state 4x the device budget that
 // the offloaded step stays within, and a trace with the workers' rows.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -45,6 +46,19 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
     EXPECT_GE(r.at("io_thread_hashed_mb").get<double>(), 0);
     EXPECT_GE(r.at("nvme_written_mb").get<double>(), 0);
     EXPECT_TRUE(r.at("checksums").get<bool>());
+    // One ratio a round; the quiet ones are some of them; steal is never negative.
+    const auto rounds = r.at("round_ratios").get<std::vector<double>>();
+    const auto quiet = r.at("quiet_round_ratios").get<std::vector<double>>();
+    ASSERT_EQ(rounds.size(), size_t(o.iters));
+    for (double x : rounds) EXPECT_GT(x, 0);
+    const double med = r.at("round_ratio_median").get<double>();
+    EXPECT_GE(med, *std::min_element(rounds.begin(), rounds.end()));
+    EXPECT_LE(med, *std::max_element(rounds.begin(), rounds.end()));
+    EXPECT_LE(quiet.size(), rounds.size());
+    for (double x : quiet) EXPECT_NE(std::find(rounds.begin(), rounds.end(), x), rounds.end());
+    EXPECT_EQ(r.at("quiet_round_ratio_median").is_null(), quiet.empty());
+    EXPECT_GE(r.at("steal_s").get<double>(), 0);
+    EXPECT_GE(r.at("compute_only_steal_s").get<double>(), 0);
   }
   std::ifstream f(o.trace_path);
   auto trace = nlohmann::json::parse(f);
