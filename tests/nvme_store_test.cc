@@ -429,6 +429,86 @@ TEST_F(NvmeStoreTest, BackgroundBlocksGoOutInBatchesTheKernelCanMerge) {
   EXPECT_EQ(env.largest_submission(IoOp::kRead), 8);
 }
 
+// A read whose bytes pending writes cover (each byte from the newest write holding it) is served
+// from those writes' memory: it completes while the writes are held back from the device, and
+// reads and hashes nothing. A read they cover only in part waits for them and reads the device;
+// once a write is done, reads of its bytes go to the device again.
+TEST_F(NvmeStoreTest, AReadOfAPendingWriteIsServedFromItsMemory) {
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  o.queue_depth = 8;  // room for the held writes' blocks and the read of the other region
+  // Every buffer outlives the store, whose close waits for the transfers even when a check fails.
+  const std::vector<uint8_t> x = random_bytes(3 * kBlock + 100, 12), y = random_bytes(200, 13),
+                             z = random_bytes(kBlock - 10, 14);
+  std::vector<uint8_t> early(kBlock + 7), whole(kBlock), newer(100), other(100, 0xee), three(kBlock + 200),
+      across(300);
+  auto store = open(o, {{"a", 6 * kBlock}, {"b", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  env.hold(IoOp::kWrite, true);
+  struct Unhold {  // before the store closes, which waits for the writes, even when a check fails
+    FaultInjectingEnv& e;
+    ~Unhold() { e.hold(IoOp::kWrite, false); }
+  } unhold{env};
+  std::vector<Ticket> writes = {store->write_async(0, 10, x.data(), x.size()),
+                                store->write_async(0, 4 * kBlock + 100, y.data(), y.size())};
+  // Done while the writes are held (a read that waited for them would never be), so a missing
+  // forward fails here instead of hanging.
+  auto done_now = [&](const Ticket& t) {
+    for (int i = 0; i < 5000 && !store->ready(t); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return store->ready(t) && store->wait(t).ok();
+  };
+  // Inside the first write only, unaligned, over a block boundary: forwarded from x.
+  ASSERT_TRUE(done_now(store->read_async(0, 500, early.data(), early.size())));
+  EXPECT_EQ(0, std::memcmp(early.data(), x.data() + 490, early.size()));
+  // A whole block with the caller's sums: no device copy, so nothing for the caller to check.
+  const WholeBlocks w = store->caller_blocks(0, kBlock, kBlock);
+  ASSERT_EQ(w.count, 1u);
+  auto sums = std::make_shared<BlockSums>();
+  sums->first = w.first;
+  sums->sums = {7};
+  sums->check = {1};
+  ASSERT_TRUE(done_now(store->read_async(0, kBlock, whole.data(), kBlock, with_sums(sums))));
+  EXPECT_EQ(0, std::memcmp(whole.data(), x.data() + kBlock - 10, kBlock));
+  EXPECT_EQ(sums->check[0], 0);
+  // Inside the newer write: its bytes.
+  ASSERT_TRUE(done_now(store->read_async(0, 4 * kBlock + 150, newer.data(), newer.size())));
+  EXPECT_EQ(0, std::memcmp(newer.data(), y.data() + 50, newer.size()));
+  // Another region's bytes are not the write's.
+  ASSERT_TRUE(store->read(1, 500, other.data(), other.size()).ok());
+  EXPECT_EQ(other, std::vector<uint8_t>(100, 0));
+  // Filling the gap between the two: a read across all three takes each byte from its write.
+  writes.push_back(store->write_async(0, 3 * kBlock + 110, z.data(), z.size()));
+  ASSERT_TRUE(done_now(store->read_async(0, 3 * kBlock, three.data(), three.size())));
+  EXPECT_EQ(0, std::memcmp(three.data(), x.data() + 3 * kBlock - 10, 110));
+  EXPECT_EQ(0, std::memcmp(three.data() + 110, z.data(), z.size()));
+  EXPECT_EQ(0, std::memcmp(three.data() + kBlock + 100, y.data(), 100));
+  const uint64_t device_reads = env.requests(IoOp::kRead);
+  const uint64_t forwarded = early.size() + kBlock + newer.size() + three.size();
+  EXPECT_EQ(store->traffic().forwarded_bytes, forwarded);
+  // Across the end of the newer write: it covers only part, so the read waits for both writes.
+  Ticket r = store->read_async(0, 4 * kBlock + 150, across.data(), across.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(store->ready(r));
+  EXPECT_FALSE(store->ready(writes[0]));  // held: nothing reached the file yet
+  env.hold(IoOp::kWrite, false);
+  for (const Ticket& t : writes) ASSERT_TRUE(store->wait(t).ok());
+  ASSERT_TRUE(store->wait(r).ok());
+  std::vector<uint8_t> want(6 * kBlock, 0);
+  std::memcpy(want.data() + 10, x.data(), x.size());
+  std::memcpy(want.data() + 4 * kBlock + 100, y.data(), y.size());
+  std::memcpy(want.data() + 3 * kBlock + 110, z.data(), z.size());
+  EXPECT_EQ(0, std::memcmp(across.data(), want.data() + 4 * kBlock + 150, across.size()));
+  EXPECT_GT(env.requests(IoOp::kRead), device_reads);
+  // Written: the same read as the first goes to the device now.
+  const uint64_t after_writes = env.requests(IoOp::kRead);
+  std::fill(early.begin(), early.end(), 0);
+  ASSERT_TRUE(store->read(0, 500, early.data(), early.size()).ok());
+  EXPECT_EQ(0, std::memcmp(early.data(), want.data() + 500, early.size()));
+  EXPECT_GT(env.requests(IoOp::kRead), after_writes);
+  EXPECT_EQ(store->traffic().forwarded_bytes, forwarded);
+}
+
 TEST_F(NvmeStoreTest, OneBounceBufferAndAnUnpinnedPoolStillMoveEverything) {
   // Every block of an odd address needs the single bounce buffer in turn; the pool is plain
   // memory, so nothing is registered with io_uring.

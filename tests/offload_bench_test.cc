@@ -44,6 +44,7 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
     // Parameters on NVMe, a quarter of the state on the device: the step's fetches read some.
     EXPECT_GT(r.at("nvme_read_mb").get<double>(), 0);
     EXPECT_GE(r.at("io_thread_hashed_mb").get<double>(), 0);
+    EXPECT_GE(r.at("nvme_forwarded_mb").get<double>(), 0);
     EXPECT_GE(r.at("nvme_written_mb").get<double>(), 0);
     EXPECT_TRUE(r.at("checksums").get<bool>());
     // One ratio a round; the quiet ones are some of them; steal is never negative.

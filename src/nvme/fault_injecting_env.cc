@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 
 #include "nvme/io_error.h"
 
@@ -20,7 +22,10 @@ class FaultInjectingQueue : public IoQueue {
   Result<int> add_file(int fd) override { return base_->add_file(fd); }
   Status remove_file(int index) override { return base_->remove_file(index); }
   Status register_buffers(std::span<const iovec> pieces) override { return base_->register_buffers(pieces); }
-  void wake() override { base_->wake(); }
+  void wake() override {
+    woken_.store(true);
+    base_->wake();
+  }
   Status attach_thread() override { return base_->attach_thread(); }
 
   Status enqueue(const IoRequest& r) override {
@@ -32,6 +37,10 @@ class FaultInjectingQueue : public IoQueue {
     }
     IoRequest fwd = r;
     if (v.shorten && r.bytes >= 8192) fwd.bytes = (r.bytes / 2) & ~uint32_t{4095};
+    if (env_->held(r.op)) {
+      held_.push_back(fwd);
+      return Status::Ok();
+    }
     return base_->enqueue(fwd);
   }
 
@@ -40,17 +49,45 @@ class FaultInjectingQueue : public IoQueue {
       env_->note_submission(op, enqueued_[static_cast<int>(op)]);
       enqueued_[static_cast<int>(op)] = 0;
     }
-    if (injected_.empty()) return base_->submit_and_wait(wait_for, out);
-    Status s = base_->submit_and_wait(0, out);
-    out->insert(out->end(), injected_.begin(), injected_.end());
-    injected_.clear();
-    return s;
+    ZOE_RETURN_IF_ERROR(release_held());
+    if (!injected_.empty()) {
+      Status s = base_->submit_and_wait(0, out);
+      out->insert(out->end(), injected_.begin(), injected_.end());
+      injected_.clear();
+      return s;
+    }
+    if (held_.empty()) return base_->submit_and_wait(wait_for, out);
+    // Held requests complete only once released: poll the file's queue until something completes,
+    // the hold ends or wake() is called, as the kernel's wait would return.
+    for (;;) {
+      Status s = base_->submit_and_wait(0, out);
+      if (!s.ok() || !out->empty() || wait_for == 0 || woken_.exchange(false)) return s;
+      if (!env_->held(IoOp::kRead) && !env_->held(IoOp::kWrite)) {
+        ZOE_RETURN_IF_ERROR(release_held());
+        return base_->submit_and_wait(wait_for, out);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
  private:
+  // Held requests whose kind is no longer held go to the file's queue.
+  Status release_held() {
+    std::vector<IoRequest> still;
+    for (const IoRequest& r : held_)
+      if (env_->held(r.op))
+        still.push_back(r);
+      else
+        ZOE_RETURN_IF_ERROR(base_->enqueue(r));
+    held_.swap(still);
+    return Status::Ok();
+  }
+
   std::unique_ptr<IoQueue> base_;
   FaultInjectingEnv* env_;
   std::vector<IoCompletion> injected_;
+  std::vector<IoRequest> held_;
+  std::atomic<bool> woken_{false};
   int enqueued_[2] = {0, 0};  // since the last submit_and_wait
 };
 

@@ -1,7 +1,8 @@
 // FaultInjectingEnv: an NvmeEnv that forwards to another (normally the real one) and makes chosen
 // calls fail, so tests can drive every error path of the store through real files and a real
 // io_uring: the k-th read or write request fails with an errno (EIO, ENOSPC, EAGAIN, ...) or
-// transfers only part of its bytes; free space can be misreported and preallocation skipped.
+// transfers only part of its bytes, or waits until released; free space can be misreported and
+// preallocation skipped.
 #pragma once
 #include <atomic>
 #include <mutex>
@@ -27,6 +28,10 @@ class FaultInjectingEnv : public NvmeEnv {
   // allocate() only sets the file size (ftruncate): the space is not reserved, so writes can
   // meet a full file system for real.
   void set_sparse_allocate(bool sparse) { sparse_allocate_ = sparse; }
+  // While on, requests of kind `op` stay in the queue and never reach the file: the transfers
+  // they belong to stay pending until hold(op, false), deterministically.
+  void hold(IoOp op, bool on) { held_[static_cast<int>(op)].store(on); }
+  bool held(IoOp op) const { return held_[static_cast<int>(op)].load(); }
   // Requests of kind `op` seen so far.
   int requests(IoOp op) const { return count_[static_cast<int>(op)].load(); }
   // The most requests of kind `op` that one submit_and_wait handed to the kernel together.
@@ -62,6 +67,7 @@ class FaultInjectingEnv : public NvmeEnv {
   std::vector<Rule> rules_;
   std::atomic<int> count_[2] = {0, 0};
   std::atomic<int> largest_[2] = {0, 0};
+  std::atomic<bool> held_[2] = {false, false};
   std::optional<uint64_t> free_bytes_;
   bool sparse_allocate_ = false;
 };

@@ -11,6 +11,13 @@
 // the byte. Requests touching the same block run in submission
 // order. With checksums every write records the xxh3-64 of its whole block and every read of a
 // written block verifies it.
+//
+// A read whose every byte a write still pending here holds is served from those writes' memory
+// as it arrives (each byte from the newest write holding it), without waiting for them or the
+// device: a writer may not touch its memory until its write is waited for, so those are the bytes
+// the device will hold. The optimizer writes each unit's new weights and the next forward fetches
+// them at once; forwarded, that fetch waits for neither the write nor the optimizer's reads queued
+// ahead of it, and the disk moves the weights once instead of twice.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -54,6 +61,8 @@ class IoWorker {
   uint64_t device_written_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
   // Bytes this thread has hashed (block sums it made or checked, not the callers').
   uint64_t hashed_bytes() const { return hashed_bytes_.load(std::memory_order_relaxed); }
+  // Bytes reads took from pending writes' memory instead of the device.
+  uint64_t forwarded_bytes() const { return forwarded_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Task {
@@ -73,6 +82,8 @@ class IoWorker {
   };
 
   void run();
+  void admit(std::deque<std::shared_ptr<Transfer>>& arrived);
+  bool forward(Transfer& r);  // r served from pending writes' memory
   void fill();
   size_t background_room() const;  // background blocks fill() may start now
   enum class Start { kStarted, kStalled };
@@ -98,6 +109,7 @@ class IoWorker {
   int in_flight_ = 0;
   std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
   std::deque<std::shared_ptr<Transfer>> background_;  // the same, started when active_ is empty
+  std::vector<std::shared_ptr<Transfer>> pending_writes_;  // not yet complete, in submission order
 
   std::mutex mu_;
   std::condition_variable work_, done_;
@@ -111,7 +123,7 @@ class IoWorker {
   bool stopping_ = false;
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
-  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0};
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0}, forwarded_bytes_{0};
   std::thread thread_;
 };
 

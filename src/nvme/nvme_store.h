@@ -13,7 +13,9 @@
 // Swap files are scratch: never fsynced, removed by close() (and by the destructor), and a
 // region's blocks are zero until written. Errors name the file, the offset, the operation and the
 // errno. Transfers touching the same aio.block_size block run in the order submitted; others may
-// complete in any order. A caller's memory must stay valid until its transfer is waited for.
+// complete in any order. A caller's memory must stay valid until its transfer is waited for, and
+// a write's unchanged: a read of bytes pending writes hold is served from their memory (see
+// IoWorker), and `forwarded_bytes` counts it.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -128,6 +130,7 @@ class NvmeStore {
   struct Traffic {
     uint64_t read_bytes = 0, written_bytes = 0;
     uint64_t hashed_bytes = 0;  // what the I/O thread hashed (callers' sums not counted)
+    uint64_t forwarded_bytes = 0;  // what reads took from pending writes instead (not in read_bytes)
   };
   Traffic traffic() const;
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }

@@ -177,6 +177,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
     s.nvme_read_bytes += t.read_bytes;
     s.nvme_written_bytes += t.written_bytes;
     s.nvme_hashed_bytes += t.hashed_bytes;
+    s.nvme_forwarded_bytes += t.forwarded_bytes;
   }
   return s;
 }

@@ -91,6 +91,7 @@ class ZeroEngine final : public Engine {
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
     uint64_t nvme_written_bytes = 0;
     uint64_t nvme_hashed_bytes = 0;  // block sums the NVMe I/O threads made or checked (not Adam's)
+    uint64_t nvme_forwarded_bytes = 0;  // reads served from pending writes' memory (not the device)
   };
   SchedStats sched_stats() const;
   void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
