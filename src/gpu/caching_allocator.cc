@@ -7,10 +7,11 @@
 
 #include <fmt/format.h>
 
+#include "common/round_up.h"
+
 namespace zoe::gpu {
 namespace {
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/round_up.h"
 #include "model/gpt2_ops.h"
 #include "model/gpt2_ops_util.h"
 
@@ -21,7 +22,6 @@ using detail::store8;
 using detail::v8f;
 constexpr int kRows = 4;  // queries per tile
 
-int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 struct HeadDims {
   int T, hs;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ckpt/checksum.h"  // xxh3_64: the library's run-time dispatch (AVX2 / AVX-512)
+#include "common/round_up.h"
 
 namespace zoe {
 
@@ -26,7 +27,7 @@ uint64_t BlockTable::end(uint64_t block) const {
 
 uint64_t BlockTable::io_end(uint64_t block) const {
   const uint64_t e = end(block), grid_end = std::min(begin(block) + block_bytes_, file_bytes_);
-  return std::min((e + align_ - 1) / align_ * align_, grid_end);
+  return std::min<uint64_t>(round_up<uint64_t>(e, align_), grid_end);
 }
 
 bool BlockTable::in_blocks(uint64_t offset, uint64_t bytes) const {

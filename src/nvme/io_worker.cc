@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/profiler.h"
+#include "common/round_up.h"
 #include "nvme/io_error.h"
 
 namespace zoe {
@@ -230,7 +231,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   // With checksums the block's whole request span moves (its sum covers all its data); without,
   // the aligned span.
   const uint64_t io_begin = sums ? block_begin : s / align * align;
-  const uint64_t io_end = sums ? block_io_end : std::min<uint64_t>((e + align - 1) / align * align, block_io_end);
+  const uint64_t io_end = sums ? block_io_end : std::min<uint64_t>(round_up<uint64_t>(e, align), block_io_end);
   uint8_t* user = t.user + (s - t.offset);
   const bool whole = io_begin == s && io_end == e;
   // A short block's bytes after its data are padding: a write of all its data reads nothing back.

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/round_up.h"
 #include "nvme/io_error.h"
 #include "nvme/io_worker.h"
 #include "nvme/transfer.h"
@@ -45,7 +46,6 @@ constexpr uint64_t kPage = 4096;
 // ext4 makes a direct write not aligned to its block (4 KiB) wait for every direct I/O in flight
 // on the file.
 uint64_t end_align(const DirectFile& f) { return std::max<uint64_t>(f.offset_align, kPage); }
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool plain_name(std::string_view s) {
   if (s.empty() || s == "." || s == "..") return false;
@@ -130,7 +130,7 @@ Status NvmeStore::check_space(std::span<const RegionSpec> regions, uint64_t alig
   uint64_t need = 0;
   std::string what;
   for (const RegionSpec& r : regions) {
-    need += round_up(r.bytes, align);
+    need += round_up<uint64_t>(r.bytes, align);
     what += fmt::format("{}{} {}", what.empty() ? "" : ", ", r.name, bytes_text(r.bytes));
   }
   ZOE_ASSIGN_OR_RETURN(uint64_t free, env_->free_bytes(dir_));
@@ -180,7 +180,7 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
                                       r.path, r.file.offset_align, r.file.mem_align, o_.block_size, PinnedPool::kAlign));
       break;
     }
-    r.file_bytes = round_up(r.bytes, r.file.offset_align);
+    r.file_bytes = round_up<uint64_t>(r.bytes, r.file.offset_align);
     r.blocks = BlockTable(r.file_bytes, o_.block_size, o_.checksums, spec.segment_ends, end_align(r.file));
     if (!(s = env_->allocate(r.file.fd, r.path, r.file_bytes)).ok()) break;
     s = worker_->call([&](IoQueue& q) -> Status {

@@ -6,13 +6,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/round_up.h"
 #include "nvme/io_error.h"
 
 namespace zoe {
 
 namespace {
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
-uint64_t round_up_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& o) noexcept {
@@ -41,15 +41,15 @@ void PinnedPool::Lease::reset() {
 Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& o) {
   if (o.bytes == 0) return Status::Invalid("pinned pool: the byte budget must be positive");
   std::unique_ptr<PinnedPool> p(new PinnedPool());
-  p->bytes_ = round_up_to(o.bytes, kAlign);
+  p->bytes_ = round_up<uint64_t>(o.bytes, kAlign);
   // Huge-page aligned, so the kernel can back it with 2 MiB pages (fewer pages to pin and to
   // register); the advice may be refused, which changes nothing but speed.
-  p->mapped_ = round_up_to(p->bytes_, kHugePage) + kHugePage;
+  p->mapped_ = round_up<uint64_t>(p->bytes_, kHugePage) + kHugePage;
   void* m = ::mmap(nullptr, p->mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED)
     return Status::OutOfMemory("pinned pool: cannot map " + bytes_text(p->bytes_) + ": " + errno_text(errno));
   uint8_t* raw = static_cast<uint8_t*>(m);
-  uint8_t* aligned = reinterpret_cast<uint8_t*>(round_up_to(reinterpret_cast<uintptr_t>(raw), kHugePage));
+  uint8_t* aligned = reinterpret_cast<uint8_t*>(round_up<uintptr_t>(reinterpret_cast<uintptr_t>(raw), kHugePage));
   // Trim to exactly the aligned range, so munmap(base_, bytes_) later frees everything.
   if (aligned > raw) ::munmap(raw, aligned - raw);
   const uint64_t tail = (raw + p->mapped_) - (aligned + p->bytes_);
@@ -112,7 +112,7 @@ Result<PinnedPool::Lease> PinnedPool::take(size_t bytes, bool wait) {
   if (bytes == 0 || bytes > bytes_)
     return Status::Invalid("pinned pool: a lease of " + bytes_text(bytes) + " cannot come from a pool of " +
                            bytes_text(bytes_));
-  const uint64_t want = round_up_to(bytes, kAlign);
+  const uint64_t want = round_up<uint64_t>(bytes, kAlign);
   uint64_t off = 0;
   Lease lease;
   std::unique_lock l(mu_);

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "common/round_up.h"
+
 namespace zoe {
 
 int64_t offloaded_elems(Tier offload, double ratio, int64_t elems) {
@@ -27,7 +29,7 @@ RegionSpec nvme_region(std::string name, std::span<const int64_t> unit_starts, i
   for (size_t i = 0; i < seg.size(); ++i) {
     const uint64_t n = static_cast<uint64_t>((i + 1 < seg.size() ? seg[i + 1] : elems) - seg[i]) * esize;
     spec.segment_ends.push_back(spec.bytes + n);
-    spec.bytes += (n + block - 1) / block * block;
+    spec.bytes += round_up<uint64_t>(n, block);
   }
   return spec;
 }
@@ -57,7 +59,7 @@ Status StateArray::allocate(Device& dev, const StateHome& home, int64_t elems, s
   seg_offset_ = {0};
   for (size_t i = 0; i + 1 < segments_.size(); ++i) {
     const uint64_t block = home.store->block_size();
-    seg_offset_.push_back((spec.segment_ends[i] + block - 1) / block * block);
+    seg_offset_.push_back(round_up<uint64_t>(spec.segment_ends[i], block));
   }
   if (!home.store->region(home.region).ok()) ZOE_RETURN_IF_ERROR(home.store->add_regions({&spec, 1}));
   ZOE_ASSIGN_OR_RETURN(region_, home.store->region(home.region));
