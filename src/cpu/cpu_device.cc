@@ -294,6 +294,30 @@ Status CpuDevice::sum_chunks(void* out, const void* chunks, int n, size_t count,
   return Status::Ok();
 }
 
+namespace {
+
+// The sum of squares of elements [lo, hi), in double: element i goes into running sum
+// (i - lo) % 8 and the eight are added in a fixed order, so the loop vectorizes and is not one
+// chain of dependent adds (the gradient norm of 50 M elements took 50 ms so), and the result
+// depends neither on the ISA nor on the thread count.
+template <typename Load>
+double block_sum_squares(Load load, size_t lo, size_t hi) {
+  double s[8] = {};
+  size_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    for (size_t j = 0; j < 8; ++j) {
+      const double v = load(i + j);
+      s[j] += v * v;
+    }
+  for (size_t j = 0; i < hi; ++i, ++j) {
+    const double v = load(i);
+    s[j] += v * v;
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+}  // namespace
+
 Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out) {
   ZOE_RETURN_IF_ERROR(check_reachable(out, sizeof(double), "sum_squares output"));
   for (size_t k = 0; k < count; ++k)
@@ -306,12 +330,20 @@ Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out)
     std::vector<double> partial(blocks, 0.0);
     tbb::parallel_for(size_t{0}, blocks, [&](size_t b) {
       size_t lo = b * kReduceBlock, hi = std::min(sp.n, lo + kReduceBlock);
-      double s = 0;
-      for (size_t i = lo; i < hi; ++i) {
-        double v = load_as_f32(sp.x, sp.dtype, i);
-        s += v * v;
+      switch (sp.dtype) {
+        case DType::kF32: {
+          const float* x = static_cast<const float*>(sp.x);
+          partial[b] = block_sum_squares([x](size_t i) { return x[i]; }, lo, hi);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t* x = static_cast<const uint16_t*>(sp.x);
+          partial[b] = block_sum_squares([x](size_t i) { return bf16_to_f32(x[i]); }, lo, hi);
+          break;
+        }
+        default:
+          partial[b] = block_sum_squares([&sp](size_t i) { return load_as_f32(sp.x, sp.dtype, i); }, lo, hi);
       }
-      partial[b] = s;
     });
     double s = 0;
     for (double p : partial) s += p;
