@@ -145,6 +145,7 @@ void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
 }
 
 bool IoWorker::forward(Transfer& r) {
+  if (pending_writes_.empty()) return false;  // the usual case: nothing to scan or allocate for
   // Newest first, each byte of the read from the first write that holds it (the newest), until
   // none is left; a byte no pending write holds, or a failed write, and the read waits its turn.
   struct Piece {
