@@ -56,8 +56,28 @@ TEST(ZeroMpi, OffloadTiersMoveBytesNotTotals) {
   auto run = run_mlp(c, *g_comm, 2);
   ASSERT_TRUE(run.ok()) << run.status().message();
   double S = static_cast<double>(run->shard);
-  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kHost)), 14 * S);   // param + master, m, v
-  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kDevice)), 2 * S);  // the gradient shard
+  // Weights, master, m and v, and the reduced gradient shard the host Adam reads: nothing
+  // persistent stays on the device.
+  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kHost)), 16 * S);
+  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kDevice)), 0);
+  StageMemory m = exact_stage(run->padded, run->shard, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kCpu);
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme})
+    EXPECT_EQ(static_cast<double>(run->ledger.persistent(t)), m.by_tier[static_cast<int>(t)]) << tier_name(t);
+}
+
+// Stage 2 with the optimizer offloaded: the weights stay on the device, the gradient shard goes
+// to host memory with the optimizer state, as the estimate says.
+TEST(ZeroMpi, OffloadedOptimizerTakesTheGradientShardToTheHost) {
+  Config c = mlp_config(2, DType::kBF16);
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+  auto run = run_mlp(c, *g_comm, 2);
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  double S = static_cast<double>(run->shard), Pp = static_cast<double>(run->padded);
+  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kDevice)), 2 * Pp);  // the weights
+  EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kHost)), 14 * S);
+  StageMemory m = exact_stage(run->padded, run->shard, 2, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNone);
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme})
+    EXPECT_EQ(static_cast<double>(run->ledger.persistent(t)), m.by_tier[static_cast<int>(t)]) << tier_name(t);
 }
 
 TEST(ZeroMpi, CommBytesStages012EqualStage3IsOneAndAHalf) {

@@ -46,7 +46,8 @@ struct Event {
 struct AdamHyper;
 struct AdamRange;
 
-// A flat typed array of device memory: n elements of dtype at x (an input of sum_squares).
+// A flat typed array of device memory (or device-reachable host memory): n elements of dtype at
+// x (an input of sum_squares).
 struct ArrayView {
   const void* x = nullptr;
   DType dtype = DType::kF32;

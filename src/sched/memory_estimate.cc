@@ -25,7 +25,8 @@ StageMemory table(double full, double part, int stage, DType dtype, OffloadDevic
   auto tier = [](OffloadDevice d) { return d == OffloadDevice::kNone ? 0 : d == OffloadDevice::kCpu ? 1 : 2; };
   int opt_t = tier(opt), par_t = (stage >= 3) ? tier(par) : 0;
   m.by_tier[par_t] += m.by_kind[static_cast<int>(Kind::kParam)];
-  m.by_tier[0] += m.by_kind[static_cast<int>(Kind::kGrad)];
+  // Sharded gradients follow an offloaded optimizer to host memory (the host Adam reads them).
+  m.by_tier[stage >= 2 && opt_t > 0 ? 1 : 0] += m.by_kind[static_cast<int>(Kind::kGrad)];
   for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) m.by_tier[opt_t] += m.by_kind[static_cast<int>(k)];
   return m;
 }

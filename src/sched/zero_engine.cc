@@ -207,7 +207,12 @@ Status ZeroEngine::allocate() {
   int64_t opt_elems = plan_.shard_optimizer ? S : P;
   ZOE_RETURN_IF_ERROR(param_.allocate(dev_, home(cfg_.offload_param, "param"), plan_.shard_params ? S : P, wsize_,
                                       Kind::kParam, unit_starts(/*optimizer=*/false)));
-  ZOE_ASSIGN_OR_RETURN(grad_, dev_.alloc((plan_.shard_grads ? S : P) * gsize_, Tier::kDevice, Kind::kGrad));
+  // ZeRO-Offload: with the optimizer off the device, the reduced gradient shard lives in pinned
+  // host memory, where the host Adam reads it in place, and the device budget is left to the
+  // weights in flight. Unsharded gradients accumulate on the device (every micro-step adds there).
+  grads_on_host_ = plan_.shard_grads && cfg_.offload_optimizer.device != OffloadDevice::kNone;
+  ZOE_ASSIGN_OR_RETURN(grad_, dev_.alloc((plan_.shard_grads ? S : P) * gsize_,
+                                         grads_on_host_ ? Tier::kHost : Tier::kDevice, Kind::kGrad));
   ZOE_RETURN_IF_ERROR(dev_.zero(grad_.data, grad_.bytes));  // padding must be zero; first touch now
   const OffloadConfig& oo = cfg_.offload_optimizer;
   const std::vector<int64_t> opt_units = unit_starts(/*optimizer=*/true);
@@ -678,14 +683,17 @@ Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
 
 // The reduce-scatter of a unit's gradient in `buf` into our owned chunk: the first of a step
 // writes it, later micro-steps' add to it (in the gradient dtype, as the serial order did).
+// Collectives move device memory only: a host gradient shard is written from the reduced chunk
+// in `buf` by a kernel (device-reachable host memory), a copy for the first.
 CommWorker::Job ZeroEngine::reduction_job(int u, const Buffer& buf, bool first) {
   const UnitSlot& s = layout_.slot(u);
   char* dst = grad_ptr(grad_owned_offset(u));
   char* own = buf.as<char>() + comm_.rank() * s.chunk * gsize_;
-  return [this, name = unit(u).name, src = buf.data, dst, own, chunk = s.chunk, first](Comm& c) {
+  bool direct = first && !grads_on_host_;
+  return [this, name = unit(u).name, src = buf.data, dst, own, chunk = s.chunk, first, direct](Comm& c) {
     ZOE_SPAN("reduce_scatter " + name, "reduce_scatter", Bucket::kWaitComm);
-    Status st = c.reduce_scatter(src, first ? dst : own, chunk, gdtype_);
-    if (st.ok() && !first) st = dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, true);
+    Status st = c.reduce_scatter(src, direct ? dst : own, chunk, gdtype_);
+    if (st.ok() && !direct) st = dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, !first);
     return st;
   };
 }
@@ -920,7 +928,8 @@ Status ZeroEngine::HostStaging::prepare(ZeroEngine& e, const std::vector<std::pa
   for (auto [a, b] : groups)
     if (!e.exp_avg_.in_device_memory(a)) most = std::max(most, b - a);
   if (most == 0) return Status::Ok();
-  ZOE_ASSIGN_OR_RETURN(buf, dev->alloc(most * (e.gsize_ + 4 + e.wsize_), Tier::kHost, Kind::kStaging));
+  size_t grads = e.grads_on_host_ ? 0 : e.gsize_;  // host gradients are read in place
+  ZOE_ASSIGN_OR_RETURN(buf, dev->alloc(most * (grads + 4 + e.wsize_), Tier::kHost, Kind::kStaging));
   return Status::Ok();
 }
 
@@ -929,14 +938,15 @@ ZeroEngine::HostStaging::~HostStaging() {
 }
 
 // The CPU Adam (AVX-512 / AVX2, chosen at run time) over sub-group [a, b), whose state is host
-// memory or an NVMe window: the gradients come down into `staging` first; arrays still in device
+// memory or an NVMe window: the gradients come down into `staging` first (unless they live in
+// host memory, grads_on_host_, and are read in place); arrays still in device
 // memory (the weight copy; the fp32 weights in fp32 training) are stepped in staging and go back
 // up. Bitwise the device kernel's result: all Adam paths agree bit for bit.
 Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
                                        const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
                                        const std::vector<HashedArray>* hashed) {
   char* grads = staging.as<char>();
-  char* masters = grads + (b - a) * gsize_;  // fp32 weights staged from device memory
+  char* masters = grads + (grads_on_host_ ? 0 : (b - a) * gsize_);  // fp32 weights staged from device memory
   char* weights = masters + (b - a) * 4;     // low-precision copies staged for device memory
   struct Up {
     void* dst;
@@ -949,8 +959,10 @@ Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64
   int64_t k = 0;  // staging offset of the range, in elements
   for (GroupRange& g : ranges) {
     AdamRange& r = g.r;
-    ZOE_RETURN_IF_ERROR(dev_.copy(grads + k * gsize_, r.grad, r.n * gsize_, Stream::kD2H));
-    r.grad = grads + k * gsize_;
+    if (!grads_on_host_) {
+      ZOE_RETURN_IF_ERROR(dev_.copy(grads + k * gsize_, r.grad, r.n * gsize_, Stream::kD2H));
+      r.grad = grads + k * gsize_;
+    }
     if (!win[0] && master().in_device_memory(g.master_at)) {
       float* staged = reinterpret_cast<float*>(masters + k * 4);
       ZOE_RETURN_IF_ERROR(dev_.copy(staged, r.master, r.n * 4, Stream::kD2H));

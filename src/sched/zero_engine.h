@@ -2,7 +2,8 @@
 //
 // Storage per rank (P_pad, S from ShardLayout; w = bytes of the weight dtype):
 //   param      : shard_params ? S : P_pad elements of dtype      (home: offload_param)
-//   grad       : shard_grads  ? S : P_pad elements of grad dtype (device)
+//   grad       : shard_grads  ? S : P_pad elements of grad dtype (device; pinned host memory
+//                when sharded and offload_optimizer is on: the host Adam reads it there)
 //   master/m/v : shard_optimizer ? S : P_pad fp32 each           (home: offload_optimizer)
 //                (no separate master in fp32 training: the param storage is the master)
 // A home is a StateArray: memory on the device, with `ratio` of it on the offload tier (host
@@ -229,6 +230,7 @@ class ZeroEngine final : public Engine {
   StateArray param_, master_, exp_avg_, exp_avg_sq_;
   std::unique_ptr<OptimizerWindows> windows_;  // after the arrays and the pool: it holds their tickets and leases
   Buffer grad_;
+  bool grads_on_host_ = false;  // grad_ is pinned host memory (sharded, optimizer offloaded)
   // Device-side results of a step, read back once: the squared gradient norm and the count of
   // non-finite gradient elements Adam met.
   struct StepScalars {
