@@ -280,6 +280,10 @@ Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size
   ZOE_RETURN_IF_ERROR(check_reachable(dst, n * dtype_size(t), "accumulate destination"));
   ZOE_RETURN_IF_ERROR(check_reachable(src, n * dtype_size(st), "accumulate source"));
   MemoryFence::Open o(fence_.get());
+  if (!accumulate && t == st) {  // x to fp32 and back is x (NaNs aside): a copy
+    std::memcpy(dst, src, n * dtype_size(t));
+    return Status::Ok();
+  }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
     accumulate_range(dst, t, src, st, r.begin(), r.end(), accumulate);
   });
