@@ -236,6 +236,20 @@ TEST(ZeroOneRank, AUnitThatCannotFitIsAnErrorAtStartUp) {
   EXPECT_NE(st.message().find("zoe.device_memory_budget"), std::string::npos) << st.message();
 }
 
+TEST(ZeroOneRank, AHostBudgetWithoutRoomForTheGradientShardIsAClearErrorAtStartUp) {
+  auto self = make_self_comm();
+  Config c = mlp_config(3, DType::kBF16);
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+  c.host_memory_budget = 4096;  // the bf16 gradient shard is 13.3 KB
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+  MlpModel model(c.n_layer, c.n_embd, 1);
+  ZeroEngine e(c, dev, *self, model.units());
+  Status st = e.allocate();
+  EXPECT_EQ(st.code(), Code::kOutOfMemory);
+  EXPECT_NE(st.message().find("the gradient shard"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("zoe.host_memory_budget"), std::string::npos) << st.message();
+}
+
 TEST(ZeroOneRank, Fp16OverflowSkipsTheStepLowersTheScaleAndTouchesNothing) {
   TinyEngine t(DType::kF16);
   EXPECT_EQ(t.e->loss_scale(), 65536.0);  // 2^initial_scale_power (16)

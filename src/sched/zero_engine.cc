@@ -211,8 +211,13 @@ Status ZeroEngine::allocate() {
   // host memory, where the host Adam reads it in place, and the device budget is left to the
   // weights in flight. Unsharded gradients accumulate on the device (every micro-step adds there).
   grads_on_host_ = plan_.shard_grads && cfg_.offload_optimizer.device != OffloadDevice::kNone;
-  ZOE_ASSIGN_OR_RETURN(grad_, dev_.alloc((plan_.shard_grads ? S : P) * gsize_,
-                                         grads_on_host_ ? Tier::kHost : Tier::kDevice, Kind::kGrad));
+  auto grad = dev_.alloc((plan_.shard_grads ? S : P) * gsize_, grads_on_host_ ? Tier::kHost : Tier::kDevice,
+                         Kind::kGrad);
+  if (!grad.ok() && grads_on_host_)
+    return Status::OutOfMemory(fmt::format(
+        "the gradient shard ({} bytes) lives in pinned host memory when the optimizer is offloaded: {}", S * gsize_,
+        grad.status().message()));
+  ZOE_ASSIGN_OR_RETURN(grad_, std::move(grad));
   ZOE_RETURN_IF_ERROR(dev_.zero(grad_.data, grad_.bytes));  // padding must be zero; first touch now
   const OffloadConfig& oo = cfg_.offload_optimizer;
   const std::vector<int64_t> opt_units = unit_starts(/*optimizer=*/true);
