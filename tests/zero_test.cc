@@ -220,31 +220,32 @@ TEST(CommWorker, RunsJobsInOrderAndReturnsEachStatus) {
   EXPECT_LT(b, c);
 }
 
-TEST(ZeroOneRank, AUnitThatCannotFitIsAnErrorAtStartUp) {
+// What allocate() says for the MLP test model under config c, on one rank.
+Status allocate_mlp(const Config& c) {
   auto self = make_self_comm();
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+  MlpModel model(c.n_layer, c.n_embd, 1);
+  ZeroEngine e(c, dev, *self, model.units());
+  return e.allocate();
+}
+
+TEST(ZeroOneRank, AUnitThatCannotFitIsAnErrorAtStartUp) {
   Config c = mlp_config(3, DType::kBF16);
   c.offload_param.device = c.offload_optimizer.device = OffloadDevice::kCpu;
   // Nothing persistent is on the device (the gradient shard follows the optimizer to the host); a
   // unit in flight (10.7 KB) still does not fit.
   c.device_memory_budget = 8192;
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
-  MlpModel model(c.n_layer, c.n_embd, 1);
-  ZeroEngine e(c, dev, *self, model.units());
-  Status st = e.allocate();
+  Status st = allocate_mlp(c);
   EXPECT_EQ(st.code(), Code::kInvalidInput);
   EXPECT_NE(st.message().find("unit 'layers.0' needs 10664 bytes"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("zoe.device_memory_budget"), std::string::npos) << st.message();
 }
 
 TEST(ZeroOneRank, AHostBudgetWithoutRoomForTheGradientShardIsAClearErrorAtStartUp) {
-  auto self = make_self_comm();
   Config c = mlp_config(3, DType::kBF16);
   c.offload_optimizer.device = OffloadDevice::kCpu;
   c.host_memory_budget = 4096;  // the bf16 gradient shard is 13.3 KB
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
-  MlpModel model(c.n_layer, c.n_embd, 1);
-  ZeroEngine e(c, dev, *self, model.units());
-  Status st = e.allocate();
+  Status st = allocate_mlp(c);
   EXPECT_EQ(st.code(), Code::kOutOfMemory);
   EXPECT_NE(st.message().find("the gradient shard"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("zoe.host_memory_budget"), std::string::npos) << st.message();
