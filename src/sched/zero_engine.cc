@@ -943,16 +943,16 @@ ZeroEngine::HostStaging::~HostStaging() {
 }
 
 // The CPU Adam (AVX-512 / AVX2, chosen at run time) over sub-group [a, b), whose state is host
-// memory or an NVMe window: the gradients come down into `staging` first (unless they live in
-// host memory, grads_on_host_, and are read in place); arrays still in device
-// memory (the weight copy; the fp32 weights in fp32 training) are stepped in staging and go back
-// up. Bitwise the device kernel's result: all Adam paths agree bit for bit.
+// memory or an NVMe window: device gradients come down into `staging` first (host ones,
+// grads_on_host_, are read in place); arrays still in device memory (the weight copy; the fp32
+// weights in fp32 training) are stepped in staging and go back up. Bitwise the device kernel's
+// result: all Adam paths agree bit for bit.
 Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
                                        const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
                                        const std::vector<HashedArray>* hashed) {
   char* grads = staging.as<char>();
   char* masters = grads + (grads_on_host_ ? 0 : (b - a) * gsize_);  // fp32 weights staged from device memory
-  char* weights = masters + (b - a) * 4;     // low-precision copies staged for device memory
+  char* weights = masters + (b - a) * 4;  // low-precision copies staged for device memory
   struct Up {
     void* dst;
     const void* src;
