@@ -16,6 +16,7 @@ namespace zoe::test {
 struct MlpRun {
   std::vector<float> params;      // every unit's full parameters after training, fp32
   std::vector<double> losses;     // this rank's micro-batch loss sum per step
+  std::vector<double> grad_norms;  // the global gradient norm of each step (before clipping)
   std::vector<CommBytes> comm;    // bytes this rank sent, per step
   LedgerSnapshot ledger;
   int64_t padded = 0, shard = 0;
