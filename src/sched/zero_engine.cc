@@ -868,7 +868,7 @@ Status ZeroEngine::apply_adam(double lr, double grad_scale) {
   ZOE_RETURN_IF_ERROR(staging.prepare(*this, groups));
   GroupStep step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w,
                              const std::vector<HashedArray>* hashed) {
-    return host_adam(a) ? run_host_adam_group(tasks, a, b, w, h, staging.buf, hashed)
+    return host_adam(a) ? run_host_adam_group(tasks, a, b, w, h, staging, hashed)
                         : run_adam_group(tasks, a, b, w, h);
   };
   if (!wl.arrays.empty()) {
@@ -925,16 +925,17 @@ Status ZeroEngine::run_adam_group(const std::vector<AdamTask>& tasks, int64_t a,
   return dev_.adam(h, ranges.data(), ranges.size(), &scalars_.as<StepScalars>()->nonfinite);
 }
 
-// Pinned host memory for the host-stepped sub-groups: their gradients, and the device-resident
-// arrays Adam writes (the low-precision weights; in fp32 training the weights themselves).
 Status ZeroEngine::HostStaging::prepare(ZeroEngine& e, const std::vector<std::pair<int64_t, int64_t>>& groups) {
   dev = &e.dev_;
   int64_t most = 0;
   for (auto [a, b] : groups)
     if (!e.exp_avg_.in_device_memory(a)) most = std::max(most, b - a);
-  if (most == 0) return Status::Ok();
-  size_t grads = e.grads_on_host_ ? 0 : e.gsize_;  // host gradients are read in place
-  ZOE_ASSIGN_OR_RETURN(buf, dev->alloc(most * (grads + 4 + e.wsize_), Tier::kHost, Kind::kStaging));
+  grad_bytes = e.grads_on_host_ ? 0 : e.gsize_;  // host gradients are read in place
+  master_bytes = e.master().split() > 0 ? 4 : 0;
+  weight_bytes = e.cfg_.mixed_precision() && e.param_.split() > 0 ? e.wsize_ : 0;
+  size_t per = grad_bytes + master_bytes + weight_bytes;
+  if (most == 0 || per == 0) return Status::Ok();
+  ZOE_ASSIGN_OR_RETURN(buf, dev->alloc(most * per, Tier::kHost, Kind::kStaging));
   return Status::Ok();
 }
 
@@ -948,11 +949,11 @@ ZeroEngine::HostStaging::~HostStaging() {
 // weights in fp32 training) are stepped in staging and go back up. Bitwise the device kernel's
 // result: all Adam paths agree bit for bit.
 Status ZeroEngine::run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                                       const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
+                                       const std::array<char*, 4>& win, AdamHyper h, const HostStaging& staging,
                                        const std::vector<HashedArray>* hashed) {
-  char* grads = staging.as<char>();
-  char* masters = grads + (grads_on_host_ ? 0 : (b - a) * gsize_);  // fp32 weights staged from device memory
-  char* weights = masters + (b - a) * 4;  // low-precision copies staged for device memory
+  char* grads = staging.grads();
+  char* masters = staging.masters(b - a);  // fp32 weights staged from device memory
+  char* weights = staging.weights(b - a);  // low-precision copies staged for device memory
   struct Up {
     void* dst;
     const void* src;

@@ -191,15 +191,22 @@ class ZeroEngine final : public Engine {
                                        const std::array<char*, 4>& win);
   Status run_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
                         AdamHyper h);
+  // Pinned host memory for a host-stepped sub-group's device-memory parts, per element: its
+  // gradients, its fp32 weights (fp32 training) and its low-precision weight copy; only what
+  // some array keeps in device memory (nothing when all of it is host memory or NVMe windows).
   struct HostStaging {
     Device* dev = nullptr;
     Buffer buf;
+    size_t grad_bytes = 0, master_bytes = 0, weight_bytes = 0;
     Status prepare(ZeroEngine& e, const std::vector<std::pair<int64_t, int64_t>>& groups);
+    char* grads() const { return buf.as<char>(); }
+    char* masters(int64_t n) const { return grads() + n * grad_bytes; }
+    char* weights(int64_t n) const { return masters(n) + n * master_bytes; }
     ~HostStaging();
   };
   // hashed: the windowed arrays whose block sums this step makes (see window_sums.h); may be null.
   Status run_host_adam_group(const std::vector<AdamTask>& tasks, int64_t a, int64_t b,
-                             const std::array<char*, 4>& win, AdamHyper h, const Buffer& staging,
+                             const std::array<char*, 4>& win, AdamHyper h, const HostStaging& staging,
                              const std::vector<HashedArray>* hashed);
   // Whether sub-group [a, b) is stepped by the CPU Adam on the host (its state is not device memory).
   bool host_adam(int64_t a) const { return !exp_avg_.in_device_memory(a); }
