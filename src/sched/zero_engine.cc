@@ -688,8 +688,8 @@ Status ZeroEngine::reduce_sharded_grad(int u, const float* grad) {
 
 // The reduce-scatter of a unit's gradient in `buf` into our owned chunk: the first of a step
 // writes it, later micro-steps' add to it (in the gradient dtype, as the serial order did).
-// Collectives move device memory only: a host gradient shard is written from the reduced chunk
-// in `buf` by a kernel (device-reachable host memory), a copy for the first.
+// Collectives move device memory only: a host gradient shard gets the reduced chunk in `buf`
+// by a copy (the first), or by a kernel adding it (device-reachable host memory).
 CommWorker::Job ZeroEngine::reduction_job(int u, const Buffer& buf, bool first) {
   const UnitSlot& s = layout_.slot(u);
   char* dst = grad_ptr(grad_owned_offset(u));
@@ -698,7 +698,9 @@ CommWorker::Job ZeroEngine::reduction_job(int u, const Buffer& buf, bool first) 
   return [this, name = unit(u).name, src = buf.data, dst, own, chunk = s.chunk, first, direct](Comm& c) {
     ZOE_SPAN("reduce_scatter " + name, "reduce_scatter", Bucket::kWaitComm);
     Status st = c.reduce_scatter(src, direct ? dst : own, chunk, gdtype_);
-    if (st.ok() && !direct) st = dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, !first);
+    if (st.ok() && !direct)
+      st = first ? dev_.copy(dst, own, chunk * gsize_, Stream::kCompute)
+                 : dev_.accumulate(dst, gdtype_, own, gdtype_, chunk, true);
     return st;
   };
 }
