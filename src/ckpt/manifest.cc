@@ -142,7 +142,9 @@ Status parse_files(const std::string& dir, const json& files, CheckpointManifest
     ManifestFile file;
     // Only the one expected plain name: never a path that leaves the directory.
     ZOE_RETURN_IF_ERROR(f.string("name", &file.name));
-    if (file.name != manifest_rank_file_name(r)) return f.bad("name", "\"" + manifest_rank_file_name(r) + "\"");
+    // (fmt, not "\"" + std::string: gcc 12 warns falsely about that operator+, -Wrestrict)
+    if (file.name != manifest_rank_file_name(r))
+      return f.bad("name", fmt::format("\"{}\"", manifest_rank_file_name(r)));
     int64_t bytes = 0;
     uint64_t want = sizes[r];
     ZOE_RETURN_IF_ERROR(f.integer("bytes", 0, std::numeric_limits<int64_t>::max(), &bytes));
