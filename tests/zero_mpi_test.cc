@@ -6,6 +6,8 @@
 #include <cstring>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "engine_harness.h"
 #include "model/gpt2_model.h"
 #include "sched/memory_estimate.h"
@@ -229,8 +231,8 @@ TEST(ZeroMpi, AccumulationIsBitwiseWithinStages01And23AndBoundedAcross) {
       ASSERT_TRUE(run.ok()) << run.status().message();
       w[stage] = run->params;
     }
-    std::string what = std::string(dtype_name(k.weights)) + " accumulating in " +
-                       std::string(dtype_name(k.accum.value_or(k.weights)));
+    std::string what =
+        fmt::format("{} accumulating in {}", dtype_name(k.weights), dtype_name(k.accum.value_or(k.weights)));
     EXPECT_EQ(std::memcmp(w[0].data(), w[1].data(), w[0].size() * 4), 0) << what << ": stages 0 and 1";
     EXPECT_EQ(std::memcmp(w[2].data(), w[3].data(), w[2].size() * 4), 0) << what << ": stages 2 and 3";
     double diff = 0, norm = 0;  // norm-relative: stable where single small weights are not
