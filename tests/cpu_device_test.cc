@@ -124,5 +124,31 @@ TEST(CpuDevice, SumSquaresAddsEverySpanIntoADeviceDouble) {
   for (Buffer* x : {&da, &db, &out}) dev.free(*x);
 }
 
+// Each dtype's loop against a float64 sum of the same stored values, over several 64 Ki blocks
+// and a ragged end.
+TEST(CpuDevice, SumSquaresOfEveryDtypeMatchesAFloat64Sum) {
+  CpuDevice dev(kMiB, kMiB, /*strict=*/true);
+  const size_t n = 200003;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint8_t> host(n * dtype_size(dt));
+    double want = 0;
+    for (size_t i = 0; i < n; ++i) {
+      store_from_f32(host.data(), dt, i, 0.01f * static_cast<float>(i % 101) - 0.5f);
+      const double v = load_as_f32(host.data(), dt, i);
+      want += v * v;
+    }
+    Buffer x = dev.alloc(host.size(), Tier::kDevice, Kind::kStaging).value();
+    Buffer out = dev.alloc(8, Tier::kDevice, Kind::kStaging).value();
+    ASSERT_TRUE(dev.upload(x.data, host.data(), host.size()).ok());
+    ASSERT_TRUE(dev.zero(out.data, 8).ok());
+    ArrayView span{x.data, dt, n};
+    ASSERT_TRUE(dev.sum_squares(&span, 1, out.as<double>()).ok());
+    double got = 0;
+    ASSERT_TRUE(dev.download(&got, out.data, 8).ok());
+    EXPECT_NEAR(got, want, 1e-12 * want) << dtype_name(dt);
+    for (Buffer* b : {&x, &out}) dev.free(*b);
+  }
+}
+
 }  // namespace
 }  // namespace zoe

@@ -345,8 +345,11 @@ Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out)
           partial[b] = block_sum_squares([x](size_t i) { return bf16_to_f32(x[i]); }, lo, hi);
           break;
         }
-        default:
-          partial[b] = block_sum_squares([&sp](size_t i) { return load_as_f32(sp.x, sp.dtype, i); }, lo, hi);
+        case DType::kF16: {
+          const uint16_t* x = static_cast<const uint16_t*>(sp.x);
+          partial[b] = block_sum_squares([x](size_t i) { return f16_to_f32(x[i]); }, lo, hi);
+          break;
+        }
       }
     });
     double s = 0;
