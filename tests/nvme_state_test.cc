@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
+#include "common/round_up.h"
 #include "cpu/cpu_device.h"
 #include "engine_harness.h"
 #include "nvme/pinned_pool.h"
@@ -98,7 +99,7 @@ TEST(StateArrayOnNvme, UnitsBeginOnBlocksAndRewritesReadNothingBack) {
   const int64_t seg[3][2] = {{100, 1500}, {1600, 2048}, {3648, 700}};
   // Each unit's last block stops at its data, aligned: the padding behind it never moves.
   const uint64_t align = store->segment_end_align(0);
-  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  auto aligned = [&](uint64_t n) { return round_up(n, align); };
   const uint64_t moved = aligned(6000) + 8192 + aligned(2800);
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round);
@@ -146,7 +147,7 @@ TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   // The unit's last block ends with its data, rounded up to the file system's direct-I/O alignment.
   const uint64_t align = dio_align(dir);
   ASSERT_GT(align, 0u);
-  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  auto aligned = [&](uint64_t n) { return round_up(n, align); };
   const uint64_t fp32_unit = aligned(4161 * 4), bf16_unit = aligned(4161 * 2);
   EXPECT_EQ(s[1].nvme_written_bytes - s[0].nvme_written_bytes, 3 * (3 * fp32_unit + bf16_unit));
   // A fetch the optimizer's write of the weights is still pending for takes them from that

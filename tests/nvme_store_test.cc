@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "ckpt/checksum.h"
+#include "common/round_up.h"
 #include "nvme/block_table.h"
 #include "nvme/fault_injecting_env.h"
 #include "nvme/nvme_store.h"
@@ -311,7 +312,7 @@ TEST_F(NvmeStoreTest, ABlockEndsWithItsSegmentsData) {
   auto store = open(options(), {spec});
   ASSERT_TRUE(store);
   const uint64_t align = store->segment_end_align(0);
-  auto aligned = [&](uint64_t n) { return (n + align - 1) / align * align; };
+  auto aligned = [&](uint64_t n) { return round_up(n, align); };
   AlignedBuffer buf(2 * kBlock);
   const std::vector<uint8_t> x = random_bytes(a, 1), y = random_bytes(b, 2);
   TransferOptions pad;

@@ -51,6 +51,13 @@ TEST(ZeroMpi, LedgerMatchesSeedFormulaPlusPaddingExactly) {
   }
 }
 
+// Each tier holds what the estimate (exact_stage, bf16) books there for this run's layout.
+void expect_tiers_as_estimated(const MlpRun& run, int stage, OffloadDevice opt, OffloadDevice par) {
+  StageMemory m = exact_stage(run.padded, run.shard, stage, DType::kBF16, opt, par);
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme})
+    EXPECT_EQ(static_cast<double>(run.ledger.persistent(t)), m.by_tier[static_cast<int>(t)]) << tier_name(t);
+}
+
 TEST(ZeroMpi, OffloadTiersMoveBytesNotTotals) {
   Config c = mlp_config(3, DType::kBF16);
   c.offload_optimizer.device = OffloadDevice::kCpu;
@@ -62,9 +69,7 @@ TEST(ZeroMpi, OffloadTiersMoveBytesNotTotals) {
   // persistent stays on the device.
   EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kHost)), 16 * S);
   EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kDevice)), 0);
-  StageMemory m = exact_stage(run->padded, run->shard, 3, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kCpu);
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme})
-    EXPECT_EQ(static_cast<double>(run->ledger.persistent(t)), m.by_tier[static_cast<int>(t)]) << tier_name(t);
+  expect_tiers_as_estimated(*run, 3, OffloadDevice::kCpu, OffloadDevice::kCpu);
 }
 
 // Stage 2 with the optimizer offloaded: the weights stay on the device, the gradient shard goes
@@ -77,9 +82,7 @@ TEST(ZeroMpi, OffloadedOptimizerTakesTheGradientShardToTheHost) {
   double S = static_cast<double>(run->shard), Pp = static_cast<double>(run->padded);
   EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kDevice)), 2 * Pp);  // the weights
   EXPECT_EQ(static_cast<double>(run->ledger.persistent(Tier::kHost)), 14 * S);
-  StageMemory m = exact_stage(run->padded, run->shard, 2, DType::kBF16, OffloadDevice::kCpu, OffloadDevice::kNone);
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme})
-    EXPECT_EQ(static_cast<double>(run->ledger.persistent(t)), m.by_tier[static_cast<int>(t)]) << tier_name(t);
+  expect_tiers_as_estimated(*run, 2, OffloadDevice::kCpu, OffloadDevice::kNone);
 }
 
 TEST(ZeroMpi, CommBytesStages012EqualStage3IsOneAndAHalf) {

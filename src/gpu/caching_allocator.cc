@@ -10,10 +10,6 @@
 #include "common/round_up.h"
 
 namespace zoe::gpu {
-namespace {
-
-
-}  // namespace
 
 CachingAllocator::CachingAllocator(size_t budget, RawMemory raw, Ledger* ledger, Tier tier, std::string what,
                                    std::string budget_key)

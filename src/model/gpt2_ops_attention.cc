@@ -22,7 +22,6 @@ using detail::store8;
 using detail::v8f;
 constexpr int kRows = 4;  // queries per tile
 
-
 struct HeadDims {
   int T, hs;
   int hsp;   // hs rounded up to 8
