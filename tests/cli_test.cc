@@ -45,6 +45,11 @@ TEST(Cli, BadInputExitsTwoWithOneLineNamingTheProblem) {
       {"train --set zoe.device_memory_budget='\"1e30GiB\"'", "zoe.device_memory_budget"},
       {"train --set zoe.device_memory_budget='\"infGiB\"'", "zoe.device_memory_budget"},
       {"train --set zoe.host_memory_budget='\"nanGiB\"'", "zoe.host_memory_budget"},
+      // Past the 128 TiB a process can address: the arena cannot be reserved (once "0 of 0 free").
+      {"train --set zoe.device_memory_budget='\"512TiB\"' --set zoe.checkpoint.dir='\"\"'",
+       "zoe.device_memory_budget"},
+      {"bench nvme --size 1e30", "--size"},
+      {"bench nvme --size 2.5", "--size"},
       {"train --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.ratio=1.5",
        "zero_optimization.offload_optimizer.ratio"},
       {"train --set scheduler.params.warmup_num_steps=0", "warmup_num_steps"},

@@ -5,7 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <filesystem>
 #include <limits>
+#include <new>
+#include <stdexcept>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -218,6 +223,57 @@ TEST(CommWorker, RunsJobsInOrderAndReturnsEachStatus) {
   EXPECT_EQ(recv, send);
   EXPECT_LT(a, b);
   EXPECT_LT(b, c);
+}
+
+// A job that throws on the communication thread fails its own ticket; before, the exception left
+// the thread's function and std::terminate ended the process (the other ranks hanging).
+TEST(CommWorker, AJobThatThrowsFailsItsTicketAndTheWorkerGoesOn) {
+  auto self = make_self_comm();
+  CommWorker w(std::move(*self->duplicate()));
+  uint64_t a = w.submit([](Comm&) -> Status { throw std::runtime_error("boom"); });
+  uint64_t b = w.submit([](Comm&) -> Status { throw std::bad_alloc(); });
+  uint64_t c = w.submit([](Comm&) { return Status::Ok(); });
+  Status sa = w.wait(a), sb = w.wait(b);
+  EXPECT_EQ(sa.code(), Code::kRuntime);
+  EXPECT_NE(sa.message().find("boom"), std::string::npos) << sa.message();
+  EXPECT_EQ(sb.code(), Code::kOutOfMemory) << sb.message();
+  EXPECT_TRUE(w.wait(c).ok());
+}
+
+// Stage 3 returns from step() while the optimizer's pass runs on: a pass that fails (here: its
+// state's swap files were truncated, so its NVMe reads find the end of the file) is returned by
+// flush(); an engine destroyed without asking says so on stderr instead of dropping it.
+TEST(ZeroOneRank, AFailedUpdateIsReturnedByFlushOrReportedAtDestruction) {
+  const std::string dir = make_temp_dir("failed-update");
+  for (bool flush : {true, false}) {
+    Config c = with_nvme_offload(mlp_config(3, DType::kF32, 2, 16), dir, 1.0);
+    c.offload_param.device = OffloadDevice::kNone;  // the forward needs no swap file
+    auto self = make_self_comm();
+    CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+    MlpModel model(c.n_layer, c.n_embd, 7);
+    auto e = std::make_unique<ZeroEngine>(c, dev, *self, model.units());
+    ASSERT_TRUE(e->allocate().ok());
+    int truncated = 0;
+    for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
+      if (f.path().extension() == ".swap") truncated += ::truncate(f.path().c_str(), 0) == 0;
+    ASSERT_GT(truncated, 0) << "no swap file under " << dir;
+    std::vector<float> h0 = random_floats(e->unit(0).numel, 1), h1 = random_floats(e->unit(1).numel, 2);
+    Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
+    ASSERT_TRUE(e->grads_ready(1, d1.as<float>()).ok());
+    ASSERT_TRUE(e->grads_ready(0, d0.as<float>()).ok());
+    ASSERT_TRUE(e->step(1e-3).ok()) << "stage 3 returns before its update";
+    testing::internal::CaptureStderr();
+    if (flush) {
+      Result<StepResult> r = e->flush();
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), Code::kIo) << r.status().message();
+    }
+    e.reset();
+    std::string err = testing::internal::GetCapturedStderr();
+    if (flush) EXPECT_EQ(err, "") << "flush() returned the error: nothing left to report";
+    else EXPECT_NE(err.find("last optimizer update failed"), std::string::npos) << err;
+    for (Buffer* b : {&d0, &d1}) dev.free(*b);
+  }
 }
 
 // What allocate() says for the MLP test model under config c, on one rank.

@@ -1,4 +1,5 @@
 // `zoe bench <what>`: dispatch to the benchmarks in bench/.
+#include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -25,7 +26,10 @@ Result<std::vector<size_t>> parse_sizes(const std::vector<std::string>& in) {
     } catch (...) {
       pos = 0;
     }
-    if (pos != s.size() || !(v >= 1)) return Status::Invalid(fmt::format("--size '{}': expected a positive number", s));
+    // Converting a double past size_t's range is undefined behaviour: bound it first (2^48, 256 Ti,
+    // is past any memory these benchmarks can fill).
+    if (pos != s.size() || !(v >= 1 && v <= 0x1p48) || v != std::floor(v))
+      return Status::Invalid(fmt::format("--size '{}': expected a whole number from 1 to 2^48", s));
     out.push_back(static_cast<size_t>(v));
   }
   return out;

@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
+
 #include <fmt/format.h>
 
 namespace zoe {
@@ -11,6 +13,7 @@ Arena::Arena(size_t capacity) : capacity_((capacity + kAlign - 1) / kAlign * kAl
   void* p = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
   if (p == MAP_FAILED) {
+    map_error_ = errno;
     capacity_ = 0;
     return;
   }

@@ -27,11 +27,14 @@ class Arena {
     return base_ && c >= base_ && c < base_ + capacity_;
   }
   size_t in_use() const;
+  // errno of the reservation when it failed (the arena then has no capacity), else 0.
+  int map_error() const { return map_error_; }
 
  private:
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t in_use_ = 0;
+  int map_error_ = 0;
   std::map<size_t, size_t> free_;   // offset -> size, coalesced
   std::map<size_t, size_t> used_;   // offset -> size
   mutable std::mutex mu_;

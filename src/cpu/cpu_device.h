@@ -26,6 +26,8 @@ class CpuDevice final : public Device {
   ~CpuDevice() override;
   const char* name() const override { return strict_ ? "cpu-strict" : "cpu"; }
   bool strict() const { return strict_; }
+  // errno of reserving the device budget's address range, 0 when it was reserved.
+  int arena_map_error() const { return arena_.map_error(); }
 
   Result<Buffer> alloc(size_t bytes, Tier tier, Kind kind) override;
   void free(Buffer& b) override;

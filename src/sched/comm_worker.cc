@@ -1,6 +1,7 @@
 #include "sched/comm_worker.h"
 
 #include "common/profiler.h"
+#include "common/status_of_call.h"
 
 namespace zoe {
 
@@ -55,7 +56,7 @@ void CommWorker::run() {
     auto [ticket, job] = std::move(queue_.front());
     queue_.pop_front();
     l.unlock();
-    Status st = job(*comm_);
+    Status st = status_of_call("communication thread", [&] { return job(*comm_); });
     CommBytes b = comm_->bytes_sent();
     comm_->reset_counters();
     l.lock();

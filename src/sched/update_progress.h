@@ -22,6 +22,9 @@ class UpdateProgress {
   Status wait_until(int64_t upto);
   bool updated(int64_t upto) const;  // without waiting
   bool running() const;
+  // The ended pass's error if no wait_until has returned it yet (then it counts as returned): what
+  // an owner going away would otherwise drop.
+  Status take_unreported();
 
  private:
   static constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
@@ -30,6 +33,7 @@ class UpdateProgress {
   int64_t upto_ = kAll;
   bool running_ = false;
   Status status_;
+  bool reported_ = true;  // status_ has been returned by wait_until (or is Ok)
 };
 
 }  // namespace zoe

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/profiler.h"
+#include "common/status_of_call.h"
 #include "cpu/adam.h"
 
 namespace zoe {
@@ -62,7 +63,12 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 ZeroEngine::~ZeroEngine() {
   (void)finish_reductions();
   comm_worker_.reset();
-  (void)wait_update();
+  if (update_thread_.joinable()) update_thread_.join();
+  // Callers learn an update's failure from flush() or the next step; one that never asked (a
+  // framework that frees the engine after its last step) is told here rather than not at all.
+  if (Status lost = progress_.take_unreported(); !lost.ok())
+    std::fprintf(stderr, "zoe: error: the engine's last optimizer update failed and no call returned it: %s\n",
+                 lost.message().c_str());
   windows_.reset();  // waits for what it read ahead
   set_activation_bytes(0);
   for (auto& g : gathered_) {
@@ -378,7 +384,7 @@ Status ZeroEngine::read_owned(int u, OwnedKind k, int64_t begin, int64_t end, fl
 Status ZeroEngine::write_owned(int u, OwnedKind k, int64_t begin, int64_t end, const float* src) {
   ZOE_RETURN_IF_ERROR(wait_update());
   drop_read_ahead();
-  unload_all();
+  ZOE_RETURN_IF_ERROR(unload_all());
   ZOE_ASSIGN_OR_RETURN(OwnedPlace p, owned_place("write_owned", u, k, begin, end));
   return put_f32(*p.array, p.dtype, p.index, end - begin, src);
 }
@@ -387,7 +393,7 @@ Status ZeroEngine::set_params(int u, const float* values) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("unit {} out of range", u));
   ZOE_RETURN_IF_ERROR(wait_update());
   drop_read_ahead();
-  unload_all();
+  ZOE_RETURN_IF_ERROR(unload_all());
   const UnitSlot& s = layout_.slot(u);
   // Replicated params hold the whole unit; sharded ones only this rank's chunk (none of it when
   // the chunk is all padding).
@@ -430,7 +436,7 @@ Result<ParamView> ZeroEngine::fetch(int u) {
     if (residency_[u] != Residency::kLoading && residency_[u] != Residency::kGathered) {
       auto buf = gather_buffer(u);
       if (!buf.ok()) {
-        unload(u);  // a staged load's windows go back too
+        (void)unload(u);  // a staged load's windows go back too (it has no gather: waited above)
         return buf.status();
       }
       g.buf = *buf;
@@ -464,7 +470,8 @@ Status ZeroEngine::release(int u) {
   if (g.refs == 0) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
   if (--g.refs > 0) return Status::Ok();
   bool room = has_room(0);
-  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency_)) unload(u);
+  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency_))
+    ZOE_RETURN_IF_ERROR(unload(u));
   prefetch_ahead();
   advance_loads();
   return Status::Ok();
@@ -479,17 +486,23 @@ void ZeroEngine::advance_loads() {
   }
 }
 
-void ZeroEngine::unload(int u) {
+Status ZeroEngine::unload(int u) {
   Gathered& g = gathered_[u];
-  (void)wait_gathered(u);
-  g.load.reset();  // waits for its reads and copies
+  Status gathered = wait_gathered(u);
+  g.load.reset();  // waits for its reads and copies (a load ahead that failed was never used)
   gather_pool_.give_back(g.buf);
   residency_[u] = Residency::kAbsent;
+  return gathered;
 }
 
-void ZeroEngine::unload_all() {
+Status ZeroEngine::unload_all() {
+  Status first;
   for (int u = 0; u < num_units(); ++u)
-    if (gathered_[u].refs == 0 && residency_[u] != Residency::kAbsent) unload(u);
+    if (gathered_[u].refs == 0 && residency_[u] != Residency::kAbsent) {
+      Status st = unload(u);
+      if (first.ok()) first = st;
+    }
+  return first;
 }
 
 // The unit the plan fetches after u, and whether this rank could gather it right away: gathered
@@ -562,7 +575,7 @@ void ZeroEngine::prefetch_ahead() {
     g.load = chunk_load(v, g.buf);
     bool staged = !g.buf;
     if ((staged && g.load->has_memory_parts()) || !g.load->start().ok() || (staged && !g.load->reading())) {
-      unload(v);
+      (void)unload(v);  // a load just made, never gathered: nothing to report
       return;
     }
     residency_[v] = staged ? Residency::kStaged : Residency::kLoading;
@@ -577,7 +590,7 @@ Result<Buffer> ZeroEngine::gather_buffer(int u) {
   auto b = after_reductions_if_full([&] { return gather_pool_.acquire(bytes); });
   for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
     if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent || !gathered_[v].buf) continue;
-    unload(v);  // its buffer goes back to the pool, which frees idle buffers when the device is full
+    ZOE_RETURN_IF_ERROR(unload(v));  // its buffer goes back to the pool, which frees idle ones when full
     ++stats_.evicted;
     b = gather_pool_.acquire(bytes);
   }
@@ -1015,7 +1028,7 @@ Status ZeroEngine::gather_replicated_params() {
 // next step's first units start loading as soon as it is done.
 Result<StepResult> ZeroEngine::step(double lr) {
   ZOE_RETURN_IF_ERROR(wait_update());
-  unload_all();
+  ZOE_RETURN_IF_ERROR(unload_all());
   auto res = apply_step(lr);
   trace_.begin_step();
   if (res.ok()) prefetch_ahead();
@@ -1096,7 +1109,7 @@ void ZeroEngine::start_update(double lr, double grad_scale) {
   update_thread_ = std::thread([this, lr, grad_scale] {
     Profiler::exclude_thread_from_buckets();  // the step's buckets count where it waits for this
     Profiler::name_thread("optimizer");
-    progress_.finish(apply_adam(lr, grad_scale));
+    progress_.finish(status_of_call("optimizer pass", [&] { return apply_adam(lr, grad_scale); }));
   });
 }
 
@@ -1132,7 +1145,7 @@ Result<StepResult> ZeroEngine::flush() {
 Status ZeroEngine::commit_owned_state() {
   ZOE_RETURN_IF_ERROR(wait_update());
   drop_read_ahead();
-  unload_all();
+  ZOE_RETURN_IF_ERROR(unload_all());
   if (cfg_.mixed_precision()) {
     std::vector<float> piece;
     for (int u = 0; u < num_units(); ++u)

@@ -143,8 +143,10 @@ class ZeroEngine final : public Engine {
   Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
   void prefetch_ahead();                    // starts the loads the policy asks for
   void advance_loads();                     // loads ahead copy what has landed
-  void unload(int u);                       // drops a kept or loading unit (refs must be 0)
-  void unload_all();                        // before the parameters change
+  // Drops a kept or loading unit (refs must be 0); the error of a gather ahead that failed, which
+  // no fetch will see now.
+  Status unload(int u);
+  Status unload_all();                      // before the parameters change; the first error
 
   // Every collective the engine starts is preceded by an agreement on what it is (control
   // traffic), so ranks whose models call the unit API differently never mismatch collectives:

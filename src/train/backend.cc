@@ -1,6 +1,13 @@
 #include "train/backend.h"
 
+#include <unistd.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+
 #include "cpu/cpu_device.h"
+#include "nvme/io_error.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/nccl_comm.h"
@@ -8,10 +15,25 @@
 
 namespace zoe {
 
+namespace {
+
+uint64_t physical_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+}  // namespace
+
 Result<Backend> make_backend(const Config& c, Comm& control) {
   Backend b;
   if (c.device == "cpu" || c.device == "cpu-strict") {
-    b.device = std::make_unique<CpuDevice>(c.device_memory_budget, c.host_memory_budget, c.device == "cpu-strict");
+    auto dev = std::make_unique<CpuDevice>(c.device_memory_budget, c.host_memory_budget, c.device == "cpu-strict");
+    if (int e = dev->arena_map_error())
+      return Status::Invalid(fmt::format(
+          "config key 'zoe.device_memory_budget': {} cannot be reserved as the CPU device's memory (mmap: {}); "
+          "this machine has {} of memory: give a budget it can hold",
+          bytes_text(c.device_memory_budget), std::strerror(e), bytes_text(physical_memory_bytes())));
+    b.device = std::move(dev);
     return b;
   }
 #ifdef ZOE_HAVE_CUDA

@@ -88,12 +88,11 @@ class TrainJob {
       }
     }
     progress.finish();
+    // Stage 3's last update runs behind the loop: the job is done only once it has succeeded.
+    ZOE_RETURN_IF_ERROR(engine_->flush().status());
     ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
                                        {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)}}));
-    if (!o_.trace_path.empty()) {
-      ZOE_RETURN_IF_ERROR(engine_->flush().status());  // the last step's update, whole, in the trace
-      ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
-    }
+    if (!o_.trace_path.empty()) ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
     return sum;
   }
 
