@@ -593,7 +593,7 @@ TEST_F(NvmeStoreTest, SecondStoreOnTheSameDirectoryIsRefused) {
   auto second = NvmeStore::open(options(), std::vector<RegionSpec>{{"a", 4096}});
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find(first->dir()), std::string::npos) << second.status().message();
-  EXPECT_NE(second.status().message().find("in use by another zoe job"), std::string::npos);
+  EXPECT_NE(second.status().message().find("in use by another zoe store"), std::string::npos);
   // The refused store touched nothing of the first one.
   EXPECT_TRUE(fs::exists(first->dir() + "/a.swap"));
   const std::vector<uint8_t> d = random_bytes(4096, 3);
@@ -623,6 +623,93 @@ TEST_F(NvmeStoreTest, FreeSpaceIsCheckedBeforeAnythingIsWritten) {
   EXPECT_NE(s.message().find("needs"), std::string::npos) << s.message();
   EXPECT_EQ(store->regions(), 1);
   EXPECT_FALSE(fs::exists(store->dir() + "/exp_avg.swap"));
+}
+
+// ---- a queue that fails while the kernel holds requests ------------------------------------
+
+// Waits until `n` requests of kind `op` reached the queue (held ones included).
+bool requests_reach(const FaultInjectingEnv& env, IoOp op, int n) {
+  for (int i = 0; i < 5000 && env.requests(op) < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return env.requests(op) >= n;
+}
+
+// When the queue itself fails (io_uring_enter), requests the kernel took still own their memory:
+// their transfers fail, but complete only once their completions are reaped, so neither the
+// caller's memory nor a bounce buffer is handed back while the kernel may still write into it.
+// Transfers submitted after the failure fail at once.
+TEST_F(NvmeStoreTest, AfterAQueueFailureMemoryComesBackOnlyWhenTheKernelIsDone) {
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  const std::vector<uint8_t> x = random_bytes(2 * kBlock, 21);
+  AlignedBuffer direct(kBlock);          // the request reads straight into it
+  std::vector<uint8_t> bounced(kBlock);  // through a bounce buffer: an unaligned range
+  auto store = open(o, {{"state", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->write(0, 0, x.data(), x.size()).ok());
+  std::memset(direct.p, 0, kBlock);
+  env.hold(IoOp::kRead, true);
+  struct Unhold {  // before the store closes, which waits for the reads, even when a check fails
+    FaultInjectingEnv& e;
+    ~Unhold() { e.hold(IoOp::kRead, false); }
+  } unhold{env};
+  const int before = env.requests(IoOp::kRead);
+  Ticket a = store->read_async(0, 0, direct.p, kBlock);
+  Ticket b = store->read_async(0, kBlock + 1, bounced.data(), kBlock - 1);
+  ASSERT_TRUE(requests_reach(env, IoOp::kRead, before + 2));
+  env.fail_submits(EBADR);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(store->ready(a)) << "handed back while the kernel holds its request";
+  EXPECT_FALSE(store->ready(b));
+  std::vector<uint8_t> late(kBlock);
+  Status s = store->read(0, 0, late.data(), late.size());
+  EXPECT_EQ(s.code(), Code::kIo);
+  EXPECT_NE(s.message().find("io_uring_enter failed"), std::string::npos) << s.message();
+
+  env.hold(IoOp::kRead, false);  // the kernel completes them
+  for (const Ticket* t : {&a, &b}) {
+    s = store->wait(*t);
+    EXPECT_EQ(s.code(), Code::kIo);
+    EXPECT_NE(s.message().find("io_uring_enter failed: Invalid request descriptor (EBADR"), std::string::npos)
+        << s.message();
+  }
+  // The read landed before its wait returned, and nothing lands later.
+  EXPECT_EQ(0, std::memcmp(direct.p, x.data(), kBlock));
+  EXPECT_TRUE(store->close().ok());
+}
+
+// When reaping fails too, for good, the requests are abandoned after a while: their transfers
+// fail saying so, and their bounce buffers never go back to the pool (leaked, not reused).
+TEST_F(NvmeStoreTest, RequestsThatCannotBeReapedAreAbandonedAndTheirBuffersNeverReused) {
+  PinnedPoolOptions po;
+  po.bytes = 8 * kBlock;
+  po.pin = false;
+  auto pool = PinnedPool::create(po);
+  ASSERT_TRUE(pool.ok());
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  o.pool = pool.value().get();
+  o.queue_depth = 2;  // two bounce buffers
+  std::vector<uint8_t> bounced(kBlock);
+  auto store = open(o, {{"state", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  env.hold(IoOp::kRead, true);
+  struct Unhold {
+    FaultInjectingEnv& e;
+    ~Unhold() { e.hold(IoOp::kRead, false); }
+  } unhold{env};
+  const int before = env.requests(IoOp::kRead);
+  Ticket b = store->read_async(0, 1, bounced.data(), kBlock - 1);
+  ASSERT_TRUE(requests_reach(env, IoOp::kRead, before + 1));
+  env.fail_submits(EBADR, 1 << 30);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(store->ready(b)) << "handed back while the kernel holds its request";
+  Status s = store->wait(b);  // about 2 s of reaping
+  EXPECT_EQ(s.code(), Code::kIo);
+  EXPECT_NE(s.message().find("abandoned, the kernel may still use their memory"), std::string::npos) << s.message();
+  EXPECT_TRUE(store->close().ok());
+  EXPECT_EQ(pool.value()->available(), 7u * kBlock) << "the abandoned bounce buffer went back to the pool";
 }
 
 // ---- faults through the injectable environment ----------------------------------------------

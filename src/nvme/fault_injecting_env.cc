@@ -45,6 +45,7 @@ class FaultInjectingQueue : public IoQueue {
   }
 
   Status submit_and_wait(unsigned wait_for, std::vector<IoCompletion>* out) override {
+    if (Status s = injected_failure(); !s.ok()) return s;
     for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
       env_->note_submission(op, enqueued_[static_cast<int>(op)]);
       enqueued_[static_cast<int>(op)] = 0;
@@ -60,6 +61,7 @@ class FaultInjectingQueue : public IoQueue {
     // Held requests complete only once released: poll the file's queue until something completes,
     // the hold ends or wake() is called, as the kernel's wait would return.
     for (;;) {
+      if (Status s = injected_failure(); !s.ok()) return s;
       Status s = base_->submit_and_wait(0, out);
       if (!s.ok() || !out->empty() || wait_for == 0 || woken_.exchange(false)) return s;
       if (!env_->held(IoOp::kRead) && !env_->held(IoOp::kWrite)) {
@@ -71,6 +73,12 @@ class FaultInjectingQueue : public IoQueue {
   }
 
  private:
+  Status injected_failure() {
+    const int err = env_->take_submit_failure();
+    if (err == 0) return Status::Ok();
+    return Status::Io("io_uring: io_uring_enter failed: " + errno_text(err) + " (injected)");
+  }
+
   // Held requests whose kind is no longer held go to the file's queue.
   Status release_held() {
     std::vector<IoRequest> still;
@@ -129,6 +137,13 @@ FaultInjectingEnv::Verdict FaultInjectingEnv::next_request(IoOp op) {
   return v;
 }
 
+int FaultInjectingEnv::take_submit_failure() {
+  int left = failing_submits_.load();
+  while (left > 0 && !failing_submits_.compare_exchange_weak(left, left - 1)) {
+  }
+  return left > 0 ? submit_err_.load() : 0;
+}
+
 Status FaultInjectingEnv::allocate(int fd, const std::string& path, uint64_t bytes) {
   if (!sparse_allocate_) return base_->allocate(fd, path, bytes);
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
@@ -136,12 +151,12 @@ Status FaultInjectingEnv::allocate(int fd, const std::string& path, uint64_t byt
   return Status::Ok();
 }
 
-Result<uint64_t> FaultInjectingEnv::free_bytes(const std::string& path) {
+Result<uint64_t> FaultInjectingEnv::free_bytes(const Dir& d) {
   {
     std::lock_guard l(mu_);
     if (free_bytes_) return *free_bytes_;
   }
-  return base_->free_bytes(path);
+  return base_->free_bytes(d);
 }
 
 Result<std::unique_ptr<IoQueue>> FaultInjectingEnv::new_queue(unsigned depth) {

@@ -32,6 +32,15 @@ class FaultInjectingEnv : public NvmeEnv {
   // they belong to stay pending until hold(op, false), deterministically.
   void hold(IoOp op, bool on) { held_[static_cast<int>(op)].store(on); }
   bool held(IoOp op) const { return held_[static_cast<int>(op)].load(); }
+  // The next `times` calls of the queue's submit_and_wait fail with -err as a whole (as a failed
+  // io_uring_enter would), handing nothing further to the kernel: requests already there (held
+  // ones too) stay there, to complete at a later call that succeeds.
+  void fail_submits(int err, int times = 1) {
+    submit_err_.store(err);
+    failing_submits_.store(times);
+  }
+  // Takes one failure of fail_submits: the errno, or 0 when none is left.
+  int take_submit_failure();
   // Requests of kind `op` seen so far.
   int requests(IoOp op) const { return count_[static_cast<int>(op)].load(); }
   // The most requests of kind `op` that one submit_and_wait handed to the kernel together.
@@ -46,13 +55,24 @@ class FaultInjectingEnv : public NvmeEnv {
   Verdict next_request(IoOp op);
 
   Status create_dir(const std::string& path) override { return base_->create_dir(path); }
-  Result<int> lock_dir(const std::string& path) override { return base_->lock_dir(path); }
-  Result<std::vector<std::string>> list_dir(const std::string& path) override { return base_->list_dir(path); }
-  Result<DirectFile> open_direct(const std::string& path) override { return base_->open_direct(path); }
+  Result<std::string> resolve(const std::string& path, bool* was_link) override {
+    return base_->resolve(path, was_link);
+  }
+  Result<Dir> open_dir(const std::string& path) override { return base_->open_dir(path); }
+  Result<bool> make_dir_at(const Dir& d, const std::string& name) override { return base_->make_dir_at(d, name); }
+  Result<Dir> open_dir_at(const Dir& d, const std::string& name) override { return base_->open_dir_at(d, name); }
+  Result<EntryInfo> stat_at(const Dir& d, const std::string& name) override { return base_->stat_at(d, name); }
+  Status make_private(const Dir& d) override { return base_->make_private(d); }
+  Result<bool> try_lock(const Dir& d) override { return base_->try_lock(d); }
+  Status create_file_at(const Dir& d, const std::string& name) override { return base_->create_file_at(d, name); }
+  Result<std::vector<std::string>> list_dir(const Dir& d) override { return base_->list_dir(d); }
+  Result<DirectFile> create_direct_at(const Dir& d, const std::string& name) override {
+    return base_->create_direct_at(d, name);
+  }
   Status allocate(int fd, const std::string& path, uint64_t bytes) override;
-  Result<uint64_t> free_bytes(const std::string& path) override;
-  Status remove_file(const std::string& path) override { return base_->remove_file(path); }
-  Status remove_dir(const std::string& path) override { return base_->remove_dir(path); }
+  Result<uint64_t> free_bytes(const Dir& d) override;
+  Status remove_file_at(const Dir& d, const std::string& name) override { return base_->remove_file_at(d, name); }
+  Status remove_dir_at(const Dir& d, const std::string& name) override { return base_->remove_dir_at(d, name); }
   void close_fd(int fd) override { base_->close_fd(fd); }
   Result<std::unique_ptr<IoQueue>> new_queue(unsigned depth) override;
 
@@ -68,6 +88,7 @@ class FaultInjectingEnv : public NvmeEnv {
   std::atomic<int> count_[2] = {0, 0};
   std::atomic<int> largest_[2] = {0, 0};
   std::atomic<bool> held_[2] = {false, false};
+  std::atomic<int> failing_submits_{0}, submit_err_{0};
   std::optional<uint64_t> free_bytes_;
   bool sparse_allocate_ = false;
 };

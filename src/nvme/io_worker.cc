@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -121,9 +122,11 @@ void IoWorker::run() {
       in_kernel_ = false;
     }
     if (!s.ok()) {
-      fail_all(s);
+      if (broken_.ok()) fail_all(s);
+      else reap_failed(s);
       continue;
     }
+    reap_failures_ = 0;
     for (const IoCompletion& c : cq) handle(c);
   }
 }
@@ -316,6 +319,10 @@ void IoWorker::handle(const IoCompletion& c) {
   const int slot = static_cast<int>(c.tag);
   Task& k = tasks_[slot];
   const RegionFile& r = *k.t->region;
+  if (!broken_.ok()) {  // the queue failed while this was in flight: nothing more goes out for it
+    fail(slot, broken_);
+    return;
+  }
   if (c.result < 0) {
     const int err = -c.result;
     if (err == EAGAIN || err == EINTR) {  // the kernel asks to try again: same request
@@ -447,8 +454,11 @@ void IoWorker::complete(Transfer& t) {
   done_.notify_all();
 }
 
+// The queue itself failed (not one request): nothing more is submitted, and every transfer
+// fails. One not started yet fails now; one with requests the kernel took fails only once all of
+// them have completed (run() goes on reaping): until then the kernel may still write into their
+// memory or read from it, so neither the caller's memory nor a bounce buffer is handed back.
 void IoWorker::fail_all(const Status& s) {
-  // The queue itself failed (not one request): nothing more can be trusted to complete.
   std::deque<std::shared_ptr<Transfer>> waiting;
   {
     std::lock_guard l(mu_);
@@ -462,9 +472,36 @@ void IoWorker::fail_all(const Status& s) {
     t->failed = true;
     if (t->status.ok()) t->status = s;
   }
-  for (int slot = 0; slot < static_cast<int>(tasks_.size()); ++slot)
-    if (tasks_[slot].t) fail(slot, s);
-  fill();  // completes every failed transfer
+  for (Task& k : tasks_) {
+    if (!k.t) continue;
+    k.t->failed = true;
+    if (k.t->status.ok()) k.t->status = s;
+  }
+  fill();  // completes every failed transfer with nothing in flight
+}
+
+// Reaping after a queue failure failed too. Tried again after a pause growing to 100 ms; after
+// kReapAttempts in a row (about 2 s) the kernel's requests are abandoned: their transfers fail
+// saying so, and their bounce buffers are never reused (abandoned_bounce; the store leaks them
+// rather than give them back to the pool). The ring's teardown waits for the requests, but
+// asynchronously: memory handed back after it could still be written.
+void IoWorker::reap_failed(const Status& s) {
+  constexpr int kReapAttempts = 25;
+  if (++reap_failures_ < kReapAttempts) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, 1 << std::min(reap_failures_, 7))));
+    return;
+  }
+  const std::string why = fmt::format("{}; reaping the requests in flight failed {} times ({}): abandoned, "
+                                      "the kernel may still use their memory",
+                                      broken_.message(), reap_failures_, s.message());
+  for (int slot = 0; slot < static_cast<int>(tasks_.size()); ++slot) {
+    Task& k = tasks_[slot];
+    if (!k.t) continue;
+    if (k.bounce >= 0) abandoned_bounce_.push_back(k.bounce);
+    k.bounce = -1;
+    k.t->status = Status::Io(why);
+    fail(slot, Status::Io(why));
+  }
 }
 
 }  // namespace zoe

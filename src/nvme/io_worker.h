@@ -2,7 +2,10 @@
 // block of the region, aligned for O_DIRECT) and keeps up to aio.queue_depth of them in flight:
 // each turn of its loop queues what fits and makes one system call that submits the batch and
 // waits for a completion. -EAGAIN/-EINTR are resubmitted, short transfers resubmitted for the
-// rest, any other error fails the transfer with a Status naming file, offset, op and errno.
+// rest, any other error fails the transfer with a Status naming file, offset, op and errno. A
+// failure of the queue itself (the system call) fails every transfer, but a request the kernel
+// took keeps its memory (the caller's or a bounce buffer) until its completion is reaped: only
+// then does its transfer complete (see fail_all, reap_failed).
 //
 // Bytes go straight between the file and the caller's memory when the range and the address are
 // aligned (registered buffers when the memory is in the pinned pool); otherwise through a bounce
@@ -63,6 +66,9 @@ class IoWorker {
   uint64_t hashed_bytes() const { return hashed_bytes_.load(std::memory_order_relaxed); }
   // Bytes reads took from pending writes' memory instead of the device.
   uint64_t forwarded_bytes() const { return forwarded_bytes_.load(std::memory_order_relaxed); }
+  // Bounce buffers (indices into IoWorkerParams::bounce) whose requests were abandoned after the
+  // queue failed: the kernel may still use them, so they must never be reused. Read after stop().
+  const std::vector<int>& abandoned_bounce() const { return abandoned_bounce_; }
 
  private:
   struct Task {
@@ -98,6 +104,7 @@ class IoWorker {
   void fail(int slot, Status s);
   void complete(Transfer& t);
   void fail_all(const Status& s);
+  void reap_failed(const Status& s);
 
   IoQueue* queue_;
   const uint32_t block_;
@@ -107,6 +114,8 @@ class IoWorker {
   std::vector<Task> tasks_;       // one slot per request the queue may hold
   std::vector<int> free_slots_;
   int in_flight_ = 0;
+  int reap_failures_ = 0;         // failed reaps in a row since the queue failed
+  std::vector<int> abandoned_bounce_;
   std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
   std::deque<std::shared_ptr<Transfer>> background_;  // the same, started when active_ is empty
   std::vector<std::shared_ptr<Transfer>> pending_writes_;  // not yet complete, in submission order

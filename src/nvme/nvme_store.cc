@@ -1,6 +1,15 @@
 #include "nvme/nvme_store.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -20,24 +29,135 @@ Status create_dirs(NvmeEnv* env, const std::string& path) {
   return env->create_dir(path);
 }
 
+// What marks a directory as a zoe swap directory: created inside it, only while its creator
+// holds the directory's lock, so a directory without it is either not zoe's or one whose creator
+// is between mkdir and lock, and neither is removed.
+constexpr char kMarker[] = ".zoe-lock";
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool plain_name(std::string_view s);
+
+// zoe-<job>-rank<digits>: a name the store makes.
+bool job_dir_name(const std::string& name) {
+  const size_t at = name.rfind("-rank");
+  if (name.rfind("zoe-", 0) != 0 || at == std::string::npos || at < 4 || at + 5 == name.size()) return false;
+  return plain_name(name) && std::all_of(name.begin() + at + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A swap file name the store makes: <plain region name>.swap.
+bool swap_name(const std::string& name) { return ends_with(name, ".swap") && name.size() > 5 && plain_name(name); }
+
+// An open directory, closed unless released.
+class DirHolder {
+ public:
+  DirHolder(NvmeEnv* env, Dir d) : env_(env), d_(std::move(d)) {}
+  ~DirHolder() { env_->close_fd(d_.fd); }
+  DirHolder(const DirHolder&) = delete;
+  DirHolder& operator=(const DirHolder&) = delete;
+  const Dir& get() const { return d_; }
+  Dir release() {
+    Dir d = std::move(d_);
+    d_.fd = -1;
+    return d;
+  }
+
+ private:
+  NvmeEnv* env_;
+  Dir d_;
+};
+
 // Directories of other jobs whose lock nobody holds belong to jobs that died: their swap files
 // are scratch, so they are removed (a live job holds its lock for as long as its files exist).
-Status remove_dead_jobs(NvmeEnv* env, const std::string& nvme_path, const std::string& job) {
-  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> names, env->list_dir(nvme_path));
-  for (const std::string& name : names) {
-    if (name.rfind("zoe-", 0) != 0 || name.find("-rank") == std::string::npos || name.rfind("zoe-" + job + "-rank", 0) == 0)
-      continue;
-    std::string dir = nvme_path + "/" + name;
-    Result<int> lock = env->lock_dir(dir);
-    if (!lock.ok()) continue;  // alive (or not ours to judge)
-    Result<std::vector<std::string>> files = env->list_dir(dir);
-    if (files.ok())
-      for (const std::string& f : *files)
-        if (f.size() > 5 && f.compare(f.size() - 5, 5, ".swap") == 0) (void)env->remove_file(dir + "/" + f);
-    (void)env->remove_dir(dir);
-    env->close_fd(lock.value());
+// Only what zoe made is touched: real directories (never a link), ours by owner, carrying the
+// marker, and inside them only swap file names and the marker, all unlinked through the
+// directory's descriptor; a directory holding anything else keeps it, and its marker.
+void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
+  Result<std::vector<std::string>> names = env->list_dir(parent);
+  if (!names.ok()) return;  // nothing of ours depends on it
+  for (const std::string& name : *names) {
+    if (!job_dir_name(name) || name == own) continue;
+    Result<EntryInfo> info = env->stat_at(parent, name);
+    if (!info.ok() || info->kind != EntryInfo::Kind::kDir || info->owner != ::geteuid()) continue;
+    Result<Dir> opened = env->open_dir_at(parent, name);  // O_NOFOLLOW: a link swapped in since fails
+    if (!opened.ok()) continue;
+    DirHolder d(env, std::move(opened).value());
+    Result<bool> locked = env->try_lock(d.get());
+    if (!locked.ok() || !*locked) continue;  // alive
+    Result<EntryInfo> self = env->stat_at(d.get(), "");
+    Result<EntryInfo> marker = env->stat_at(d.get(), kMarker);
+    if (!self.ok() || self->owner != ::geteuid() || !marker.ok() || marker->kind != EntryInfo::Kind::kFile) continue;
+    Result<std::vector<std::string>> files = env->list_dir(d.get());
+    if (!files.ok()) continue;
+    bool only_ours = true;
+    for (const std::string& f : *files) {
+      if (swap_name(f)) (void)env->remove_file_at(d.get(), f);
+      else only_ours = only_ours && f == kMarker;
+    }
+    if (!only_ours) continue;  // someone else's files: the directory stays, marked for the next job
+    (void)env->remove_file_at(d.get(), kMarker);
+    (void)env->remove_dir_at(parent, name);
   }
-  return Status::Ok();
+}
+
+// Makes (mkdir 0700) and locks this store's directory, or takes over one a dead run of the same
+// job left, and refuses any other: a link, another owner's, a mode other than 0700, one without
+// the marker. Stale swap files inside are unlinked.
+Result<Dir> open_job_dir(NvmeEnv* env, const Dir& parent, const std::string& name) {
+  ZOE_ASSIGN_OR_RETURN(bool created, env->make_dir_at(parent, name));
+  ZOE_ASSIGN_OR_RETURN(Dir opened, env->open_dir_at(parent, name));
+  DirHolder d(env, std::move(opened));
+  // Locked before anything is put inside: a cleanup that opens it meanwhile finds no marker.
+  // Such a cleanup holds the lock for a moment: a directory made just now is tried again.
+  bool locked = false;
+  for (int attempt = 0; attempt < 100 && !locked; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ZOE_ASSIGN_OR_RETURN(locked, env->try_lock(d.get()));
+    if (!created) break;
+  }
+  if (!locked)
+    return Status::Invalid(d.get().path + ": in use by another zoe store (flock LOCK_EX|LOCK_NB); a swap "
+                           "directory is named after its job's pid, a random part and the rank, so this one "
+                           "belongs to another store of this job and rank");
+  if (created) ZOE_RETURN_IF_ERROR(env->make_private(d.get()));  // whatever the umask and a setgid parent
+  ZOE_ASSIGN_OR_RETURN(EntryInfo self, env->stat_at(d.get(), ""));
+  if (self.owner != ::geteuid() || self.mode != 0700)
+    return Status::Invalid(fmt::format("{}: owned by uid {} with mode {:04o}; zoe uses only a swap directory it "
+                                       "made itself (owner uid {}, mode 0700): remove it or point nvme_path elsewhere",
+                                       d.get().path, self.owner, self.mode, ::geteuid()));
+  if (created) {
+    ZOE_RETURN_IF_ERROR(env->create_file_at(d.get(), kMarker));
+  } else {
+    ZOE_ASSIGN_OR_RETURN(EntryInfo marker, env->stat_at(d.get(), kMarker));
+    if (marker.kind != EntryInfo::Kind::kFile)
+      return Status::Invalid(d.get().path + ": exists but was not made by zoe (no " + kMarker +
+                             " file); zoe uses only a swap directory it made itself: remove it or point nvme_path "
+                             "elsewhere");
+    // Swap files of a run that died: ours now that we hold the lock, and scratch by definition.
+    ZOE_ASSIGN_OR_RETURN(std::vector<std::string> stale, env->list_dir(d.get()));
+    for (const std::string& f : stale)
+      if (swap_name(f)) ZOE_RETURN_IF_ERROR(env->remove_file_at(d.get(), f));
+  }
+  return d.release();
+}
+
+// nvme_path, made if missing (parents too), with a link resolved once: the store then works
+// inside the directory it names, and says so the first time it meets it.
+Result<Dir> open_nvme_path(NvmeEnv* env, const std::string& nvme_path) {
+  ZOE_RETURN_IF_ERROR(create_dirs(env, nvme_path));
+  bool was_link = false;
+  ZOE_ASSIGN_OR_RETURN(std::string real, env->resolve(nvme_path, &was_link));
+  if (was_link) {
+    static std::mutex mu;
+    static std::set<std::string> told;
+    std::lock_guard l(mu);
+    if (told.insert(nvme_path).second)
+      std::fprintf(stderr, "zoe: nvme_path %s is a symbolic link: swap files go to %s\n", nvme_path.c_str(),
+                   real.c_str());
+  }
+  return env->open_dir(real);
 }
 
 constexpr uint64_t kPage = 4096;
@@ -54,11 +174,20 @@ bool plain_name(std::string_view s) {
   });
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}  // namespace
+
+uint32_t swap_job_tag() {
+  uint32_t tag = 0;
+  ssize_t got;
+  while ((got = ::getrandom(&tag, sizeof tag, 0)) < 0 && errno == EINTR) {
+  }
+  // Without getrandom (ENOSYS) the clock still tells two containers' jobs apart.
+  if (got != static_cast<ssize_t>(sizeof tag))
+    tag = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count() * 0x9e3779b97f4a7c15ull >> 32);
+  return tag;
 }
 
-}  // namespace
+std::string swap_job_name(int64_t pid, uint32_t tag) { return fmt::format("{}-{:08x}", pid, tag); }
 
 Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions) {
   if (o.nvme_path.empty()) return Status::Invalid("NVMe store: nvme_path is empty");
@@ -74,19 +203,14 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
   st->o_ = o;
   st->env_ = o.env ? o.env : NvmeEnv::Default();
   NvmeEnv* env = st->env_;
-  ZOE_RETURN_IF_ERROR(create_dirs(env, o.nvme_path));
-  ZOE_RETURN_IF_ERROR(remove_dead_jobs(env, o.nvme_path, o.job));
-  st->dir_ = o.nvme_path + "/zoe-" + o.job + "-rank" + std::to_string(o.rank);
-  ZOE_RETURN_IF_ERROR(env->create_dir(st->dir_));
-  Result<int> lock = env->lock_dir(st->dir_);
-  if (!lock.ok()) return lock.status();  // the directory is someone else's: leave it alone
-  st->lock_fd_ = lock.value();
+  ZOE_ASSIGN_OR_RETURN(Dir parent, open_nvme_path(env, o.nvme_path));
+  st->parent_ = std::move(parent);
   st->closed_ = false;  // from here on the destructor cleans up
-
-  // Swap files of a run that died: ours now that we hold the lock, and scratch by definition.
-  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> stale, env->list_dir(st->dir_));
-  for (const std::string& name : stale)
-    if (ends_with(name, ".swap")) ZOE_RETURN_IF_ERROR(env->remove_file(st->dir_ + "/" + name));
+  st->dir_name_ = "zoe-" + o.job + "-rank" + std::to_string(o.rank);
+  remove_dead_jobs(env, st->parent_, st->dir_name_);
+  Result<Dir> dir = open_job_dir(env, st->parent_, st->dir_name_);
+  if (!dir.ok()) return dir.status();  // someone else's: the destructor leaves it alone
+  st->dir_ = std::move(dir).value();
 
   const unsigned bounce = o.bounce_buffers ? o.bounce_buffers : o.queue_depth;
   if (o.pool) {
@@ -104,7 +228,7 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
     if (!lease)
       return Status::Invalid(fmt::format("NVMe store {}: the pinned pool has {} free, not enough for {} bounce buffers "
                                          "of aio.block_size {} (make the pool larger or bounce_buffers smaller)",
-                                         st->dir_, bytes_text(st->pool_->available()), bounce, o.block_size));
+                                         st->dir_.path, bytes_text(st->pool_->available()), bounce, o.block_size));
     st->bounce_.push_back(std::move(lease));
   }
 
@@ -137,7 +261,7 @@ Status NvmeStore::check_space(std::span<const RegionSpec> regions, uint64_t alig
   if (need > free)
     return Status::Invalid(fmt::format("NVMe store {}: needs {} ({}), free {} on that file system; nothing was "
                                        "written: free space or point nvme_path elsewhere",
-                                       dir_, bytes_text(need), what, bytes_text(free)));
+                                       dir_.path, bytes_text(need), what, bytes_text(free)));
   return Status::Ok();
 }
 
@@ -164,9 +288,9 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
   const size_t first_new = regions_.size();
   Status s;
   for (const RegionSpec& spec : regions) {
-    auto rf = std::make_unique<RegionFile>(RegionFile{spec.name, file_path(spec.name), {}, -1, spec.bytes, 0,
-                                                      BlockTable(0, o_.block_size, false)});
-    Result<DirectFile> f = env_->open_direct(rf->path);
+    auto rf = std::make_unique<RegionFile>(RegionFile{spec.name, dir_.at(file_name(spec.name)), {}, -1, spec.bytes,
+                                                      0, BlockTable(0, o_.block_size, false)});
+    Result<DirectFile> f = env_->create_direct_at(dir_, file_name(spec.name));
     if (!f.ok()) {
       s = f.status();
       break;
@@ -198,7 +322,7 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
     RegionFile& r = *regions_.back();
     if (r.queue_file >= 0) (void)worker_->call([&](IoQueue& q) { return q.remove_file(r.queue_file); });
     env_->close_fd(r.file.fd);
-    (void)env_->remove_file(r.path);
+    (void)env_->remove_file_at(dir_, file_name(r.name));
     regions_.pop_back();
   }
   return s;
@@ -207,7 +331,7 @@ Status NvmeStore::add_regions(std::span<const RegionSpec> regions) {
 Result<int> NvmeStore::region(std::string_view name) const {
   for (size_t i = 0; i < regions_.size(); ++i)
     if (regions_[i]->name == name) return static_cast<int>(i);
-  return Status::Invalid(fmt::format("NVMe store {}: no region '{}'", dir_, name));
+  return Status::Invalid(fmt::format("NVMe store {}: no region '{}'", dir_.path, name));
 }
 
 namespace {
@@ -251,9 +375,9 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   t.background = o.background;
   t.pad_last_block = op == IoOp::kWrite && o.pad_last_block;
   if (closed_) {
-    t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_, io_op_name(op)));
+    t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_.path, io_op_name(op)));
   } else if (region < 0 || region >= regions()) {
-    t.status = Status::Invalid(fmt::format("NVMe store {}: no region {}", dir_, region));
+    t.status = Status::Invalid(fmt::format("NVMe store {}: no region {}", dir_.path, region));
   } else if (offset > regions_[region]->bytes || bytes > regions_[region]->bytes - offset) {
     t.status = Status::Invalid(fmt::format("{}: {} of {} bytes at offset {} is past the end of region '{}' ({} bytes)",
                                            regions_[region]->path, io_op_name(op), bytes, offset,
@@ -299,6 +423,10 @@ Status NvmeStore::close() {
   if (closed_) return Status::Ok();
   closed_ = true;
   if (worker_) worker_->stop();  // every transfer submitted completes first
+  // Bounce buffers the kernel may still write into (requests abandoned after the queue failed)
+  // never go back to the pool.
+  if (worker_)
+    for (int i : worker_->abandoned_bounce()) bounce_[i].leak();
   worker_.reset();
   Status first;
   auto keep = [&](Status s) {
@@ -307,14 +435,20 @@ Status NvmeStore::close() {
   queue_.reset();  // the ring holds the files' registrations
   for (auto& r : regions_) {
     env_->close_fd(r->file.fd);
-    keep(env_->remove_file(r->path));
+    keep(env_->remove_file_at(dir_, file_name(r->name)));
   }
   regions_.clear();
   bounce_.clear();
   own_pool_.reset();
-  keep(env_->remove_dir(dir_));
-  env_->close_fd(lock_fd_);  // the lock goes last: nobody can take the directory while files remain
-  lock_fd_ = -1;
+  if (dir_.fd >= 0) {
+    // The marker first: a cleanup that finds the directory unlocked from here on leaves it alone.
+    keep(env_->remove_file_at(dir_, kMarker));
+    keep(env_->remove_dir_at(parent_, dir_name_));
+  }
+  env_->close_fd(dir_.fd);  // the lock goes last: nobody can take the directory while files remain
+  dir_.fd = -1;
+  env_->close_fd(parent_.fd);
+  parent_.fd = -1;
   return first;
 }
 

@@ -1,6 +1,8 @@
 // NvmeStore: the NVMe tier's files. A store is one directory per job and rank,
-// <nvme_path>/zoe-<job>-rank<r>/, locked against a second store (flock), holding one file per
-// named region (<name>.swap), each preallocated in full, so that once open() or add_regions()
+// <nvme_path>/zoe-<job>-rank<r>/ (the engine's job is rank 0's pid and 8 random hex digits),
+// made by the store (mode 0700) and locked against a second store (flock) before anything is put
+// in it, holding a marker (.zoe-lock) and one file per named region (<name>.swap), each created
+// fresh (O_EXCL) and preallocated in full, so that once open() or add_regions()
 // succeeded no write inside a region can fail for space. Callers read and write byte ranges of
 // a region, of any size and offset, synchronously or asynchronously (a Ticket to wait on).
 // Storage knows files and byte ranges, never tensors.
@@ -36,9 +38,14 @@ namespace zoe {
 class IoWorker;
 struct Transfer;
 
+// 32 random bits (getrandom) for a job's name, so that jobs whose rank 0 has the same pid (two
+// containers on one host) get different directories; and the name: "<pid>-<8 hex digits>".
+uint32_t swap_job_tag();
+std::string swap_job_name(int64_t pid, uint32_t tag);
+
 struct NvmeStoreOptions {
   std::string nvme_path;            // the store's directory is made inside (nvme_path itself too, if missing)
-  std::string job = "job";          // names the directory: zoe-<job>-rank<rank>
+  std::string job = "job";          // names the directory: zoe-<job>-rank<rank> (see swap_job_name)
   int rank = 0;
   uint32_t block_size = 1 << 20;    // aio.block_size: bytes per request (DeepSpeed's default, 1 MiB)
   unsigned queue_depth = 8;         // aio.queue_depth: requests in flight (DeepSpeed's default, 8)
@@ -91,9 +98,11 @@ class Ticket {
 
 class NvmeStore {
  public:
-  // Makes and locks the directory, removes swap files a crashed run left there, checks that the
-  // file system has room for all `regions`, then creates and preallocates them. Refuses, before
-  // anything is written, with "needs X, free Y" when they do not fit.
+  // Makes and locks the directory, removes what dead jobs left in nvme_path (see
+  // remove_dead_jobs in nvme_store.cc), checks that the file system has room for all `regions`,
+  // then creates and preallocates them. Refuses, before anything is written, with "needs X,
+  // free Y" when they do not fit. A directory of this name it did not make (a link, another
+  // owner's, a mode other than 0700, no marker) is Invalid, and left as it is.
   static Result<std::unique_ptr<NvmeStore>> open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions = {});
   ~NvmeStore();  // close(), errors dropped
   NvmeStore(const NvmeStore&) = delete;
@@ -109,7 +118,7 @@ class NvmeStore {
   const std::string& region_path(int region) const { return regions_[region]->path; }
   // Where a block stops at a segment's end (RegionSpec::segment_ends): rounded up to this.
   uint64_t segment_end_align(int region) const;
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_.path; }
   uint32_t block_size() const { return o_.block_size; }
   unsigned queue_depth() const { return o_.queue_depth; }
   bool checksums() const { return o_.checksums; }
@@ -146,12 +155,13 @@ class NvmeStore {
   NvmeStore() = default;
   Ticket submit(IoOp op, int region, uint64_t offset, uint8_t* user, uint64_t bytes, const TransferOptions& o);
   Status check_space(std::span<const RegionSpec> regions, uint64_t align);
-  std::string file_path(const std::string& name) const { return dir_ + "/" + name + ".swap"; }
+  static std::string file_name(const std::string& region) { return region + ".swap"; }
 
   NvmeStoreOptions o_;
   NvmeEnv* env_ = nullptr;
-  std::string dir_;
-  int lock_fd_ = -1;
+  Dir parent_;            // nvme_path, links resolved
+  Dir dir_;               // the store's directory; its descriptor holds the lock
+  std::string dir_name_;  // its name in parent_
   bool closed_ = true;
   std::unique_ptr<PinnedPool> own_pool_;
   PinnedPool* pool_ = nullptr;

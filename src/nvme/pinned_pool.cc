@@ -38,6 +38,11 @@ void PinnedPool::Lease::reset() {
   taken_ = 0;
 }
 
+void PinnedPool::Lease::leak() {
+  pool_ = nullptr;
+  reset();
+}
+
 Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& o) {
   if (o.bytes == 0) return Status::Invalid("pinned pool: the byte budget must be positive");
   std::unique_ptr<PinnedPool> p(new PinnedPool());

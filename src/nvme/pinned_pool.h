@@ -47,6 +47,9 @@ class PinnedPool {
     size_t size() const { return size_; }
     explicit operator bool() const { return data_ != nullptr; }
     void reset();
+    // Gives up the range without giving it back: the pool never hands it out again. For memory
+    // the kernel may still write into (an I/O request abandoned after its queue failed).
+    void leak();
 
    private:
     friend class PinnedPool;
