@@ -127,10 +127,11 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
         "config key 'zoe.host_memory_budget': the NVMe tier's pinned pool (a quarter of it, {} bytes) cannot hold "
         "aio.queue_depth x aio.block_size = {} bytes of I/O buffers per store plus the optimizer's and the parameter loads' windows of 1024 elements",
         pool_bytes, bounce));
-  // The job's name is rank 0's pid: jobs started from the same directory get their own swap
-  // directories, and a dead job's are recognised (unlocked) and removed by the next one.
-  int64_t job = getpid();
-  ZOE_RETURN_IF_ERROR(comm_.broadcast(&job, sizeof(job), 0));
+  // The job's name is rank 0's pid and random bits: jobs started from the same directory, or in
+  // two containers whose pids coincide, get their own swap directories, and a dead job's are
+  // recognised (unlocked) and removed by the next one.
+  std::array<int64_t, 2> job = {getpid(), swap_job_tag()};
+  ZOE_RETURN_IF_ERROR(comm_.broadcast(job.data(), sizeof(job), 0));
   bool pin = cfg_.offload_optimizer.pin_memory || cfg_.offload_param.pin_memory;
   ZOE_ASSIGN_OR_RETURN(pool_, PinnedPool::create({pool_bytes, pin, &dev_.ledger()}));
   // Adam and the copies read the windows in place: the device must reach the pool.
@@ -139,7 +140,7 @@ Status ZeroEngine::open_offload(int64_t opt_elems, int64_t param_elems) {
   for (const std::string& path : paths) {
     NvmeStoreOptions o;
     o.nvme_path = path;
-    o.job = std::to_string(job);
+    o.job = swap_job_name(job[0], static_cast<uint32_t>(job[1]));
     o.rank = comm_.rank();
     o.block_size = static_cast<uint32_t>(cfg_.aio_block_size);
     o.queue_depth = static_cast<unsigned>(cfg_.aio_queue_depth);
