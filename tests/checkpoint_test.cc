@@ -201,18 +201,26 @@ TEST(Checkpoint, HostileManifestsAreExitTwoForExportAndResume) {
       {[](nlohmann::json& m) { m["step"] = -5; }, "'step'"},
       {[](nlohmann::json& m) { m["steps_applied"] = -100; }, "'steps_applied'"},
       {[](nlohmann::json& m) { m["train_state"]["loss_scale"] = -1; }, "train_state.loss_scale"},
+      // The bias moved onto the weight's first elements: both would read the same values.
+      {[](nlohmann::json& m) { m["units"][0]["tensors"][1]["offset"] = 0; }, "overlaps tensor"},
+      {[](nlohmann::json& m) { m["train_state"]["data_position"] = int64_t{1} << 62; }, "train_state.data_position"},
   };
-  for (auto& c : cases) {
-    saved.restore();
-    edit_manifest(ck, c.edit);
-    for (const std::string& run : {cmd + " --set zoe.steps=3", kZoe + " export --checkpoint " + ck + " --out " + d + "/x.st"}) {
-      std::string out;
-      int rc = run_command(run, &out);
-      EXPECT_EQ(rc, 2) << run << "\n" << out;
-      EXPECT_NE(out.find(c.field), std::string::npos) << out;
-      EXPECT_NE(out.find("manifest.json"), std::string::npos) << out;
+  for (auto& c : cases)
+    for (bool format1 : {false, true}) {  // format 1 has no manifest.xxh3, and is validated alike
+      saved.restore();
+      edit_manifest(ck, c.edit);
+      if (format1) {
+        edit_manifest(ck, [](nlohmann::json& m) { m["format_version"] = 1; });
+        fs::remove(ck + "/manifest.xxh3");
+      }
+      for (const std::string& run : {cmd + " --set zoe.steps=3", kZoe + " export --checkpoint " + ck + " --out " + d + "/x.st"}) {
+        std::string out;
+        int rc = run_command(run, &out);
+        EXPECT_EQ(rc, 2) << run << "\n" << out;
+        EXPECT_NE(out.find(c.field), std::string::npos) << out;
+        EXPECT_NE(out.find("manifest.json"), std::string::npos) << out;
+      }
     }
-  }
 }
 
 TEST(Checkpoint, AnIncompleteNewestCheckpointIsSkippedWithAWarning) {

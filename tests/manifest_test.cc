@@ -84,6 +84,17 @@ TEST(Manifest, EveryHostileFieldIsRefusedByName) {
       {"string loss scale", [](json& j) { j["train_state"]["loss_scale"] = "1"; }, "train_state.loss_scale"},
       {"negative data position", [](json& j) { j["train_state"]["data_position"] = -1; },
        "train_state.data_position"},
+      {"data position past any data", [](json& j) { j["train_state"]["data_position"] = int64_t{1} << 62; },
+       "train_state.data_position"},
+      {"data shard past any data", [](json& j) { j["train_state"]["data_shard"] = int64_t{1} << 62; },
+       "train_state.data_shard"},
+      // a.w is [0, 8): a.b moved to 6 shares a.w's last two elements.
+      {"overlapping tensors", [](json& j) { j["units"][0]["tensors"][1]["offset"] = 6; }, "overlaps tensor 'a.w'"},
+      {"overlapping tensors, the first one moved", [](json& j) { j["units"][0]["tensors"][0]["offset"] = 1; },
+       "tensor 'a.b' at [8, 10) overlaps tensor 'a.w' at [1, 9)"},
+      // A checksum is no signature: an old format's manifest is validated alike.
+      {"overlapping tensors, format 1", [](json& j) { j["format_version"] = 1; j["units"][0]["tensors"][1]["offset"] = 0; },
+       "overlaps tensor"},
       {"negative hysteresis", [](json& j) { j["train_state"]["scaler_hysteresis"] = -1; },
        "train_state.scaler_hysteresis"},
       {"world size 0", [](json& j) { j["world_size"] = 0; }, "'world_size'"},
@@ -108,6 +119,13 @@ TEST(Manifest, EveryHostileFieldIsRefusedByName) {
     EXPECT_NE(r.status().message().find("checkpoint 'ckdir'"), std::string::npos) << c.what;
     EXPECT_NE(r.status().message().find("manifest.json"), std::string::npos) << c.what;
   }
+}
+
+TEST(Manifest, EmptyTensorsAndAdjacentTensorsDoNotOverlap) {
+  json j = json::parse(manifest_to_text(valid()));
+  j["units"][0]["tensors"].push_back({{"name", "a.empty"}, {"shape", {0}}, {"offset", 3}});  // inside a.w, no element
+  auto r = parse_manifest(j.dump(), "ckdir");
+  EXPECT_TRUE(r.ok()) << r.status().message();
 }
 
 TEST(Manifest, NotJsonIsRefused) {

@@ -106,6 +106,25 @@ Status parse_tensor(const std::string& dir, const json& t, const std::string& pa
   return Status::Ok();
 }
 
+// Two tensors sharing elements would alias each other on export and resume: whatever the format
+// version (a checksum is no signature), every unit's tensors must be disjoint.
+Status check_no_overlap(const std::string& dir, const std::string& path, const ManifestUnit& unit) {
+  std::vector<size_t> order;
+  for (size_t t = 0; t < unit.tensors.size(); ++t)
+    if (unit.tensors[t].numel > 0) order.push_back(t);  // an empty tensor holds no element
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return unit.tensors[a].offset < unit.tensors[b].offset; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const ManifestTensor &prev = unit.tensors[order[i - 1]], &cur = unit.tensors[order[i]];
+    if (cur.offset < prev.offset + prev.numel)
+      return corrupt(dir, fmt::format("field '{}.tensors[{}].offset': tensor '{}' at [{}, {}) overlaps tensor '{}' "
+                                      "at [{}, {}) in unit '{}'", path, order[i], cur.name, cur.offset,
+                                      cur.offset + cur.numel, prev.name, prev.offset, prev.offset + prev.numel,
+                                      unit.name));
+  }
+  return Status::Ok();
+}
+
 Status parse_units(const std::string& dir, const json& units, std::vector<ManifestUnit>* out) {
   if (units.empty()) return corrupt(dir, "field 'units': expected at least one unit");
   std::set<std::string> names;
@@ -126,6 +145,7 @@ Status parse_units(const std::string& dir, const json& units, std::vector<Manife
         return corrupt(dir, fmt::format("field '{}.name': tensor name '{}' appears twice", tpath, mt.name));
       unit.tensors.push_back(std::move(mt));
     }
+    ZOE_RETURN_IF_ERROR(check_no_overlap(dir, path, unit));
     out->push_back(std::move(unit));
   }
   return Status::Ok();
@@ -172,8 +192,10 @@ Status parse_train_state(const std::string& dir, const json& root, CheckpointMan
   int64_t hyst = 0, shard = 0;
   ZOE_RETURN_IF_ERROR(f.integer("scaler_hysteresis", 0, 1 << 30, &hyst));
   st.scaler_hysteresis = static_cast<int>(hyst);
-  ZOE_RETURN_IF_ERROR(f.integer("data_position", 0, std::numeric_limits<int64_t>::max(), &st.data_position));
-  ZOE_RETURN_IF_ERROR(f.integer("data_shard", 0, std::numeric_limits<int64_t>::max(), &shard));
+  // A position is a sample or token index and a shard an index into the data's files: both far
+  // below 2^40, and a source adding a round's samples to a larger one would overflow.
+  ZOE_RETURN_IF_ERROR(f.integer("data_position", 0, kMaxCount, &st.data_position));
+  ZOE_RETURN_IF_ERROR(f.integer("data_shard", 0, kMaxCount, &shard));
   st.data_shard = static_cast<uint64_t>(shard);
   // A diverged run's last loss is NaN, which JSON stores as null.
   const json* loss = f.find("last_loss");
