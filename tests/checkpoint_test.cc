@@ -223,6 +223,25 @@ TEST(Checkpoint, HostileManifestsAreExitTwoForExportAndResume) {
     }
 }
 
+TEST(Checkpoint, SwapChecksumsOffStillVerifiesTheCheckpoint) {
+  SavedCheckpoint saved;
+  flip_byte(saved.ck + "/rank_00000.bin", 100);
+  std::string out;
+  // zoe.checksums is about swap blocks: a corrupt checkpoint is still refused, by resume and export.
+  int rc = run_command(saved.cmd + " --set zoe.checksums=false --set zoe.steps=3", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("rank_00000.bin fails its xxh3 checksum"), std::string::npos) << out;
+  out.clear();
+  rc = run_command(kZoe + " export --checkpoint " + saved.ck + " --out " + saved.d + "/x.st", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("rank_00000.bin fails its xxh3 checksum"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(saved.d + "/x.st"));
+  // Only the checkpoint's own key skips the check, deliberately.
+  out.clear();
+  rc = run_command(saved.cmd + " --set zoe.checkpoint.verify=false --set zoe.steps=3", &out);
+  EXPECT_EQ(rc, 0) << out;
+}
+
 TEST(Checkpoint, AnIncompleteNewestCheckpointIsSkippedWithAWarning) {
   std::string d = make_temp_dir("ckpt");
   std::string cmd = kZoe + kBase + " --set zoe.checkpoint.every=1 --set zoe.checkpoint.keep=3 --set zoe.checkpoint.dir='\"" +

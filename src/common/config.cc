@@ -47,7 +47,7 @@ const std::vector<std::string> kKeys = {
     "zoe.model.type", "zoe.model.n_layer", "zoe.model.n_head", "zoe.model.n_embd", "zoe.model.vocab_size",
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
-    "zoe.activation_checkpointing", "zoe.checksums", "data_types.grad_accum_dtype"};
+    "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -272,6 +272,7 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.string("zoe.checkpoint.dir", c.checkpoint_dir));
   ZOE_RETURN_IF_ERROR(r.integer("zoe.checkpoint.every", c.checkpoint_every, 0, int64_t{1} << 40));
   ZOE_RETURN_IF_ERROR(r.integer("zoe.checkpoint.keep", c.checkpoint_keep, 1, 1 << 20));
+  ZOE_RETURN_IF_ERROR(r.boolean("zoe.checkpoint.verify", c.checkpoint_verify));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.activation_checkpointing", c.activation_checkpointing));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checksums", c.checksums));
   return Status::Ok();
@@ -381,7 +382,8 @@ json config_to_json(const Config& c) {
                          {"vocab_size", c.vocab_size}, {"n_positions", c.n_positions}}},
               {"data", {{"train", c.data_train}, {"val", c.data_val}, {"format", c.data_format}, {"seq_len", c.seq_len}}},
               {"steps", c.steps}, {"eval_every", c.eval_every}, {"init", c.init_path},
-              {"checkpoint", {{"dir", c.checkpoint_dir}, {"every", c.checkpoint_every}, {"keep", c.checkpoint_keep}}},
+              {"checkpoint", {{"dir", c.checkpoint_dir}, {"every", c.checkpoint_every}, {"keep", c.checkpoint_keep},
+                              {"verify", c.checkpoint_verify}}},
               {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums}};
   return j;
 }

@@ -73,6 +73,9 @@ struct Config {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 2;
+  // Resume checks every checkpoint file's xxh3 (export always does). Independent of `checksums`,
+  // which covers swap blocks only: skipping it is a separate, deliberate choice.
+  bool checkpoint_verify = true;
   bool activation_checkpointing = false;
   bool checksums = true;
 

@@ -141,7 +141,7 @@ class TrainJob {
       ZOE_ASSIGN_OR_RETURN(val_, make_source(c_, c_.data_val, comm_.rank(), comm_.size(), true));
     }
     if (!resume.empty()) {
-      ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checksums, &state_));
+      ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checkpoint_verify, &state_));
       ZOE_RETURN_IF_ERROR(source_->seek({state_.data_shard, state_.data_position}));
       if (comm_.rank() == 0 && !o_.quiet) fmt::print("resuming from {} (step {})\n", resume, state_.steps_done);
       return Status::Ok();
