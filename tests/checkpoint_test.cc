@@ -9,8 +9,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
@@ -240,6 +242,113 @@ TEST(Checkpoint, SwapChecksumsOffStillVerifiesTheCheckpoint) {
   out.clear();
   rc = run_command(saved.cmd + " --set zoe.checkpoint.verify=false --set zoe.steps=3", &out);
   EXPECT_EQ(rc, 0) << out;
+}
+
+TEST(Checkpoint, ExportReadsEachRanksChunkOfEachUnitAtItsOffset) {
+  // Units of 1, 2, 5 and 7 elements over 3 ranks: full chunks, remainders and ranks that own
+  // nothing of a unit. Element e of unit u has master value 100u + e; the moments are negative.
+  const int ranks = 3;
+  std::vector<int64_t> numels = {1, 2, 5, 7};
+  std::string ck = make_temp_dir("ckpt") + "/step_00000001";
+  fs::create_directories(ck);
+  nlohmann::json units = nlohmann::json::array(), files = nlohmann::json::array();
+  std::vector<std::string> data(ranks);
+  for (size_t u = 0; u < numels.size(); ++u) {
+    int64_t n = numels[u], c = (n + ranks - 1) / ranks;
+    // Two tensors per unit, the second starting mid-unit (on another rank's chunk).
+    units.push_back({{"name", "u" + std::to_string(u)}, {"numel", n},
+                     {"tensors", {{{"name", fmt::format("t{}a", u)}, {"shape", {n / 2}}, {"offset", 0}},
+                                  {{"name", fmt::format("t{}b", u)}, {"shape", {n - n / 2}}, {"offset", n / 2}}}}});
+    for (int r = 0; r < ranks; ++r)
+      for (float sign : {1.f, -1.f, -2.f})
+        for (int64_t e = r * c; e < std::min(n, (r + 1) * c); ++e) {
+          float v = sign * static_cast<float>(100 * u + e);
+          data[r].append(reinterpret_cast<const char*>(&v), 4);
+        }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    std::string name = fmt::format("rank_{:05d}.bin", r);
+    std::ofstream(ck + "/" + name, std::ios::binary) << data[r];
+    files.push_back({{"name", name}, {"bytes", data[r].size()}, {"xxh3", checksum_buffer(data[r].data(), data[r].size())}});
+  }
+  nlohmann::json m = {{"format", "zoe-checkpoint"}, {"format_version", 2}, {"step", 1}, {"steps_applied", 1},
+                      {"world_size", ranks}, {"stage", 3}, {"config", nlohmann::json::object()}, {"units", units},
+                      {"files", files},
+                      {"train_state", {{"loss_scale", 1.0}, {"scaler_good_steps", 0}, {"scaler_hysteresis", 0},
+                                       {"data_position", 0}, {"data_shard", 0}, {"last_loss", 1.0}}}};
+  std::string text = m.dump() + "\n";
+  std::ofstream(ck + "/manifest.json") << text;
+  std::ofstream(ck + "/manifest.xxh3") << checksum_buffer(text.data(), text.size()) << "\n";
+  run_ok(kZoe + " export --checkpoint " + ck + " --out " + ck + ".st");
+  auto st = SafetensorsReader::Open(ck + ".st");
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  ASSERT_EQ(st->tensors().size(), 2 * numels.size());
+  for (size_t u = 0; u < numels.size(); ++u)
+    for (int half = 0; half < 2; ++half) {
+      const auto& t = st->tensors()[2 * u + half];
+      int64_t first = half ? numels[u] / 2 : 0;
+      const float* v = reinterpret_cast<const float*>(st->data(t));
+      for (uint64_t e = 0; e < t.numel; ++e)
+        EXPECT_EQ(v[e], static_cast<float>(100 * u + first + e)) << t.name << "[" << e << "]";
+    }
+}
+
+// A manifest with `ranks` rank files and `units` one-element units: rank 0's file holds every
+// unit, the others are empty. Valid in every field; only its size is hostile.
+void write_wide_checkpoint(const std::string& ck, int ranks, int units, bool good_checksums) {
+  fs::create_directories(ck);
+  nlohmann::json u = nlohmann::json::array(), files = nlohmann::json::array();
+  for (int i = 0; i < units; ++i) u.push_back({{"name", "u" + std::to_string(i)}, {"numel", 1}, {"tensors", nlohmann::json::array()}});
+  std::string data(size_t{12} * units, '\0');
+  std::ofstream(ck + "/rank_00000.bin", std::ios::binary) << data;
+  for (int r = 0; r < ranks; ++r) {
+    std::string name = fmt::format("rank_{:05d}.bin", r);
+    if (r > 0) std::ofstream(ck + "/" + name, std::ios::binary).flush();
+    std::string sum = r == 0 ? checksum_buffer(data.data(), data.size()) : checksum_buffer("", 0);
+    if (r == 0 && !good_checksums) sum = std::string(16, '0');
+    files.push_back({{"name", name}, {"bytes", r == 0 ? data.size() : 0}, {"xxh3", sum}});
+  }
+  nlohmann::json m = {{"format", "zoe-checkpoint"}, {"format_version", 2}, {"step", 1}, {"steps_applied", 1},
+                      {"world_size", ranks}, {"stage", 3}, {"config", nlohmann::json::object()}, {"units", u},
+                      {"files", files},
+                      {"train_state", {{"loss_scale", 1.0}, {"scaler_good_steps", 0}, {"scaler_hysteresis", 0},
+                                       {"data_position", 0}, {"data_shard", 0}, {"last_loss", 1.0}}}};
+  std::string text = m.dump() + "\n";
+  std::ofstream(ck + "/manifest.json", std::ios::trunc) << text;
+  std::ofstream(ck + "/manifest.xxh3", std::ios::trunc) << checksum_buffer(text.data(), text.size()) << "\n";
+}
+
+TEST(Checkpoint, ExportOfManyRanksTimesManyUnitsRunsInBoundedMemory) {
+  // 30000 x 30000 entries of a per-rank, per-unit table would be 7 GB; zoe gets 1.5 GB of
+  // address space (ulimit -v) and must answer from what the files hold.
+  std::string d = make_temp_dir("ckpt");
+  const std::string limit = "ulimit -v 1500000; ";
+  write_wide_checkpoint(d + "/bad", 30000, 30000, /*good_checksums=*/false);
+  std::string out;
+  int rc = run_command(limit + kZoe + " export --checkpoint " + d + "/bad --out " + d + "/x.st", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("rank_00000.bin fails its xxh3 checksum"), std::string::npos) << out;
+  write_wide_checkpoint(d + "/good", 30000, 30000, /*good_checksums=*/true);
+  out.clear();
+  rc = run_command(limit + kZoe + " export --checkpoint " + d + "/good --out " + d + "/x.st", &out);
+  EXPECT_EQ(rc, 0) << out;
+}
+
+TEST(Checkpoint, StepDirectoriesOfAnyWidthAreResumedAndPrunedInNumericOrder) {
+  std::string root = make_temp_dir("ckpt");
+  for (const char* step : {"step_99999998", "step_99999999", "step_100000000", "step_100000001"}) {
+    fs::create_directories(root + "/" + step);
+    std::ofstream(root + "/" + step + "/manifest.json") << "{}";
+  }
+  fs::create_directories(root + "/step_100000002.tmp.77");  // a killed save of this job
+  auto latest = latest_checkpoint(root);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest.value(), root + "/step_100000001");
+  ASSERT_TRUE(prune_checkpoints(root, 2).ok());
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(root)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step_100000000", "step_100000001"}));
 }
 
 TEST(Checkpoint, AnIncompleteNewestCheckpointIsSkippedWithAWarning) {

@@ -72,24 +72,44 @@ std::vector<ManifestUnit> manifest_units(const Engine& e) {
   return units;
 }
 
-// Keeps the newest `keep` checkpoints, and removes temporary directories that saves killed
-// mid-way left behind (one writer per root: ours has been renamed into place already).
-Status prune(const std::string& root, int keep) {
-  std::vector<std::string> dirs;
+// Step directories are named with at least 8 digits (step_00000042, step_123456789): at most 18,
+// so the number fits an int64.
+const std::regex kStepName("step_([0-9]{8,18})");
+const std::regex kStepTmpName("step_[0-9]{8,18}\\.tmp\\.[0-9]+");
+
+// The root's `step_*` directories, oldest first by step number, not by name: names of different
+// widths (step_99999999, step_100000000) sort wrongly as text.
+std::vector<std::string> step_dirs(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  static const std::regex kName("step_[0-9]{8}"), kTmp("step_[0-9]{8}\\.tmp\\.[0-9]+");
+  std::smatch m;
   for (auto& d : fs::directory_iterator(root, ec)) {
     std::string name = d.path().filename().string();
-    if (!d.is_directory()) continue;
-    if (std::regex_match(name, kName)) dirs.push_back(d.path().string());
-    else if (std::regex_match(name, kTmp)) fs::remove_all(d.path(), ec);
+    if (d.is_directory(ec) && std::regex_match(name, m, kStepName))
+      found.emplace_back(std::stoll(m[1].str()), d.path().string());
   }
-  std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + keep < dirs.size(); ++i) fs::remove_all(dirs[i], ec);
-  return Status::Ok();
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> dirs;
+  for (auto& f : found) dirs.push_back(std::move(f.second));
+  return dirs;
 }
 
 }  // namespace
+
+Status prune_checkpoints(const std::string& root, int keep) {
+  std::error_code ec;
+  for (auto& d : fs::directory_iterator(root, ec))
+    if (d.is_directory(ec) && std::regex_match(d.path().filename().string(), kStepTmpName)) {
+      fs::remove_all(d.path(), ec);
+      if (ec) return Status::Io(fmt::format("cannot remove '{}': {}", d.path().string(), ec.message()));
+    }
+  std::vector<std::string> dirs = step_dirs(root);
+  for (size_t i = 0; i + keep < dirs.size(); ++i) {
+    fs::remove_all(dirs[i], ec);
+    if (ec) return Status::Io(fmt::format("cannot remove old checkpoint '{}': {}", dirs[i], ec.message()));
+  }
+  return Status::Ok();
+}
 
 Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& comm, const nlohmann::json& config,
                                     int stage, const TrainState& st, int keep) {
@@ -131,7 +151,7 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
     done = write_file_atomic(tmp + "/" + kManifestName, text);
     if (done.ok()) done = write_file_atomic(tmp + "/" + kManifestSumName, checksum_buffer(text.data(), text.size()) + "\n");
     if (done.ok()) done = dir->commit();
-    if (done.ok()) done = prune(root, keep);
+    if (done.ok()) done = prune_checkpoints(root, keep);
   }
   ZOE_RETURN_IF_ERROR(agree_save(comm, done));
   return final_path;
@@ -141,16 +161,25 @@ Result<std::string> save_checkpoint(const std::string& root, Engine& e, Comm& co
 Result<std::string> latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::string();
-  static const std::regex kName("step_[0-9]{8}");
-  std::vector<std::string> dirs;
-  for (auto& d : fs::directory_iterator(root, ec))
-    if (d.is_directory() && std::regex_match(d.path().filename().string(), kName)) dirs.push_back(d.path().string());
-  std::sort(dirs.begin(), dirs.end());
+  std::vector<std::string> dirs = step_dirs(root);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     if (fs::is_regular_file(*it + "/" + kManifestName, ec)) return *it;
     if (skipped) skipped->push_back(fmt::format("skipping incomplete checkpoint '{}' (no {})", *it, kManifestName));
   }
   return std::string();
+}
+
+Result<std::string> agree_latest_checkpoint(const std::string& root, Comm& comm, std::vector<std::string>* skipped) {
+  std::string path;
+  Status listed = Status::Ok();
+  if (comm.rank() == 0) {
+    auto latest = latest_checkpoint(root, skipped);
+    listed = latest.status();
+    if (latest.ok()) path = std::move(latest).value();
+  }
+  ZOE_RETURN_IF_ERROR(agree(comm, listed, Status::Io("rank 0 could not list the checkpoint directory")));
+  ZOE_RETURN_IF_ERROR(broadcast_string(comm, path));
+  return path;
 }
 
 namespace {
@@ -172,19 +201,52 @@ Result<std::string> read_small_file(const std::string& path, const std::string& 
   return text;
 }
 
+// Where each unit starts in each rank file: 3 x the elements file q holds of the units before u.
+// Reads come in unit order, so a Fenwick tree over ranks takes in each passed unit's chunks (a
+// range add of c over the ranks that own a full chunk, the remainder at the next): memory ranks
+// + units, where a table would be ranks x units (terabytes for a hostile 64 MiB manifest).
+class UnitOffsets {
+ public:
+  UnitOffsets(const std::vector<ManifestUnit>& units, int world) : units_(units), world_(world) { reset(); }
+  // Floats in file q before unit u.
+  uint64_t base(int q, size_t u) {
+    if (u < passed_) reset();  // reads went back to an earlier unit: start over
+    for (; passed_ < u; ++passed_) {
+      int64_t numel = units_[passed_].numel, c = manifest_chunk(numel, world_), full = numel / c;
+      add(0, c);
+      add(full, -c);
+      add(full, numel - full * c);
+      add(full + 1, -(numel - full * c));
+    }
+    int64_t elems = 0;  // the difference array's prefix sum at q
+    for (size_t i = static_cast<size_t>(q) + 1; i > 0; i -= i & (~i + 1)) elems += tree_[i];
+    return 3 * static_cast<uint64_t>(elems);
+  }
+
+ private:
+  void reset() {
+    tree_.assign(static_cast<size_t>(world_) + 3, 0);
+    passed_ = 0;
+  }
+  void add(int64_t at, int64_t v) {
+    for (size_t i = static_cast<size_t>(at) + 1; i < tree_.size(); i += i & (~i + 1)) tree_[i] += v;
+  }
+
+  const std::vector<ManifestUnit>& units_;
+  int world_;
+  std::vector<int64_t> tree_;
+  size_t passed_ = 0;
+};
+
+}  // namespace
+
 // Reads elements [lo, hi) of unit u's `block` (0 master, 1 exp_avg, 2 exp_avg_sq) from the saved
 // chunks into out[0, hi-lo). Every offset comes from a validated manifest and checked file sizes.
 class ChunkReader {
  public:
-  ChunkReader(std::string path, const CheckpointManifest& m) : path_(std::move(path)), m_(m) {
-    world_ = m_.world_size;
-    fds_.assign(world_, -1);
-    // unit_base_[q][u]: floats in file q before unit u.
-    unit_base_.assign(world_, std::vector<uint64_t>(m_.units.size() + 1, 0));
-    for (int q = 0; q < world_; ++q)
-      for (size_t u = 0; u < m_.units.size(); ++u)
-        unit_base_[q][u + 1] = unit_base_[q][u] + 3 * manifest_owned(m_.units[u].numel, world_, q);
-  }
+  ChunkReader(std::string path, const CheckpointManifest& m)
+      : path_(std::move(path)), m_(m), world_(m.world_size), fds_(world_, -1), verified_(world_, false),
+        offsets_(m.units, world_) {}
   ~ChunkReader() {
     for (int fd : fds_)
       if (fd >= 0) close(fd);
@@ -193,25 +255,29 @@ class ChunkReader {
     int64_t numel = m_.units[u].numel, c = manifest_chunk(numel, world_);
     if (lo < 0 || hi > numel || lo > hi)
       return Status::Runtime(fmt::format("checkpoint read of [{}, {}) outside unit '{}'", lo, hi, m_.units[u].name));
-    for (int q = 0; q < world_ && lo < hi; ++q) {
+    for (int q = static_cast<int>(lo / c); q < world_ && q * c < hi; ++q) {
       int64_t qlo = q * c, qn = manifest_owned(numel, world_, q), a = std::max(lo, qlo), b = std::min(hi, qlo + qn);
       if (a >= b) continue;
       ZOE_RETURN_IF_ERROR(open_file(q, verify));
-      uint64_t off = unit_base_[q][u] + block * qn + (a - qlo);
+      uint64_t off = offsets_.base(q, u) + block * qn + (a - qlo);
       ZOE_RETURN_IF_ERROR(pread_all(fds_[q], out + (a - lo), (b - a) * 4, off * 4, file(q)));
     }
+    return Status::Ok();
+  }
+  Status verify_file(int q) {
+    if (verified_[q]) return Status::Ok();
+    ZOE_ASSIGN_OR_RETURN(std::string sum, checksum_file(file(q)));
+    if (sum != m_.files[q].xxh3)
+      return Status::Corrupt(
+          fmt::format("checkpoint '{}': file {} fails its xxh3 checksum (corrupt)", path_, m_.files[q].name));
+    verified_[q] = true;
     return Status::Ok();
   }
 
  private:
   Status open_file(int q, bool verify) {
     if (fds_[q] >= 0) return Status::Ok();
-    if (verify) {
-      ZOE_ASSIGN_OR_RETURN(std::string sum, checksum_file(file(q)));
-      if (sum != m_.files[q].xxh3)
-        return Status::Corrupt(
-            fmt::format("checkpoint '{}': file {} fails its xxh3 checksum (corrupt)", path_, m_.files[q].name));
-    }
+    if (verify) ZOE_RETURN_IF_ERROR(verify_file(q));
     fds_[q] = open(file(q).c_str(), O_RDONLY | O_CLOEXEC);
     if (fds_[q] < 0) return open_error(file(q), "checkpoint file", errno);
     return Status::Ok();
@@ -221,11 +287,10 @@ class ChunkReader {
   std::string path_;
   const CheckpointManifest& m_;
   int world_;
-  std::vector<int> fds_;
-  std::vector<std::vector<uint64_t>> unit_base_;
+  std::vector<int> fds_;  // opened when first read: a rank reads only the files its range overlaps
+  std::vector<bool> verified_;
+  UnitOffsets offsets_;
 };
-
-}  // namespace
 
 Result<CheckpointManifest> read_manifest(const std::string& path) {
   ZOE_ASSIGN_OR_RETURN(std::string text, read_small_file(path + "/" + kManifestName, path, kManifestName));
@@ -288,18 +353,28 @@ Status load_checkpoint(const std::string& path, Engine& e, Comm& comm, bool veri
   return e.commit_owned_state();  // collective: only once every rank holds its state
 }
 
-Result<std::vector<NamedTensor>> read_consolidated_weights(const std::string& path, bool verify) {
+Result<std::unique_ptr<CheckpointWeights>> CheckpointWeights::Open(const std::string& path) {
   ZOE_ASSIGN_OR_RETURN(CheckpointManifest m, read_manifest(path));
-  ChunkReader reader(path, m);
-  std::vector<NamedTensor> out;
-  for (size_t u = 0; u < m.units.size(); ++u) {
-    const ManifestUnit& unit = m.units[u];
-    std::vector<float> all(unit.numel);
-    ZOE_RETURN_IF_ERROR(reader.read(static_cast<int>(u), 0, 0, unit.numel, all.data(), verify));
-    for (const ManifestTensor& t : unit.tensors)
-      out.push_back({t.name, t.shape, std::vector<float>(all.begin() + t.offset, all.begin() + t.offset + t.numel)});
+  std::unique_ptr<CheckpointWeights> w(new CheckpointWeights(path, std::move(m)));
+  // Every file verified before the first byte is used (or written out); opened only when read.
+  for (int q = 0; q < w->manifest_.world_size; ++q) ZOE_RETURN_IF_ERROR(w->reader_->verify_file(q));
+  return w;
+}
+
+CheckpointWeights::CheckpointWeights(std::string path, CheckpointManifest m)
+    : path_(std::move(path)), manifest_(std::move(m)), reader_(std::make_unique<ChunkReader>(path_, manifest_)) {}
+
+CheckpointWeights::~CheckpointWeights() = default;
+
+Status CheckpointWeights::append_tensor(size_t u, const ManifestTensor& t, AtomicFile& out) {
+  std::vector<float> piece;
+  for (int64_t x = 0; x < t.numel; x += kPieceElems) {
+    int64_t n = std::min(kPieceElems, t.numel - x);
+    piece.resize(n);
+    ZOE_RETURN_IF_ERROR(reader_->read(static_cast<int>(u), 0, t.offset + x, t.offset + x + n, piece.data(), false));
+    ZOE_RETURN_IF_ERROR(out.append(piece.data(), n * 4));
   }
-  return out;
+  return Status::Ok();
 }
 
 }  // namespace zoe

@@ -8,10 +8,19 @@ namespace zoe {
 
 Status SafetensorsWriter::add(std::string name, StDType dtype, std::vector<int64_t> shape,
                               const void* data) {
+  return add_entry(std::move(name), dtype, std::move(shape), data, nullptr);
+}
+
+Status SafetensorsWriter::add_streamed(std::string name, DType dtype, std::vector<int64_t> shape, Fill fill) {
+  if (!fill) return Status::Invalid("safetensors: tensor '" + name + "' has no fill function");
+  return add_entry(std::move(name), st_dtype_of(dtype), std::move(shape), nullptr, std::move(fill));
+}
+
+Status SafetensorsWriter::add_entry(std::string name, StDType dtype, std::vector<int64_t> shape,
+                                    const void* data, Fill fill) {
   if (name.empty()) return Status::Invalid("safetensors: empty tensor name");
   if (name == "__metadata__") return Status::Invalid("safetensors: '__metadata__' is reserved");
-  for (const Entry& e : tensors_)
-    if (e.info.name == name) return Status::Invalid("safetensors: tensor '" + name + "' added twice");
+  if (names_.count(name)) return Status::Invalid("safetensors: tensor '" + name + "' added twice");
   uint64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0)
@@ -22,12 +31,13 @@ Status SafetensorsWriter::add(std::string name, StDType dtype, std::vector<int64
   uint64_t nbytes;
   if (__builtin_mul_overflow(numel, st_dtype_size(dtype), &nbytes))
     return Status::Invalid("safetensors: tensor '" + name + "' size overflows 64 bits");
-  if (nbytes > 0 && data == nullptr)
+  if (nbytes > 0 && data == nullptr && !fill)
     return Status::Invalid("safetensors: tensor '" + name + "' has no data");
   Entry e{StTensorInfo{std::move(name), dtype, std::move(shape), numel, buffer_bytes_,
                        buffer_bytes_ + nbytes},
-          data};
+          data, std::move(fill)};
   buffer_bytes_ += nbytes;
+  names_.insert(e.info.name);
   tensors_.push_back(std::move(e));
   return Status::Ok();
 }
@@ -67,7 +77,18 @@ Status SafetensorsWriter::write(const std::string& path, std::string* checksum) 
   ZOE_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
   ZOE_RETURN_IF_ERROR(f.append(len, 8));
   ZOE_RETURN_IF_ERROR(f.append(header));
-  for (const Entry& e : tensors_) ZOE_RETURN_IF_ERROR(f.append(e.data, e.info.nbytes()));
+  for (const Entry& e : tensors_) {
+    if (!e.fill) {
+      ZOE_RETURN_IF_ERROR(f.append(e.data, e.info.nbytes()));
+      continue;
+    }
+    uint64_t before = f.bytes_written();
+    ZOE_RETURN_IF_ERROR(e.fill(f));
+    if (f.bytes_written() - before != e.info.nbytes())
+      return Status::Runtime(path + ": tensor '" + e.info.name + "' was filled with " +
+                             std::to_string(f.bytes_written() - before) + " bytes, not " +
+                             std::to_string(e.info.nbytes()));
+  }
   ZOE_RETURN_IF_ERROR(f.commit());
   if (checksum) *checksum = f.checksum_hex();
   return Status::Ok();

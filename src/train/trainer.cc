@@ -114,10 +114,11 @@ class TrainJob {
     limit_threads();
     std::string resume;
     if (!c_.checkpoint_dir.empty()) {
+      // Rank 0's choice on every rank: ranks listing a shared file system with stale metadata
+      // could otherwise load different steps, or one find none.
       std::vector<std::string> skipped;
-      ZOE_ASSIGN_OR_RETURN(resume, latest_checkpoint(c_.checkpoint_dir, &skipped));
-      if (comm_.rank() == 0)
-        for (const std::string& w : skipped) std::fprintf(stderr, "zoe: warning: %s\n", w.c_str());
+      ZOE_ASSIGN_OR_RETURN(resume, agree_latest_checkpoint(c_.checkpoint_dir, comm_, &skipped));
+      for (const std::string& w : skipped) std::fprintf(stderr, "zoe: warning: %s\n", w.c_str());
     }
     // Output files are checked before any work, on rank 0, and the outcome shared: a bad path is
     // found in the first second, not after the run. A resumed run appends to its report.
