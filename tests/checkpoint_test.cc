@@ -351,6 +351,59 @@ TEST(Checkpoint, StepDirectoriesOfAnyWidthAreResumedAndPrunedInNumericOrder) {
   EXPECT_EQ(left, (std::vector<std::string>{"step_100000000", "step_100000001"}));
 }
 
+// Starts a long checkpointing run of zoe itself (no shell in between: the pid is zoe's).
+pid_t start_zoe(const std::string& root, int n_embd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    std::string dir = "zoe.checkpoint.dir=\"" + root + "\"", embd = "zoe.model.n_embd=" + std::to_string(n_embd);
+    execl(kZoe.c_str(), "zoe", "train", "--quiet", "--set", "zoe.model.type=mlp", "--set", "zoe.model.n_layer=4", "--set",
+          embd.c_str(), "--set", "zoe.checkpoint.every=1", "--set", "zoe.checkpoint.keep=2", "--set", dir.c_str(),
+          "--set", "zoe.steps=100000", nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST(Checkpoint, ASecondJobOnTheSameCheckpointDirectoryExitsTwoNamingTheFirst) {
+  std::string d = make_temp_dir("ckpt");
+  pid_t first = start_zoe(d + "/c", 256);
+  std::string latest;
+  for (int i = 0; i < 600 && latest.empty(); ++i) {  // its first checkpoint
+    usleep(100 * 1000);
+    auto l = latest_checkpoint(d + "/c");
+    if (l.ok()) latest = l.value();
+  }
+  ASSERT_FALSE(latest.empty()) << "the first job wrote no checkpoint in 60 s";
+  std::string out;
+  int rc = run_command(kZoe + kBase + " --set zoe.steps=3 --set zoe.checkpoint.keep=1 --set zoe.checkpoint.dir='\"" + d +
+                           "/c\"'", &out);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("in use by another job (pid " + std::to_string(first)), std::string::npos) << out;
+  EXPECT_NE(out.find("zoe.checkpoint.dir"), std::string::npos) << out;
+  // The first job went on saving, untouched: its newest checkpoint is whole.
+  usleep(500 * 1000);
+  kill(first, SIGKILL);
+  int st;
+  waitpid(first, &st, 0);
+  EXPECT_TRUE(WIFSIGNALED(st)) << "the first job ended before the kill";
+  auto now = latest_checkpoint(d + "/c");
+  ASSERT_TRUE(now.ok());
+  auto m = read_manifest(now.value());
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->world_size, 1);
+  EXPECT_EQ(m->config["zoe"]["model"]["n_embd"], 256);  // the first job's, not the second's 48
+  // A killed job's lock is free: the next job on the root resumes from its checkpoint.
+  out.clear();
+  rc = run_command(kZoe + " train --set zoe.model.type=mlp --set zoe.model.n_layer=4 --set zoe.model.n_embd=256"
+                   " --set zoe.checkpoint.dir='\"" + d + "/c\"' --set zoe.steps=" +
+                   std::to_string(m->train_state.steps_done + 1), &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+}
+
 TEST(Checkpoint, AnIncompleteNewestCheckpointIsSkippedWithAWarning) {
   std::string d = make_temp_dir("ckpt");
   std::string cmd = kZoe + kBase + " --set zoe.checkpoint.every=1 --set zoe.checkpoint.keep=3 --set zoe.checkpoint.dir='\"" +

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 #include <cmath>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/root_lock.h"
 #include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
 #include "model/gpt2_model.h"
@@ -114,6 +116,7 @@ class TrainJob {
     limit_threads();
     std::string resume;
     if (!c_.checkpoint_dir.empty()) {
+      ZOE_RETURN_IF_ERROR(lock_checkpoint_root());
       // Rank 0's choice on every rank: ranks listing a shared file system with stale metadata
       // could otherwise load different steps, or one find none.
       std::vector<std::string> skipped;
@@ -148,6 +151,18 @@ class TrainJob {
       return Status::Ok();
     }
     return c_.init_path.empty() ? init_default() : init_from_file(c_.init_path);
+  }
+
+  // Rank 0 writes and prunes checkpoints, so it holds the root for the job's life: a second job
+  // on it would delete this one's saves in progress and prune its checkpoints.
+  Status lock_checkpoint_root() {
+    Status locked = Status::Ok();
+    if (comm_.rank() == 0) {
+      auto lock = CheckpointRootLock::Acquire(c_.checkpoint_dir);
+      locked = lock.status();
+      if (lock.ok()) root_lock_.emplace(std::move(lock).value());
+    }
+    return agree(comm_, locked, Status::Invalid("rank 0 could not lock config key 'zoe.checkpoint.dir'"));
   }
 
   Status init_default() { return init_params(*engine_, *model_, c_.seed); }
@@ -234,6 +249,7 @@ class TrainJob {
   ReportWriter report_;
   TrainState state_;
   std::unique_ptr<tbb::global_control> threads_;
+  std::optional<CheckpointRootLock> root_lock_;  // rank 0, with zoe.checkpoint.dir
 };
 
 }  // namespace

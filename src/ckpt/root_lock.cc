@@ -1,0 +1,66 @@
+#include "ckpt/root_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "common/posix_io.h"
+
+namespace zoe {
+
+namespace {
+
+Status in_use(const std::string& root, int fd) {
+  char holder[256] = {};
+  ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+  std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+  while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+  if (who.empty()) who = "a job that has not written its pid yet";
+  return Status::Invalid(fmt::format("config key 'zoe.checkpoint.dir': '{}' is in use by another job ({}); one job "
+                                     "per checkpoint directory", root, who));
+}
+
+}  // namespace
+
+Result<CheckpointRootLock> CheckpointRootLock::Acquire(const std::string& root) {
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec)
+    return Status::Invalid(fmt::format("config key 'zoe.checkpoint.dir': cannot create '{}': {}", root, ec.message()));
+  std::string path = root + "/" + kCheckpointLockName;
+  // O_NOFOLLOW: a link planted under the lock's name must not make us truncate its target.
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return open_error(path, "checkpoint lock file", errno);
+  CheckpointRootLock lock(fd);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return in_use(root, fd);
+    return Status::Io(fmt::format("{}: flock: {}", path, errno_string(errno)));
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown host");
+  std::string who = fmt::format("pid {} on host {}\n", getpid(), host);
+  if (ftruncate(fd, 0) != 0) return Status::Io(fmt::format("{}: ftruncate: {}", path, errno_string(errno)));
+  ZOE_RETURN_IF_ERROR(write_all(fd, who.data(), who.size(), path));  // at offset 0: nothing read or written yet
+  return lock;
+}
+
+CheckpointRootLock& CheckpointRootLock::operator=(CheckpointRootLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+CheckpointRootLock::~CheckpointRootLock() {
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace zoe
