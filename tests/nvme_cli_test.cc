@@ -1,6 +1,7 @@
 // The NVMe tier through the zoe binary: state on NVMe shows in the report and the progress line,
-// swap files go away with the run, and a file system too small for the planned state is refused
-// before step 1 with what is needed and what is free.
+// swap files go away with the run, links planted in a shared nvme_path are not followed, and a
+// file system too small for the planned state is refused before step 1 with what is needed and
+// what is free.
 #include <gtest/gtest.h>
 
 #include <sys/mount.h>
@@ -47,6 +48,30 @@ TEST(NvmeCli, StateOnNvmeIsInTheReportAndTheProgressLineAndLeavesNoFiles) {
   EXPECT_GE(nv["exp_avg"].get<uint64_t>(), 4 * params);
   EXPECT_EQ(j["ledger"][0]["device"]["exp_avg"].get<uint64_t>(), 0u);
   for (auto& e : fs::recursive_directory_iterator(d + "/nv")) EXPECT_FALSE(e.is_regular_file()) << e.path();
+}
+
+// A shared nvme_path (itself a link) where someone planted a link named like a dead job's swap
+// directory, pointing at a directory of *.swap files elsewhere: the run trains, the link is
+// neither followed nor removed, and the linked nvme_path is reported once.
+TEST(NvmeCli, PlantedLinksInASharedNvmePathAreNotFollowed) {
+  std::string d = make_temp_dir("nvmelinks");
+  fs::create_directories(d + "/victim");
+  fs::create_directories(d + "/scratch");
+  std::ofstream(d + "/victim/weights.swap") << "precious";
+  fs::create_directory_symlink(d + "/victim", d + "/scratch/zoe-12345-0badf00d-rank0");
+  fs::create_directory_symlink(d + "/scratch", d + "/nvlink");
+  std::string out;
+  int rc = run_command(kZoe + kJob + on(d + "/nvlink"), &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(slurp(d + "/victim/weights.swap"), "precious");
+  EXPECT_TRUE(fs::is_symlink(d + "/scratch/zoe-12345-0badf00d-rank0"));
+  const std::string told = "nvme_path " + d + "/nvlink is a symbolic link: swap files go to " + d + "/scratch";
+  const size_t at = out.find(told);
+  EXPECT_NE(at, std::string::npos) << out;
+  EXPECT_EQ(out.find(told, at + 1), std::string::npos) << "reported more than once:\n" << out;
+  for (auto& e : fs::directory_iterator(d + "/scratch"))
+    EXPECT_TRUE(fs::is_symlink(e.path())) << e.path() << " left behind";
+  fs::remove_all(d);
 }
 
 TEST(NvmeCli, AFileSystemTooSmallIsRefusedBeforeStepOne) {

@@ -38,7 +38,12 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool plain_name(std::string_view s);
+bool plain_name(std::string_view s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+  });
+}
 
 // zoe-<job>-rank<digits>: a name the store makes.
 bool job_dir_name(const std::string& name) {
@@ -166,13 +171,6 @@ constexpr uint64_t kPage = 4096;
 // ext4 makes a direct write not aligned to its block (4 KiB) wait for every direct I/O in flight
 // on the file.
 uint64_t end_align(const DirectFile& f) { return std::max<uint64_t>(f.offset_align, kPage); }
-
-bool plain_name(std::string_view s) {
-  if (s.empty() || s == "." || s == "..") return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
-  });
-}
 
 }  // namespace
 
