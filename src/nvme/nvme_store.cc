@@ -422,7 +422,8 @@ Status NvmeStore::close() {
   closed_ = true;
   if (worker_) worker_->stop();  // every transfer submitted completes first
   // Bounce buffers the kernel may still write into (requests abandoned after the queue failed)
-  // never go back to the pool.
+  // never go back to the pool (a pool of the store's own is unmapped below, but the kernel keeps
+  // the pages it pinned for a request until the request is done).
   if (worker_)
     for (int i : worker_->abandoned_bounce()) bounce_[i].leak();
   worker_.reset();
