@@ -301,11 +301,11 @@ Status CEngine::load(const std::string& path) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_load"));
   std::string ckpt = path;
   if (!std::filesystem::exists(std::filesystem::path(path) / "manifest.json")) {
-    ZOE_ASSIGN_OR_RETURN(ckpt, latest_checkpoint(path));
+    ZOE_ASSIGN_OR_RETURN(ckpt, agree_latest_checkpoint(path, *comm_));  // rank 0's choice, on every rank
     if (ckpt.empty()) return Status::Invalid(fmt::format("zoe_load: '{}' holds no complete checkpoint", path));
   }
   TrainState st;
-  return load_checkpoint(ckpt, *engine_, *comm_, cfg_.checksums, &st);
+  return load_checkpoint(ckpt, *engine_, *comm_, cfg_.checkpoint_verify, &st);  // zoe.checksums: swap only
 }
 
 // Unit by unit: gathered (collective) and converted to fp32 on every rank; rank 0 keeps them until

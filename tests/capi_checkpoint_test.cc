@@ -1,0 +1,57 @@
+// zoe_load, the C API's resume, checks a checkpoint's data checksums whatever zoe.checksums (the
+// swap blocks' key) says; only zoe.checkpoint.verify=false skips them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+#include "zoe/zoe.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kD = 4;
+const DLDataType kF32{kDLFloat, 32, 1};
+
+zoe_engine* one_unit(const std::string& zoe_keys) {
+  std::string config = "{\"zero_optimization\": {\"stage\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                       "{\"lr\": 0.01}}, \"zoe\": {" + zoe_keys + "}}";
+  zoe_engine* e = nullptr;
+  EXPECT_EQ(zoe_engine_new(config.c_str(), &e), ZOE_OK) << zoe_last_error();
+  int64_t w[2] = {kD, kD};
+  EXPECT_EQ(zoe_register_param(e, "a", "a.w", 2, w, kF32, 1), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
+  return e;
+}
+
+TEST(CApiCheckpoint, ZoeLoadRefusesACorruptRankFileWithSwapChecksumsOff) {
+  std::string dir = zoe::test::make_temp_dir("capi_ckpt");
+  zoe_engine* e = one_unit("\"checksums\": false");
+  ASSERT_EQ(zoe_save(e, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(e);
+  std::string rank_file = dir + "/ckpt/step_00000000/rank_00000.bin";
+  ASSERT_TRUE(fs::exists(rank_file));
+  {
+    std::fstream f(rank_file, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(8);
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(8);
+    f.write(&c, 1);
+  }
+  zoe_engine* f = one_unit("\"checksums\": false");
+  EXPECT_EQ(zoe_load(f, (dir + "/ckpt").c_str()), ZOE_ERR_CORRUPT);
+  EXPECT_NE(std::string(zoe_last_error()).find("rank_00000.bin fails its xxh3 checksum"), std::string::npos)
+      << zoe_last_error();
+  zoe_engine_free(f);
+  zoe_engine* g = one_unit("\"checksums\": false, \"checkpoint\": {\"verify\": false}");
+  EXPECT_EQ(zoe_load(g, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(g);
+  fs::remove_all(dir);
+}
+
+}  // namespace
