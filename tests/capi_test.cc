@@ -115,6 +115,58 @@ TEST(CApi, RegistrationMistakes) {
   zoe_engine_free(e);
 }
 
+// A shape whose element count overflows int64 (or passes what the engine can hold) is refused,
+// never wrapped: [4, 2^62+1] wraps to 4 elements.
+TEST(CApi, OverflowingParameterShapesAreRefused) {
+  zoe_engine* e = two_units(3, false);
+  const int64_t wraps[2] = {4, (int64_t{1} << 62) + 1}, huge[1] = {int64_t{1} << 60};
+  expect_error(zoe_register_param(e, "c", "c.w", 2, wraps, kF32, 1), ZOE_ERR_INVALID, "dimension 1");
+  EXPECT_NE(std::string(zoe_last_error()).find("'c.w'"), std::string::npos) << zoe_last_error();
+  expect_error(zoe_register_param(e, "c", "c.w", 1, huge, kF32, 1), ZOE_ERR_INVALID, "dimension 0");
+  // Each fits, the unit's sum would not.
+  const int64_t half[1] = {int64_t{1} << 58};
+  ASSERT_EQ(zoe_register_param(e, "big", "big.0", 1, half, kF32, 0), ZOE_OK) << zoe_last_error();
+  expect_error(zoe_register_param(e, "big", "big.1", 1, half, kF32, 0), ZOE_ERR_INVALID, "unit 'big'");
+  EXPECT_EQ(zoe_num_units(e), 3);
+  EXPECT_EQ(zoe_num_params(e), 2 * (kD * kD + kD) + (int64_t{1} << 58));
+  zoe_engine_free(e);  // never started: nothing of that size is allocated
+}
+
+// Gradients whose shape, strides, byte offset or ndim overflow or point outside their extent are
+// refused before any copy, and the engine trains on.
+TEST(CApi, OverflowingGradientTensorsAreRefused) {
+  zoe_engine* e = two_units(3);
+  std::vector<double> g64(kD * kD + kD, 1.0);
+  // [2^62+5, 4] wraps to 20 elements, unit b's count: a float64 strided read of the wrapped count.
+  std::vector<int64_t> wrapped{(int64_t{1} << 62) + 5, 4};
+  int64_t compact[2] = {4, 1};
+  DLTensor t = host_tensor(g64.data(), wrapped, DLDataType{kDLFloat, 64, 1}, compact);
+  expect_error(zoe_grads_ready(e, 1, &t), ZOE_ERR_INVALID, "zoe_grads_ready 'b': gradient shape");
+  // Stride 2^62 times 3 rows overflows (times 4 bytes, 2^62 wraps to the same address).
+  std::vector<float> g(kD * kD, 1.0f);
+  std::vector<int64_t> w{kD, kD};
+  int64_t far[2] = {int64_t{1} << 62, 1};
+  t = host_tensor(g.data(), w, kF32, far);
+  expect_error(zoe_grad_param(e, "a.w", &t), ZOE_ERR_INVALID, "stride 0");
+  // A byte offset that wraps the address space (to 8 bytes before the data).
+  t = host_tensor(g.data(), w);
+  t.byte_offset = ~uint64_t{0} - 7;
+  expect_error(zoe_grad_param(e, "a.w", &t), ZOE_ERR_INVALID, "byte offset");
+  int64_t backwards[2] = {-4, 1};
+  t = host_tensor(g.data(), w, kF32, backwards);
+  expect_error(zoe_grad_param(e, "a.w", &t), ZOE_ERR_INVALID, "negative");
+  // ndim 2^20 (20 elements: [20, 1, 1, ...]): zoe reads at most 64 dimensions.
+  std::vector<int64_t> many(1 << 20, 1);
+  many[0] = kD * kD + kD;
+  t = host_tensor(g64.data(), many);
+  expect_error(zoe_grads_ready(e, 1, &t), ZOE_ERR_INVALID, "1048576 dimensions");
+  hand_over_ones(e, 0);
+  zoe_step_result r;
+  ASSERT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(r.step, 1);
+  zoe_engine_free(e);
+}
+
 TEST(CApi, MisuseDuringTrainingLeavesTheEngineUsable) {
   for (int stage : {0, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

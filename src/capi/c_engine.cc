@@ -96,11 +96,16 @@ Status CEngine::register_param(const std::string& unit, const std::string& name,
   if (dt != cfg_.dtype)
     return Status::Invalid(fmt::format("{}: dtype {} but the config trains in {} (bf16.enabled / fp16.enabled)", what,
                                        dl_dtype_name(dtype), dtype_name(cfg_.dtype)));
-  int64_t numel = 1;
-  for (int64_t d : shape) {
+  for (int64_t d : shape)
     if (d <= 0) return Status::Invalid(fmt::format("{}: shape [{}] has a dimension <= 0", what, fmt::join(shape, ", ")));
-    numel *= d;
-  }
+  ZOE_ASSIGN_OR_RETURN(int64_t numel, checked_numel(shape.data(), static_cast<int>(shape.size()), what, "parameter"));
+  // The unit's and the model's counts stay within kMaxElements too (each is at most that: no overflow).
+  auto known = unit_of_name_.find(unit);
+  const int64_t unit_numel = known == unit_of_name_.end() ? 0 : units_[known->second].numel;
+  if (unit_numel + numel > kMaxElements || num_params() + numel > kMaxElements)
+    return Status::Invalid(fmt::format("{}: {} more elements would take unit '{}' ({}) or the model ({}) past {} "
+                                       "elements (zoe's limit)", what, numel, unit, unit_numel, num_params(),
+                                       kMaxElements));
   auto [it, added] = unit_of_name_.emplace(unit, num_units());
   if (added) units_.push_back(UnitSpec{unit, {}, 0});
   UnitSpec& us = units_[it->second];

@@ -1,5 +1,6 @@
 #include "capi/dlpack_tensor.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -30,14 +31,58 @@ Result<DType> weight_dtype(DLDataType t, const std::string& what) {
                                      dl_dtype_name(t)));
 }
 
+Result<int64_t> checked_numel(const int64_t* shape, int ndim, const std::string& what, const char* noun) {
+  for (int d = 0; d < ndim; ++d)
+    if (shape[d] < 0) return Status::Invalid(fmt::format("{}: {} dimension {} is negative ({})", what, noun, d, shape[d]));
+  for (int d = 0; d < ndim; ++d)
+    if (shape[d] == 0) return int64_t{0};  // nothing to read, whatever the other dimensions say
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d)
+    if (__builtin_mul_overflow(n, shape[d], &n) || n > kMaxElements)
+      return Status::Invalid(fmt::format("{}: {} shape [{}] has more than {} elements (zoe's limit) from dimension {} on",
+                                         what, noun, fmt::join(shape, shape + ndim, ", "), kMaxElements, d));
+  return n;
+}
+
+Result<ByteSpan> byte_span(const DLTensor& t, const std::string& what, const char* noun) {
+  ZOE_ASSIGN_OR_RETURN(int64_t n, checked_numel(t.shape, t.ndim, what, noun));
+  if (n == 0) return ByteSpan{t.byte_offset, t.byte_offset};
+  // The last element's offset in elements; with non-negative strides the first one's is 0.
+  int64_t last = 0, compact = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    const int64_t stride = t.strides ? t.strides[d] : compact;
+    if (stride < 0)
+      return Status::Invalid(fmt::format("{}: {} stride {} is negative ({}; zoe reads non-negative strides)", what,
+                                         noun, d, stride));
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(t.shape[d] - 1, stride, &reach) || __builtin_add_overflow(last, reach, &last))
+      return Status::Invalid(fmt::format("{}: {} stride {} ({}) times dimension {} ({}) overflows", what, noun, d,
+                                         stride, d, t.shape[d]));
+    compact *= t.shape[d];  // at most n
+  }
+  const uint64_t esize = (uint64_t{t.dtype.bits} * t.dtype.lanes + 7) / 8;
+  uint64_t bytes = 0, end = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(last) + 1, esize, &bytes) ||
+      __builtin_add_overflow(t.byte_offset, bytes, &end) || end > static_cast<uint64_t>(PTRDIFF_MAX))
+    return Status::Invalid(fmt::format("{}: the {}'s byte offset ({}) and strides reach past {} bytes", what, noun,
+                                       t.byte_offset, PTRDIFF_MAX));
+  uintptr_t top = 0;
+  if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), end, &top))
+    return Status::Invalid(fmt::format("{}: the {}'s byte offset ({}) and strides run past the end of the address "
+                                       "space", what, noun, t.byte_offset));
+  return ByteSpan{t.byte_offset, end};
+}
+
 int64_t dl_numel(const DLTensor& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] == 0) return 0;
   int64_t n = 1;
   for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
   return n;
 }
 
 bool dl_compact(const DLTensor& t) {
-  if (!t.strides) return true;
+  if (!t.strides || dl_numel(t) == 0) return true;
   int64_t want = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     if (t.shape[d] != 1 && t.strides[d] != want) return false;
@@ -74,19 +119,19 @@ Status check_tensor(const DLTensor* t, const std::vector<int64_t>& shape, int64_
   if (!readable_float(t->dtype))
     return Status::Invalid(fmt::format("{}: {} dtype {} (zoe reads float16, bfloat16, float32, float64)", what, noun,
                                        dl_dtype_name(t->dtype)));
-  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) return Status::Invalid(fmt::format("{}: the {} has no shape", what, noun));
-  for (int d = 0; d < t->ndim; ++d) {
-    if (t->shape[d] < 0) return Status::Invalid(fmt::format("{}: {} dimension {} is negative", what, noun, d));
-    if (t->strides && t->strides[d] < 0)
-      return Status::Invalid(fmt::format("{}: {} stride {} is negative (zoe reads non-negative strides)", what, noun, d));
-  }
+  // Before any shape[d] is read: a huge ndim would read past the caller's array.
+  if (t->ndim < 0 || t->ndim > kMaxDims)
+    return Status::Invalid(fmt::format("{}: the {} has {} dimensions (zoe reads 0 to {})", what, noun, t->ndim,
+                                       kMaxDims));
+  if (t->ndim > 0 && !t->shape) return Status::Invalid(fmt::format("{}: the {} has no shape", what, noun));
+  ZOE_ASSIGN_OR_RETURN(int64_t n, checked_numel(t->shape, t->ndim, what, noun));
   std::vector<int64_t> got(t->shape, t->shape + t->ndim);
-  if (!shape.empty() ? got != shape : dl_numel(*t) != numel)
+  if (!shape.empty() ? got != shape : n != numel)
     return Status::Invalid(fmt::format("{}: {} of shape [{}], expected {}", what, noun, fmt::join(got, ", "),
                                        shape.empty() ? fmt::format("{} elements", numel)
                                                      : fmt::format("[{}]", fmt::join(shape, ", "))));
-  if (!t->data && dl_numel(*t) > 0) return Status::Invalid(fmt::format("{}: the {}'s data is a null pointer", what, noun));
-  return Status::Ok();
+  if (!t->data && n > 0) return Status::Invalid(fmt::format("{}: the {}'s data is a null pointer", what, noun));
+  return byte_span(*t, what, noun).status();
 }
 
 // Walks the shape in row-major order; the innermost dimension is a plain strided loop.
