@@ -251,6 +251,56 @@ TEST(CApi, CallsFromAnotherThreadAndThreadLocalErrors) {
   zoe_engine_free(e);
 }
 
+TEST(CApi, CloseFlushesAndNullIsANoOp) {
+  EXPECT_EQ(zoe_engine_close(nullptr), ZOE_OK);
+  zoe_engine* e = two_units(3);
+  hand_over_ones(e, 0);
+  zoe_step_result r;
+  ASSERT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_engine_close(e), ZOE_OK) << zoe_last_error();  // stage 3's update ran on until here
+  EXPECT_STREQ(zoe_last_error(), "");
+}
+
+// An engine whose last update (stage 3's, which runs on after zoe_step returns) fails: it reads the
+// optimizer state from NVMe, and the swap files are cut to nothing under the running engine.
+zoe_engine* engine_whose_update_fails(const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cfg = "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
+                          "\"nvme_path\": \"" + dir.string() + "\"}}, \"optimizer\": {\"type\": \"AdamW\"}}";
+  zoe_engine* e = nullptr;
+  EXPECT_EQ(zoe_engine_new(cfg.c_str(), &e), ZOE_OK) << zoe_last_error();
+  int64_t w[2] = {kD, kD}, b[1] = {kD};
+  EXPECT_EQ(zoe_register_param(e, "a", "a.w", 2, w, kF32, 1), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_register_param(e, "a", "a.bias", 1, b, kF32, 0), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
+  hand_over_ones(e, 0);
+  int cut = 0;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
+    if (f.is_regular_file() && f.path().extension() == ".swap") {
+      std::filesystem::resize_file(f.path(), 0);
+      ++cut;
+    }
+  EXPECT_GT(cut, 0) << "no swap file under " << dir;
+  zoe_step_result r;
+  EXPECT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+  return e;
+}
+
+// The update's error used to be dropped at zoe_engine_free: zoe_engine_close returns it, and
+// zoe_engine_free, which cannot, logs it.
+TEST(CApi, CloseReturnsTheLastUpdatesErrorAndFreeLogsIt) {
+  auto dir = std::filesystem::temp_directory_path() / ("zoe_capi_close_" + std::to_string(::getpid()));
+  expect_error(zoe_engine_close(engine_whose_update_fails(dir)), ZOE_ERR_IO, ".swap");
+  zoe_engine* e = engine_whose_update_fails(dir);
+  testing::internal::CaptureStderr();
+  zoe_engine_free(e);
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_NE(logged.find("zoe_engine_free: "), std::string::npos) << logged;
+  EXPECT_NE(logged.find(".swap"), std::string::npos) << logged;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CApi, SaveLoadExportAndSafetensorsStart) {
   auto dir = std::filesystem::temp_directory_path() / ("zoe_capi_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

@@ -11,7 +11,7 @@
  *   per micro-step, per unit: zoe_fetch -> compute -> zoe_release;
  *                   in backward: zoe_fetch -> gradients -> zoe_grad_param/zoe_grads_ready -> zoe_release
  *   zoe_step()                             collective: reduce, clip, Adam
- *   zoe_engine_free()
+ *   zoe_engine_close()                     the last update's error, then the engine is freed
  * Calls that are collective must be made by every rank in the same order. zoe serialises calls on
  * one engine; calls may come from any thread where MPI allows it (zoe asks MPI for
  * MPI_THREAD_MULTIPLE; SERIALIZED suffices), else only from the thread that created the engine.
@@ -58,7 +58,11 @@ ZOE_API const char* zoe_version(void);
 /* Creates an engine from a JSON config text (keys as in `zoe train`; zoe.model and zoe.data are
  * ignored). Starts MPI when launched by mpirun. *out is NULL on failure. */
 ZOE_API zoe_status zoe_engine_new(const char* config_json, zoe_engine** out);
-/* Waits for the last update and frees the engine (removes its NVMe files). NULL is a no-op. */
+/* Waits for the last update (at stage 3 it runs on after zoe_step returns), then frees the engine
+ * (removes its NVMe files) whatever the update's outcome; returns that update's error, if it
+ * failed. No call on e may be in progress or follow. NULL is a no-op (ZOE_OK). */
+ZOE_API zoe_status zoe_engine_close(zoe_engine* e);
+/* zoe_engine_close without a result: an update's error is written to stderr, not returned. */
 ZOE_API void zoe_engine_free(zoe_engine* e);
 ZOE_API int zoe_rank(const zoe_engine* e);
 ZOE_API int zoe_world_size(const zoe_engine* e);

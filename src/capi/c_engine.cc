@@ -33,6 +33,7 @@ Result<std::unique_ptr<CEngine>> CEngine::create(const std::string& config_json)
   return std::unique_ptr<CEngine>(new CEngine(std::move(c), std::move(comm)));
 }
 
+// zoe_c.cc flushes first and reports the update's error; this flush only waits.
 CEngine::~CEngine() {
   if (engine_) (void)engine_->flush();
   for (int u = 0; u < num_units(); ++u) drop_staged(u);
@@ -291,6 +292,8 @@ Result<StepResult> CEngine::step(double lr) {
   if (lr < 0) lr = lr_at(cfg_, engine_->steps_applied());
   return engine_->step(lr);  // stage 3's update runs on, overlapped with the next forward
 }
+
+Status CEngine::flush() { return engine_ ? engine_->flush().status() : Status::Ok(); }
 
 Status CEngine::save(const std::string& dir) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_save"));

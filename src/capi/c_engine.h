@@ -46,6 +46,9 @@ class CEngine {
   Status grad_param(const std::string& name, const DLTensor* grad);
   Status grads_ready(int u, const DLTensor* grad);
   Result<StepResult> step(double lr);
+  // Waits for the last step's update (stage 3 runs it on after zoe_step returns) and returns its
+  // error: zoe_engine_close reports it, zoe_engine_free logs it.
+  Status flush();
   double loss_scale() const { return engine_ ? engine_->loss_scale() : 1.0; }
 
   Status save(const std::string& dir);

@@ -2,6 +2,7 @@
 // a Status into a code, and leaves its message in zoe_last_error() for the calling thread.
 #include "zoe/zoe.h"
 
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -88,11 +89,22 @@ zoe_status zoe_engine_new(const char* config_json, zoe_engine** out) {
   }
 }
 
-void zoe_engine_free(zoe_engine* e) {
+zoe_status zoe_engine_close(zoe_engine* e) {
+  if (!e) return report(zoe::Status::Ok());
+  // The last update's outcome, then the engine is freed whatever it was.
+  zoe_status st = call(e, "zoe_engine_close", [](zoe::capi::CEngine& c) { return c.flush(); });
   try {
     delete e;
-  } catch (...) {
+  } catch (...) {  // a destructor should not throw; if one does, the update's error still comes first
+    if (st == ZOE_OK) st = fail(ZOE_ERR_RUNTIME, "zoe_engine_close: freeing the engine threw an exception");
   }
+  return st;
+}
+
+void zoe_engine_free(zoe_engine* e) {
+  // No caller hears of an error here: it is logged, not dropped without a trace.
+  if (zoe_engine_close(e) != ZOE_OK)
+    std::fprintf(stderr, "zoe_engine_free: %s (zoe_engine_close returns this error)\n", zoe_last_error());
 }
 
 int zoe_rank(const zoe_engine* e) { return e && e->impl ? e->impl->rank() : -1; }

@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   CHECK(zoe_stats_json(e, &stats));
   if (rank == 0) printf("stats %s\n", stats);
   zoe_free_string(stats);
-  zoe_engine_free(e);
+  CHECK(zoe_engine_close(e)); /* the last update's error, if it failed */
   if (rank == 0) printf("%s: stage %d, %d rank(s)%s\n", ok ? "PASS" : "FAIL", stage, world, argc > 2 ? ", nvme" : "");
   return ok ? 0 : 1;
 }
