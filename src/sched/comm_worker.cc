@@ -56,7 +56,7 @@ void CommWorker::run() {
     auto [ticket, job] = std::move(queue_.front());
     queue_.pop_front();
     l.unlock();
-    Status st = status_of_call("communication thread", [&] { return job(*comm_); });
+    Status st = status_of_call("communication thread", [&, &run = job] { return run(*comm_); });
     CommBytes b = comm_->bytes_sent();
     comm_->reset_counters();
     l.lock();
