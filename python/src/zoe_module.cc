@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zoe/zoe.h"
@@ -49,49 +51,58 @@ py::capsule to_capsule(DLManagedTensor* t) {
 class Engine {
  public:
   explicit Engine(const std::string& config_json) { check(zoe_engine_new(config_json.c_str(), &e_)); }
-  ~Engine() { close(); }
+  // No call is in progress (it would hold a reference to this object); an update's error that
+  // nobody can hear of now is logged by zoe_engine_free.
+  ~Engine() { zoe_engine_free(e_); }
+  // Waits for a call in progress on another thread (mu_), then for the last update; raises that
+  // update's error. The engine is freed either way, and later calls raise "the engine is closed".
   void close() {
-    zoe_engine_free(e_);
-    e_ = nullptr;
-  }
-  zoe_engine* e() {
-    if (!e_) throw ZoeError("the engine is closed");
-    return e_;
+    zoe_status s = ZOE_OK;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> hold(mu_);
+      s = zoe_engine_close(e_);
+      e_ = nullptr;
+    }
+    check(s);
   }
 
   void register_param(const std::string& unit, const std::string& name, const std::vector<int64_t>& shape,
                       const std::string& dtype, bool decay) {
-    check(zoe_register_param(e(), unit.c_str(), name.c_str(), static_cast<int>(shape.size()), shape.data(),
-                             weight_dtype(dtype), decay));
+    const DLDataType dt = weight_dtype(dtype);
+    call([&](zoe_engine* e) {
+      return zoe_register_param(e, unit.c_str(), name.c_str(), static_cast<int>(shape.size()), shape.data(), dt,
+                                decay);
+    });
   }
-  void start() { call([&] { return zoe_start(e()); }); }
+  void start() { call([&](zoe_engine* e) { return zoe_start(e); }); }
   py::tuple param_info(const std::string& name) {
     int u = 0;
     int64_t off = 0, n = 0;
-    check(zoe_param_info(e(), name.c_str(), &u, &off, &n));
+    call([&](zoe_engine* e) { return zoe_param_info(e, name.c_str(), &u, &off, &n); });
     return py::make_tuple(u, off, n);
   }
   void set_param(const std::string& name, const py::object& cap) {
     const DLTensor* t = borrow(cap, "set_param");
-    call([&] { return zoe_set_param(e(), name.c_str(), t); });
+    call([&](zoe_engine* e) { return zoe_set_param(e, name.c_str(), t); });
   }
   py::capsule fetch(int u) {
     DLManagedTensor* t = nullptr;
-    call([&] { return zoe_fetch(e(), u, &t); });
+    call([&](zoe_engine* e) { return zoe_fetch(e, u, &t); });
     return to_capsule(t);
   }
-  void release(int u) { call([&] { return zoe_release(e(), u); }); }
+  void release(int u) { call([&](zoe_engine* e) { return zoe_release(e, u); }); }
   void grad_param(const std::string& name, const py::object& cap) {
     const DLTensor* t = borrow(cap, "grad_param");
-    call([&] { return zoe_grad_param(e(), name.c_str(), t); });
+    call([&](zoe_engine* e) { return zoe_grad_param(e, name.c_str(), t); });
   }
   void grads_ready(int u, const py::object& cap) {
     const DLTensor* t = borrow(cap, "grads_ready");
-    call([&] { return zoe_grads_ready(e(), u, t); });
+    call([&](zoe_engine* e) { return zoe_grads_ready(e, u, t); });
   }
   py::dict step(double lr) {
     zoe_step_result r{};
-    call([&] { return zoe_step(e(), lr, &r); });
+    call([&](zoe_engine* e) { return zoe_step(e, lr, &r); });
     py::dict d;
     d["applied"] = r.applied != 0;
     d["grad_norm"] = r.grad_norm;
@@ -102,23 +113,32 @@ class Engine {
   }
   std::string stats_json() {
     char* s = nullptr;
-    check(zoe_stats_json(e(), &s));
+    call([&](zoe_engine* e) { return zoe_stats_json(e, &s); });
     std::string out(s);
     zoe_free_string(s);
     return out;
   }
-  // Collective or long calls run without the GIL: other Python threads go on meanwhile.
+  void call_path(zoe_status (*fn)(zoe_engine*, const char*), const std::string& path) {
+    call([&](zoe_engine* e) { return fn(e, path.c_str()); });
+  }
+
+  // fn(engine) under mu_, without the GIL: calls from several Python threads are serialised, other
+  // Python threads go on meanwhile (collective and long calls), and close() cannot free the
+  // engine under a call.
+  template <typename Fn>
+  auto locked(Fn&& fn) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> hold(mu_);
+    if (!e_) throw ZoeError("the engine is closed");
+    return fn(e_);
+  }
   template <typename Fn>
   void call(Fn&& fn) {
-    zoe_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = fn();
-    }
-    check(s);
+    check(locked(std::forward<Fn>(fn)));
   }
 
  private:
+  std::mutex mu_;
   zoe_engine* e_ = nullptr;
 };
 
@@ -138,24 +158,27 @@ PYBIND11_MODULE(_zoe, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&>())
       .def("close", &Engine::close)
-      .def_property_readonly("rank", [](Engine& x) { return zoe_rank(x.e()); })
-      .def_property_readonly("world_size", [](Engine& x) { return zoe_world_size(x.e()); })
-      .def_property_readonly("num_units", [](Engine& x) { return zoe_num_units(x.e()); })
-      .def_property_readonly("num_params", [](Engine& x) { return zoe_num_params(x.e()); })
-      .def_property_readonly("loss_scale", [](Engine& x) { return zoe_loss_scale(x.e()); })
-      .def("unit_index", [](Engine& x, const std::string& n) { return zoe_unit_index(x.e(), n.c_str()); })
+      .def_property_readonly("rank", [](Engine& x) { return x.locked(zoe_rank); })
+      .def_property_readonly("world_size", [](Engine& x) { return x.locked(zoe_world_size); })
+      .def_property_readonly("num_units", [](Engine& x) { return x.locked(zoe_num_units); })
+      .def_property_readonly("num_params", [](Engine& x) { return x.locked(zoe_num_params); })
+      .def_property_readonly("loss_scale", [](Engine& x) { return x.locked(zoe_loss_scale); })
+      .def("unit_index",
+           [](Engine& x, const std::string& n) {
+             return x.locked([&](zoe_engine* e) { return zoe_unit_index(e, n.c_str()); });
+           })
       .def("register_param", &Engine::register_param)
       .def("start", &Engine::start)
       .def("param_info", &Engine::param_info)
       .def("set_param", &Engine::set_param)
-      .def("load_safetensors", [](Engine& x, const std::string& p) { x.call([&] { return zoe_load_safetensors(x.e(), p.c_str()); }); })
+      .def("load_safetensors", [](Engine& x, const std::string& p) { x.call_path(zoe_load_safetensors, p); })
       .def("fetch", &Engine::fetch)
       .def("release", &Engine::release)
       .def("grad_param", &Engine::grad_param)
       .def("grads_ready", &Engine::grads_ready)
       .def("step", &Engine::step)
-      .def("save", [](Engine& x, const std::string& d) { x.call([&] { return zoe_save(x.e(), d.c_str()); }); })
-      .def("load", [](Engine& x, const std::string& d) { x.call([&] { return zoe_load(x.e(), d.c_str()); }); })
-      .def("export", [](Engine& x, const std::string& p) { x.call([&] { return zoe_export(x.e(), p.c_str()); }); })
+      .def("save", [](Engine& x, const std::string& d) { x.call_path(zoe_save, d); })
+      .def("load", [](Engine& x, const std::string& d) { x.call_path(zoe_load, d); })
+      .def("export", [](Engine& x, const std::string& p) { x.call_path(zoe_export, p); })
       .def("stats_json", &Engine::stats_json);
 }

@@ -38,6 +38,12 @@ class Engine(_zoe.Engine):
         """One optimizer step (collective); lr None: the config's optimizer/scheduler value."""
         return super().step(-1.0 if lr is None else float(lr))
 
+    def close(self):
+        """Waits for a call in progress on another thread and for the last update, then frees the
+        engine (its NVMe files go); raises zoe.Error if that update failed. Later calls raise
+        zoe.Error("the engine is closed"); closing again does nothing."""
+        super().close()
+
     def stats(self):
         """This rank's ledger (bytes per tier and kind, now and peak) and counters."""
         return _json.loads(self.stats_json())

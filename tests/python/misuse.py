@@ -1,7 +1,12 @@
 """Misuse through the Python package raises zoe.Error with a message naming the problem, and the
 engine trains on afterwards; nothing crashes or hangs. Run alone or under mpirun (at 2+ ranks it
 also hands a gradient over on rank 0 only)."""
+import errno
+import os
 import sys
+import tempfile
+import threading
+import time
 
 import torch
 from torch.utils import dlpack
@@ -78,6 +83,75 @@ def unused_on_some_ranks_at(stage):
     e.close()
 
 
+def close_waits_for_a_call():
+    """close() from one thread while another is inside a call: it waits for that call, then later
+    calls raise "closed" (it used to free the engine under the call). The call is held inside
+    zoe_load deterministically: its checkpoint's manifest.json is a FIFO whose writer we hold."""
+    e = zoe.Engine({"zero_optimization": {"stage": 0}})
+    if e.world_size > 1:  # zoe_load is collective: one rank's FIFO would hold the others too
+        e.close()
+        return
+    e.register_param("u", "u.w", [4], "float32", False)
+    e.start()
+    with tempfile.TemporaryDirectory() as d:
+        fifo = os.path.join(d, "manifest.json")
+        os.mkfifo(fifo)
+        outcome = {}
+
+        def load():
+            try:
+                e.load(d)
+                outcome["load"] = "ok"
+            except zoe.Error as x:
+                outcome["load"] = str(x)
+
+        def close():
+            try:
+                e.close()
+                outcome["close"] = "ok"
+            except zoe.Error as x:
+                outcome["close"] = str(x)
+            outcome["close_done"] = time.monotonic()
+
+        loader = threading.Thread(target=load, daemon=True)  # a stuck one must not hold the exit
+        loader.start()
+        # The writer's open succeeds only once zoe_load has the FIFO open for reading: from then
+        # on the load is inside the call, reading until we close our end.
+        fd, deadline = None, time.monotonic() + 30
+        while fd is None and time.monotonic() < deadline:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as x:
+                if x.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.01)
+        if fd is None:
+            failures.append("close vs a call: zoe_load never opened the manifest")
+            loader.join()
+            e.close()
+            return
+        closer = threading.Thread(target=close, daemon=True)
+        closer.start()
+        closer.join(0.5)
+        if "close" in outcome:
+            failures.append(f"close() returned ({outcome['close']}) while a call was in progress")
+        released = time.monotonic()
+        os.write(fd, b"{}")
+        os.close(fd)
+        loader.join(30)
+        closer.join(30)
+        if "close" not in outcome or "load" not in outcome:
+            failures.append(f"close vs a call: a thread is stuck: {outcome}")
+            return
+        if outcome["close"] != "ok" or outcome["close_done"] < released:
+            failures.append(f"close vs a call: {outcome}")
+        if "closed" in outcome["load"]:
+            failures.append(f"the load ran after close: {outcome['load']}")
+    expect_error(lambda: e.step(), "the engine is closed")
+    expect_error(lambda: e.rank, "the engine is closed")
+    e.close()  # again: a no-op
+
+
 def main():
     expect_error(lambda: zoe.Engine({"zero_optimization": {"stag": 3}}), "stage")
     expect_error(lambda: zoe.Engine("{not json"), "config")
@@ -122,6 +196,7 @@ def main():
             failures.append(f"wrap message: {x}")
     e2.close()
     unused_on_some_ranks()
+    close_waits_for_a_call()
     for f in failures:
         print("FAIL:", f)
     print(f"{'PASS' if not failures else 'FAIL'}: Python misuse checks")
