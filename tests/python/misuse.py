@@ -152,6 +152,27 @@ def close_waits_for_a_call():
     e.close()  # again: a no-op
 
 
+def close_raises_the_last_update_error():
+    """Stage 3's update runs on after step() returns; when it fails, close() raises its error. It
+    reads the optimizer state from NVMe: the swap files, cut to nothing, make that read fail."""
+    with tempfile.TemporaryDirectory() as d:
+        e = zoe.Engine({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": d}}})
+        if e.world_size > 1:
+            e.close()
+            return
+        e.register_param("u", "u.w", [4], "float32", False)
+        e.start()
+        e.grads_ready(0, dlpack.to_dlpack(torch.ones(4)))
+        swaps = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".swap")]
+        for f in swaps:
+            os.truncate(f, 0)
+        if not swaps:
+            failures.append(f"no swap file under {d}")
+        e.step(1e-2)
+        expect_error(e.close, ".swap")
+        expect_error(lambda: e.step(), "the engine is closed")
+
+
 def main():
     expect_error(lambda: zoe.Engine({"zero_optimization": {"stag": 3}}), "stage")
     expect_error(lambda: zoe.Engine("{not json"), "config")
@@ -197,6 +218,7 @@ def main():
     e2.close()
     unused_on_some_ranks()
     close_waits_for_a_call()
+    close_raises_the_last_update_error()
     for f in failures:
         print("FAIL:", f)
     print(f"{'PASS' if not failures else 'FAIL'}: Python misuse checks")
