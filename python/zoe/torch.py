@@ -63,15 +63,17 @@ def gathered(module):
     """Within the block every wrapped parameter holds its full values (zoe's gathered memory, as
     in a forward): to read them, copy a state_dict, or compare with another model. Collective at
     stage 3 (every rank enters the block). Writes to them are not kept: set values through
-    zoe.Engine.set_param, or load a checkpoint."""
+    zoe.Engine.set_param, or load a checkpoint. A fetch that fails releases what the block had
+    fetched before raising."""
     w = module._zoe
-    units = [u.index for u in w.units]
-    for u in units:
-        w.acquire(u)
+    fetched = []
     try:
+        for unit in w.units:
+            w.acquire(unit.index)
+            fetched.append(unit.index)
         yield module
     finally:
-        for u in reversed(units):
+        for u in reversed(fetched):
             w.release(u)
 
 
