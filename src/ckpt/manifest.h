@@ -1,8 +1,9 @@
 // A checkpoint's manifest.json as plain data, and the one validator that resume, `zoe export`
 // and the fuzzer share. parse_manifest() touches no file: it checks every field against the
-// others (file names are the expected plain names, shapes and offsets fit their unit, file sizes
-// equal what the unit layout implies, counters are non-negative, the loss scale is finite and
-// positive), so later code can index with manifest values without checking them again.
+// others (file names are the expected plain names, shapes and offsets fit their unit, a unit's
+// tensors do not overlap, file sizes equal what the unit layout implies, counters and the data
+// position are in [0, 2^40], the loss scale is finite and positive), whatever the format version,
+// so later code can index with manifest values without checking them again.
 #pragma once
 #include <cstdint>
 #include <string>
