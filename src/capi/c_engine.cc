@@ -98,8 +98,10 @@ Status CEngine::register_param(const std::string& unit, const std::string& name,
     return Status::Invalid(fmt::format("{}: dtype {} but the config trains in {} (bf16.enabled / fp16.enabled)", what,
                                        dl_dtype_name(dtype), dtype_name(cfg_.dtype)));
   for (int64_t d : shape)
-    if (d <= 0) return Status::Invalid(fmt::format("{}: shape [{}] has a dimension <= 0", what, fmt::join(shape, ", ")));
-  ZOE_ASSIGN_OR_RETURN(int64_t numel, checked_numel(shape.data(), static_cast<int>(shape.size()), what, "parameter"));
+    if (d <= 0)
+      return Status::Invalid(fmt::format("{}: shape [{}] has a dimension <= 0", what, fmt::join(shape, ", ")));
+  ZOE_ASSIGN_OR_RETURN(int64_t numel,
+                       checked_numel(shape.data(), static_cast<int>(shape.size()), what, "parameter"));
   // The unit's and the model's counts stay within kMaxElements too (each is at most that: no overflow).
   auto known = unit_of_name_.find(unit);
   const int64_t unit_numel = known == unit_of_name_.end() ? 0 : units_[known->second].numel;

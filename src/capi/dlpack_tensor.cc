@@ -33,14 +33,16 @@ Result<DType> weight_dtype(DLDataType t, const std::string& what) {
 
 Result<int64_t> checked_numel(const int64_t* shape, int ndim, const std::string& what, const char* noun) {
   for (int d = 0; d < ndim; ++d)
-    if (shape[d] < 0) return Status::Invalid(fmt::format("{}: {} dimension {} is negative ({})", what, noun, d, shape[d]));
+    if (shape[d] < 0)
+      return Status::Invalid(fmt::format("{}: {} dimension {} is negative ({})", what, noun, d, shape[d]));
   for (int d = 0; d < ndim; ++d)
     if (shape[d] == 0) return int64_t{0};  // nothing to read, whatever the other dimensions say
   int64_t n = 1;
   for (int d = 0; d < ndim; ++d)
     if (__builtin_mul_overflow(n, shape[d], &n) || n > kMaxElements)
-      return Status::Invalid(fmt::format("{}: {} shape [{}] has more than {} elements (zoe's limit) from dimension {} on",
-                                         what, noun, fmt::join(shape, shape + ndim, ", "), kMaxElements, d));
+      return Status::Invalid(fmt::format("{}: {} shape [{}] has more than {} elements, zoe's limit (the product "
+                                         "passes it at dimension {})", what, noun,
+                                         fmt::join(shape, shape + ndim, ", "), kMaxElements, d));
   return n;
 }
 
