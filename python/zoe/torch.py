@@ -12,13 +12,27 @@ parameter holds no memory (shape [0]); inside, it is a zero-copy view of zoe's g
 (torch.utils.dlpack). Tensors autograd saves from those buffers are saved as (unit, offset, shape,
 strides) and re-made from the unit's buffer of the moment in backward, which fetches it again.
 A parameter used by several modules (tied weights) is handed over once every use is done.
+
+A parameter read where its unit is not fetched (another module's forward reads it, as a tied head
+`h @ self.wte.weight.t()` does in its parent's forward, or a loss function does) is fetched on
+demand: wrapped parameters are a torch.nn.Parameter subclass whose __torch_function__ sees every op
+on them. Inside a forward the unit is then held like one of the enclosing module's own (the
+innermost module with parameters of its own, or the wrapped module): released when that forward
+ends, fetched again for its backward, and its gradient handed over only once that backward is done
+too. Outside any forward the unit is held for that one op (a view of it the op returns is copied);
+its gradient goes over when the whole backward ends. Queries of shape and the like (size(), numel(),
+.grad) outside a forward do not fetch: they see the empty parameter. At stage 3 a fetch is
+collective, so every rank must make the same reads in the same order, as it makes the same
+forwards. register_external_parameter(module, param) makes `param` part of `module`'s fetches instead,
+as DeepSpeed's function of that name does.
 """
 import contextlib
+import types
 
 import torch
 from torch.utils import dlpack as _dlpack
 
-__all__ = ["wrap", "gathered"]
+__all__ = ["wrap", "gathered", "register_external_parameter"]
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -29,23 +43,38 @@ else:  # torch 1.13
     def _storage_ptr(t):
         return t.storage().data_ptr()
 
+# Runs an op as a plain tensor op (what torch.nn.Parameter's own __torch_function__ does).
+_plain_ops = getattr(torch._C, "DisableTorchFunctionSubclass", None) or torch._C.DisableTorchFunction
+
+_live = {}  # storage address of a fetched unit's buffer -> its _Unit (any wrapper's)
+
 
 class _Param:
-    __slots__ = ("param", "name", "offset", "numel", "shape")
+    __slots__ = ("param", "name", "offset", "numel", "shape", "empty")
 
     def __init__(self, param, name, offset, numel):
         self.param, self.name, self.offset, self.numel = param, name, offset, numel
         self.shape = tuple(param.shape)
+        self.empty = None  # what the parameter holds while its unit is released
 
 
 class _Unit:
-    __slots__ = ("index", "params", "refs", "flat", "users", "backward_refs", "handed")
+    __slots__ = ("wrapper", "index", "params", "refs", "flat", "users", "backward_refs", "handed")
 
-    def __init__(self, index):
-        self.index, self.params, self.refs, self.flat = index, [], 0, None
+    def __init__(self, wrapper, index):
+        self.wrapper, self.index, self.params, self.refs, self.flat = wrapper, index, [], 0, None
         self.handed = False     # its gradient went over in this backward
         self.users = 0          # forward uses whose backward has not ended yet
         self.backward_refs = 0  # fetches made for backward, released when it ends
+
+
+class _Frame:
+    """A forward in progress of a hooked module (or of the wrapped module): the units it holds,
+    its own first, then those its code read on demand."""
+    __slots__ = ("units", "grad")
+
+    def __init__(self, units, grad):
+        self.units, self.grad = units, grad
 
 
 def wrap(module, engine, decay=None):
@@ -77,13 +106,94 @@ def gathered(module):
             w.release(u)
 
 
+def register_external_parameter(module, param):
+    """Makes `param`, a parameter of another module of a model wrapped by wrap(), part of
+    `module`'s fetches: fetched as `module`'s forward and backward begin, released as they end,
+    its gradient handed over once they are done, as if it were `module`'s own (DeepSpeed's
+    deepspeed.zero.register_external_parameter). Without it such a read is fetched on demand."""
+    if getattr(param, "_zoe_unit", None) is None:
+        raise ValueError("zoe.torch.register_external_parameter: the parameter is not one that "
+                         "zoe.torch.wrap put under an engine")
+    wrapper = param._zoe_unit.wrapper
+    if not any(m is module for m in wrapper.root.modules()):
+        raise ValueError(f"zoe.torch.register_external_parameter: {type(module).__name__} is not part of "
+                         "the module the parameter was wrapped with")
+    units = wrapper.hooked.get(module)
+    if units is None:
+        wrapper._hook(module, [param._zoe_unit.index])
+    elif param._zoe_unit.index not in units:
+        units.append(param._zoe_unit.index)
+
+
+class _ZoeParameter(torch.nn.Parameter):
+    """A wrapped parameter: an op that reads its values while its unit is released fetches the
+    unit first (see the module's docstring)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        released = []
+        _released_units(args, released)
+        _released_units(kwargs.values(), released)
+        if released:
+            wrapper = released[0].wrapper
+            when = _when_to_fetch(func)
+            if when == _ALWAYS or (when == _IN_FORWARD and wrapper.frames):
+                return wrapper.on_demand(func, args, kwargs, released)
+        with _plain_ops():
+            return func(*args, **kwargs)
+
+
+def _released_units(values, out):
+    """Appends to `out` the units, not yet in it, of the released wrapped parameters in values
+    (lists and tuples looked into, as torch.cat's argument)."""
+    for v in values:
+        if type(v) is _ZoeParameter:
+            unit = getattr(v, "_zoe_unit", None)  # None in a copy (copy.deepcopy)
+            if unit is not None and unit.refs == 0 and not any(unit is u for u in out):
+                out.append(unit)
+        elif type(v) in (list, tuple):
+            _released_units(v, out)
+
+
+# When an op on a released parameter fetches it: always (it reads the values), only inside a
+# forward (it asks for the shape: the true one there, [0] elsewhere, so that numel() outside
+# counts what torch holds and state_dict() outside gathered() stays local), or never (the answer is
+# the same either way, as for dtype, which transformers asks in every forward).
+_ALWAYS, _IN_FORWARD, _NEVER = 2, 1, 0
+_SHAPE_QUERIES = {getattr(torch.Tensor, n) for n in (
+    "size", "dim", "numel", "nelement", "ndimension", "stride", "storage_offset", "is_contiguous",
+    "__len__", "data_ptr", "storage", "untyped_storage", "_is_view", "__repr__", "__format__",
+    "__reduce_ex__", "__deepcopy__", "detach", "detach_") if hasattr(torch.Tensor, n)}
+_SAME_EITHER_WAY = {getattr(torch.Tensor, n) for n in (
+    "element_size", "is_floating_point", "is_complex", "get_device", "is_shared", "is_pinned",
+    "__dlpack_device__", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+    "__setstate__") if hasattr(torch.Tensor, n)}
+_VIEW_ATTRIBUTES = {"T", "mT", "H", "mH", "real", "imag"}
+_SHAPE_ATTRIBUTES = {"shape", "ndim", "data"}
+
+
+def _when_to_fetch(func):
+    if isinstance(getattr(func, "__self__", None), types.GetSetDescriptorType):  # an attribute
+        name = func.__self__.__name__
+        if func.__name__ != "__get__":
+            return _NEVER  # .data = ..., .grad = ...: how zoe itself fills and empties them
+        return _ALWAYS if name in _VIEW_ATTRIBUTES else _IN_FORWARD if name in _SHAPE_ATTRIBUTES else _NEVER
+    if func in _SAME_EITHER_WAY:
+        return _NEVER
+    return _IN_FORWARD if func in _SHAPE_QUERIES else _ALWAYS
+
+
 class _Wrapper:
     def __init__(self, module, engine, decay):
         self.engine = engine
+        self.root = module
         self.units = []
-        self.live = {}  # storage address of a fetched unit's buffer -> unit index
+        self.hooked = {}   # module -> the units its forward fetches (its own, then registered ones)
+        self.frames = []   # forwards in progress, innermost last
         self.callback_queued = False
         self.saved_views = 0  # saved tensors that autograd kept as descriptors of a unit's buffer
+        self.on_demand_fetches = 0
         owned = {}      # id(param) -> its _Param
         module_units = []
         for mname, mod in module.named_modules():
@@ -102,30 +212,40 @@ class _Wrapper:
         for ps in owned.values():
             u, ps.offset, ps.numel = engine.param_info(ps.name)
             while len(self.units) <= u:
-                self.units.append(_Unit(len(self.units)))
+                self.units.append(_Unit(self, len(self.units)))
             self.units[u].params.append(ps)
             engine.set_param(ps.name, _dlpack.to_dlpack(ps.param.detach().cpu().contiguous()))
-            ps.param.data = self._empty(ps.param)
+            ps.empty = torch.empty(0, dtype=ps.param.dtype, device=ps.param.device)
+            ps.param.data = ps.empty
+            ps.param.__class__ = _ZoeParameter
+            ps.param._zoe_unit = self.units[u]
         for mod, ids in module_units:
-            units = sorted({engine.unit_index(owned[i].name) for i in ids})
-            self._hook(mod, units)
+            self._hook(mod, sorted({engine.unit_index(owned[i].name) for i in ids}))
         forward = module.forward
 
         def forward_saving_descriptors(*args, **kwargs):
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                return forward(*args, **kwargs)
+            # The wrapped module's forward is a frame too, unless its own hook made one: reads
+            # on demand outside every hooked module are held until it ends.
+            frame = None if self.frames else self.enter([])
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+                    out = forward(*args, **kwargs)
+            except BaseException:
+                self.unwind()
+                raise
+            if frame is None:
+                return out
+            self.leave()
+            attached = _attach(_BeforeBackward, self, frame.units, out) if frame.grad and frame.units else None
+            return out if attached is None else attached
         module.forward = forward_saving_descriptors
-
-    @staticmethod
-    def _empty(p):
-        return torch.empty(0, dtype=p.dtype, device=p.device)
 
     # --- fetch and release: parameters become views of the unit's buffer, and empty again ---
     def acquire(self, u):
         unit = self.units[u]
         if unit.refs == 0:
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
-            self.live[_storage_ptr(unit.flat)] = u
+            _live[_storage_ptr(unit.flat)] = unit
             for ps in unit.params:
                 ps.param.data = unit.flat[ps.offset:ps.offset + ps.numel].view(ps.shape)
         unit.refs += 1
@@ -135,48 +255,84 @@ class _Wrapper:
         unit.refs -= 1
         if unit.refs == 0:
             for ps in unit.params:
-                ps.param.data = self._empty(ps.param)
-            del self.live[_storage_ptr(unit.flat)]
+                ps.param.data = ps.empty
+            del _live[_storage_ptr(unit.flat)]
             unit.flat = None
             self.engine.release(u)
 
-    # --- saved tensors: a view of a unit's buffer is saved as a descriptor, re-made in backward ---
-    def _pack(self, t):
-        u = self.live.get(_storage_ptr(t))
-        if u is None:
-            return t
-        self.saved_views += 1
-        return ("zoe", u, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-
-    def _unpack(self, saved):
-        if not (isinstance(saved, tuple) and len(saved) == 5 and saved[0] == "zoe"):
-            return saved
-        _, u, offset, shape, stride = saved
-        unit = self.units[u]
-        if unit.refs == 0:  # a module whose backward began without our pre-backward hook
+    # --- forwards in progress ---
+    def enter(self, units):
+        frame = _Frame(list(units), torch.is_grad_enabled())
+        self.frames.append(frame)
+        for u in frame.units:
             self.acquire(u)
-            unit.backward_refs += 1
-            self._queue_backward_end()
-        return unit.flat.as_strided(shape, stride, offset)
+            if frame.grad:
+                self.units[u].users += 1
+        return frame
+
+    def leave(self):
+        frame = self.frames.pop()
+        for u in reversed(frame.units):
+            self.release(u)
+        return frame
+
+    def unwind(self):
+        """A forward raised: what its frames hold goes back, and their uses count no more."""
+        while self.frames:
+            frame = self.leave()
+            if frame.grad:
+                for u in frame.units:
+                    self.units[u].users -= 1
+
+    def on_demand(self, func, args, kwargs, units):
+        """Runs func, which reads the values of released units: fetched for the enclosing forward
+        (held by its frame from now on), or, outside any forward, for this op alone."""
+        if any(unit.wrapper is not self for unit in units):
+            raise RuntimeError("zoe.torch: one op reads released parameters of two wrapped models; "
+                               "fetch one of them first with zoe.torch.gathered()")
+        for unit in units:
+            self.acquire(unit.index)
+            self.on_demand_fetches += 1
+        if self.frames:
+            frame = self.frames[-1]
+            for unit in units:
+                frame.units.append(unit.index)
+                if frame.grad:
+                    unit.users += 1
+            with _plain_ops():
+                return func(*args, **kwargs)
+        try:
+            if torch.is_grad_enabled():
+                for unit in units:
+                    unit.users += 1  # its gradient goes over when the whole backward ends
+            with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), _plain_ops():
+                out = func(*args, **kwargs)
+            out = _copy_views(out, {_storage_ptr(unit.flat) for unit in units})
+            # the backward through it ends by handing those units over, even with no module in it
+            attached = _attach(_BeforeBackward, self, [], out) if torch.is_grad_enabled() else None
+            return out if attached is None else attached
+        finally:
+            for unit in reversed(units):
+                self.release(unit.index)
 
     # --- hooks ---
     def _hook(self, mod, units):
+        """mod's forward and backward fetch `units` (a list that register_external_parameter may
+        extend later)."""
         wrapper = self
+        self.hooked[mod] = units
 
         def pre_forward(m, inputs):
-            for u in units:
-                wrapper.acquire(u)
-            if torch.is_grad_enabled():
-                for u in units:
-                    wrapper.units[u].users += 1
-                return _attach(_AfterBackward, wrapper, units, inputs)
+            frame = wrapper.enter(units)
+            if frame.grad:
+                # the frame's list itself: units read on demand in this forward join it
+                return _attach(_AfterBackward, wrapper, frame.units, inputs)
             return None
 
         def post_forward(m, inputs, output):
-            for u in units:
-                wrapper.release(u)
-            if torch.is_grad_enabled():
-                return _attach(_BeforeBackward, wrapper, units, output)
+            frame = wrapper.leave()
+            if frame.grad:
+                return _attach(_BeforeBackward, wrapper, frame.units, output)
             return None
         mod.register_forward_pre_hook(pre_forward)
         mod.register_forward_hook(post_forward)
@@ -203,15 +359,15 @@ class _Wrapper:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
 
     # The end of the whole backward: units whose modules took no input that needs a gradient
-    # (embeddings of token ids) never saw their after-backward; they go over now, last unit first.
-    # A unit this rank did not use (another rank may have) goes over as zeros: every rank hands
-    # over every unit, as zoe requires.
+    # (embeddings of token ids) never saw their after-backward, nor units read outside any
+    # forward; they go over now, last unit first. So does any gradient that reached a unit after
+    # its hand-over (zoe adds the two). A unit this rank did not use (another rank may have) goes
+    # over as zeros: every rank hands over every unit, as zoe requires.
     def _backward_end(self):
         self.callback_queued = False
         for unit in reversed(self.units):
-            if unit.users > 0:
-                unit.users = 0
-                self._hand_over(unit)
+            unit.users = 0
+            self._hand_over(unit)
             if not unit.handed:
                 numel = sum(ps.numel for ps in unit.params)
                 self.engine.grads_ready(unit.index, _dlpack.to_dlpack(torch.zeros(numel)))
@@ -234,6 +390,38 @@ class _Wrapper:
         if handed:
             self.engine.grads_ready(unit.index, None)
             unit.handed = True
+
+
+# --- saved tensors: a view of a unit's buffer is saved as a descriptor, re-made in backward ---
+def _pack(t):
+    unit = _live.get(_storage_ptr(t))
+    if unit is None:
+        return t
+    unit.wrapper.saved_views += 1
+    return ("zoe", unit, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def _unpack(saved):
+    if not (isinstance(saved, tuple) and len(saved) == 5 and saved[0] == "zoe"):
+        return saved
+    _, unit, offset, shape, stride = saved
+    if unit.refs == 0:  # a module whose backward began without our pre-backward hook
+        unit.wrapper.acquire(unit.index)
+        unit.backward_refs += 1
+        unit.wrapper._queue_backward_end()
+    return unit.flat.as_strided(shape, stride, offset)
+
+
+def _copy_views(value, buffers):
+    """value with its tensors that are views of the given buffers (storage addresses) copied:
+    what an op outside any forward returns must outlive the unit's release."""
+    if isinstance(value, torch.Tensor):
+        if type(value) is not _ZoeParameter and value.layout == torch.strided and _storage_ptr(value) in buffers:
+            return value.clone()
+        return value
+    if type(value) in (tuple, list):
+        return type(value)(_copy_views(v, buffers) for v in value)
+    return value
 
 
 def _attach(fn, wrapper, units, value):
