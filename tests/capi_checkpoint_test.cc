@@ -1,6 +1,9 @@
-// zoe_load, the C API's resume, checks a checkpoint's data checksums whatever zoe.checksums (the
-// swap blocks' key) says; only zoe.checkpoint.verify=false skips them.
+// Checkpoints through the C API: zoe_load, its resume, checks a checkpoint's data checksums
+// whatever zoe.checksums (the swap blocks' key) says, only zoe.checkpoint.verify=false skips them;
+// zoe_save locks the root it writes to for the engine's life.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -51,6 +54,21 @@ TEST(CApiCheckpoint, ZoeLoadRefusesACorruptRankFileWithSwapChecksumsOff) {
   zoe_engine* g = one_unit("\"checksums\": false, \"checkpoint\": {\"verify\": false}");
   EXPECT_EQ(zoe_load(g, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
   zoe_engine_free(g);
+  fs::remove_all(dir);
+}
+
+TEST(CApiCheckpoint, ASecondEngineSavingToTheSameRootIsRefusedWhileTheFirstLives) {
+  std::string dir = zoe::test::make_temp_dir("capi_ckpt");
+  zoe_engine* first = one_unit("");
+  zoe_engine* second = one_unit("");
+  ASSERT_EQ(zoe_save(first, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_save(second, (dir + "/ckpt").c_str()), ZOE_ERR_INVALID);
+  EXPECT_NE(std::string(zoe_last_error()).find("in use by another job (pid " + std::to_string(getpid())),
+            std::string::npos) << zoe_last_error();
+  EXPECT_EQ(zoe_save(second, (dir + "/other").c_str()), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(first);  // its lock goes with it
+  EXPECT_EQ(zoe_save(second, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(second);
   fs::remove_all(dir);
 }
 

@@ -300,11 +300,27 @@ Status CEngine::flush() { return engine_ ? engine_->flush().status() : Status::O
 Status CEngine::save(const std::string& dir) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_save"));
   if (dir.empty()) return Status::Invalid("zoe_save: the directory is empty");
+  ZOE_RETURN_IF_ERROR(lock_checkpoint_root(dir));
   TrainState st;
   st.steps_done = st.steps_applied = engine_->steps_applied();
   st.loss_scale = engine_->loss_scale();
   engine_->scaler_state(&st.scaler_good_steps, &st.scaler_hysteresis);
   return save_checkpoint(dir, *engine_, *comm_, config_to_json(cfg_), cfg_.stage, st, cfg_.checkpoint_keep).status();
+}
+
+// Saving prunes the root and clears killed saves' temporary directories: a second job saving
+// there would delete this one's. Rank 0 locks a root at its first save and keeps it.
+Status CEngine::lock_checkpoint_root(const std::string& dir) {
+  if (dir == locked_root_) return Status::Ok();
+  Status locked = Status::Ok();
+  if (comm_->rank() == 0) {
+    auto lock = CheckpointRootLock::Acquire(dir, "zoe_save");
+    locked = lock.status();
+    if (lock.ok()) root_lock_.emplace(std::move(lock).value());  // a root saved to before is free again
+  }
+  ZOE_RETURN_IF_ERROR(agree(*comm_, locked, Status::Invalid("zoe_save: rank 0 could not lock the directory")));
+  locked_root_ = dir;
+  return Status::Ok();
 }
 
 Status CEngine::load(const std::string& path) {

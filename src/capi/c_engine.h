@@ -5,12 +5,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <dlpack/dlpack.h>
 
+#include "ckpt/root_lock.h"
 #include "comm/comm.h"
 #include "common/config.h"
 #include "train/backend.h"
@@ -80,6 +82,7 @@ class CEngine {
   Status put_grad(const DLTensor& grad, float* dst, int64_t n, const std::string& what);
   Status hand_over(int u, const float* device_grad);
   void drop_staged(int u);
+  Status lock_checkpoint_root(const std::string& dir);
 
   Config cfg_;
   std::unique_ptr<Comm> comm_;
@@ -91,6 +94,9 @@ class CEngine {
   std::map<std::string, ParamRef> params_;
   std::mutex mu_;
   std::thread::id owner_ = std::this_thread::get_id();
+  // Rank 0 holds the root zoe_save last wrote to, until the engine goes (CheckpointRootLock).
+  std::optional<CheckpointRootLock> root_lock_;
+  std::string locked_root_;
 };
 
 }  // namespace zoe::capi

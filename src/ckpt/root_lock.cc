@@ -16,30 +16,30 @@ namespace zoe {
 
 namespace {
 
-Status in_use(const std::string& root, int fd) {
+Status in_use(const std::string& root, const std::string& what, int fd) {
   char holder[256] = {};
   ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
   std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
   while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
   if (who.empty()) who = "a job that has not written its pid yet";
-  return Status::Invalid(fmt::format("config key 'zoe.checkpoint.dir': '{}' is in use by another job ({}); one job "
-                                     "per checkpoint directory", root, who));
+  return Status::Invalid(
+      fmt::format("{}: '{}' is in use by another job ({}); one job per checkpoint directory", what, root, who));
 }
 
 }  // namespace
 
-Result<CheckpointRootLock> CheckpointRootLock::Acquire(const std::string& root) {
+Result<CheckpointRootLock> CheckpointRootLock::Acquire(const std::string& root, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec)
-    return Status::Invalid(fmt::format("config key 'zoe.checkpoint.dir': cannot create '{}': {}", root, ec.message()));
+    return Status::Invalid(fmt::format("{}: cannot create '{}': {}", what, root, ec.message()));
   std::string path = root + "/" + kCheckpointLockName;
   // O_NOFOLLOW: a link planted under the lock's name must not make us truncate its target.
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return open_error(path, "checkpoint lock file", errno);
   CheckpointRootLock lock(fd);
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) return in_use(root, fd);
+    if (errno == EWOULDBLOCK) return in_use(root, what, fd);
     return Status::Io(fmt::format("{}: flock: {}", path, errno_string(errno)));
   }
   char host[256] = {};

@@ -14,8 +14,9 @@ inline constexpr const char* kCheckpointLockName = ".zoe-checkpoint.lock";
 
 class CheckpointRootLock {
  public:
-  // Creates `root` if missing. InvalidInput naming the holder when another process holds it.
-  static Result<CheckpointRootLock> Acquire(const std::string& root);
+  // Creates `root` if missing. InvalidInput naming the holder when another process (or another
+  // lock in this one) holds it; `what` names where root came from ("config key '...'").
+  static Result<CheckpointRootLock> Acquire(const std::string& root, const std::string& what);
 
   CheckpointRootLock(CheckpointRootLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
   CheckpointRootLock& operator=(CheckpointRootLock&& o) noexcept;

@@ -158,7 +158,7 @@ class TrainJob {
   Status lock_checkpoint_root() {
     Status locked = Status::Ok();
     if (comm_.rank() == 0) {
-      auto lock = CheckpointRootLock::Acquire(c_.checkpoint_dir);
+      auto lock = CheckpointRootLock::Acquire(c_.checkpoint_dir, "config key 'zoe.checkpoint.dir'");
       locked = lock.status();
       if (lock.ok()) root_lock_.emplace(std::move(lock).value());
     }
