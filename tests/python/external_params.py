@@ -20,13 +20,16 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# Released buffers read as NaN: a view that outlived its unit's release shows.
+os.environ["ZOE_POISON_RELEASED"] = "1"
 
-import zoe
-import zoe.torch
-from tiny_lm import Block, TinyLM, adamw, batch
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import zoe  # noqa: E402
+import zoe.torch  # noqa: E402
+from tiny_lm import Block, TinyLM, adamw, batch  # noqa: E402
 
 LR, WD, STEPS, PENALTY = 1e-2, 0.01, 4, 0.05
 
