@@ -1,0 +1,237 @@
+#include "sched/grad_reducer.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/profiler.h"
+
+namespace zoe {
+
+GradReducer::GradReducer(RankState& state, OptimizerPass& pass, Device& dev, Comm& comm)
+    : s_(state), pass_(pass), dev_(dev), comm_(comm) {
+  const int n = s_.layout().num_units();
+  local_seen_.assign(n, 0);
+  reduced_.assign(n, 0);
+  handed_here_.assign(n, 0);
+}
+
+GradReducer::~GradReducer() {
+  (void)finish();
+  dev_.free(sumsq_);
+}
+
+Status GradReducer::allocate() {
+  ZOE_ASSIGN_OR_RETURN(sumsq_, dev_.alloc(sizeof(double), Tier::kDevice, Kind::kStaging));
+  return Status::Ok();
+}
+
+Status GradReducer::hand_over(int u, const float* grad) {
+  if (!s_.plan().shard_grads) {  // accumulate locally; reduced once in step()
+    ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // the update still reads this unit's gradient
+    const UnitSlot& s = s_.layout().slot(u);
+    ZOE_RETURN_IF_ERROR(
+        dev_.accumulate(s_.grad_ptr(s.full_offset), s_.gdtype(), grad, DType::kF32, s.numel, local_seen_[u] > 0));
+    ++local_seen_[u];  // only once the gradient is really in
+    ++handed_here_[u];
+    return Status::Ok();
+  }
+  Status st = agree(OpKind::kGrads, u, grad);
+  handed_here_[u] += st.ok();
+  return st;
+}
+
+Status GradReducer::reduce_replicated(int u) {
+  const UnitSlot& s = s_.layout().slot(u);
+  ZOE_SPAN("reduce_scatter " + name(u), "reduce_scatter", Bucket::kWaitComm);
+  return comm_.reduce_scatter(s_.grad_ptr(s.full_offset), s_.grad_ptr(s_.grad_owned_offset(u)), s.chunk, s_.gdtype());
+}
+
+Status GradReducer::reduce_rest(double* handed) {
+  const bool sharded = s_.plan().shard_grads;
+  for (int u = 0; u < s_.layout().num_units(); ++u) {
+    const UnitSlot& s = s_.layout().slot(u);
+    int seen = sharded ? reduced_[u] : local_seen_[u];
+    *handed += seen;
+    if (seen == 0)  // a unit without gradient this step contributes zeros
+      ZOE_RETURN_IF_ERROR(dev_.zero(s_.grad_ptr(sharded ? s.shard_offset : s.full_offset),
+                                    (sharded ? s.chunk : s.full_size) * s_.gsize()));
+    if (!sharded) ZOE_RETURN_IF_ERROR(reduce_replicated(u));
+  }
+  return Status::Ok();
+}
+
+Status GradReducer::agree(OpKind kind, int u, const float* grad, bool* need, AheadGather* ahead) {
+  if (comm_.size() == 1) return kind == OpKind::kGrads ? reduce_sharded(u, grad) : Status::Ok();
+  const int n = comm_.size();
+  constexpr int kWords = 5;  // kind, unit, need, ahead unit, ahead flags (1 ready, 2 needs)
+  int32_t mine[kWords] = {static_cast<int32_t>(kind), u, need && *need ? 1 : 0, ahead ? ahead->v : -1,
+                          ahead ? (ahead->ready ? 1 : 0) | (ahead->needs ? 2 : 0) : 0};
+  std::vector<int32_t> all(kWords * n);
+  for (;;) {
+    ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine, all.data(), sizeof(mine)));
+    bool same = true, any_need = false, ahead_ok = all[3] >= 0, ahead_needed = false;
+    for (int r = 0; r < n; ++r) {
+      const int32_t* w = &all[kWords * r];
+      same &= w[0] == all[0] && w[1] == all[1];
+      any_need |= w[2] != 0;
+      ahead_ok &= w[3] == all[3] && (w[4] & 1);
+      ahead_needed |= (w[4] & 2) != 0;
+    }
+    if (same && need) *need = any_need;
+    if (same && ahead) ahead->go = ahead_ok && ahead_needed;
+    if (same) return kind == OpKind::kGrads ? reduce_sharded(u, grad) : Status::Ok();
+    // Ranks differ. Gradients handed over anywhere are reduced now, in unit order, with zeros
+    // from the ranks that have none for that unit; those ranks' calls are then done.
+    std::vector<int> units;
+    for (int r = 0; r < n; ++r)
+      if (all[kWords * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[kWords * r + 1]);
+    if (units.empty()) {
+      auto what = [&](int r) {
+        auto k = static_cast<OpKind>(all[kWords * r]);
+        int v = all[kWords * r + 1];
+        return k == OpKind::kStep ? std::string("step()")
+                                  : fmt::format("{}('{}')", k == OpKind::kFetch ? "fetch" : "grads_ready",
+                                                v >= 0 && v < s_.layout().num_units() ? name(v) : "?");
+      };
+      int other = 1;
+      while (other < n && all[kWords * other] == all[0] && all[kWords * other + 1] == all[1]) ++other;
+      return Status::Runtime(fmt::format("ranks are out of step: rank 0 calls {} while rank {} calls {} (every rank "
+                                         "must fetch the same units in the same order)", what(0), other, what(other)));
+    }
+    std::sort(units.begin(), units.end());
+    units.erase(std::unique(units.begin(), units.end()), units.end());
+    bool mine_done = false;
+    for (int v : units) {
+      if (v < 0 || v >= s_.layout().num_units())
+        return Status::Runtime(fmt::format("a rank handed over gradients of unit {}", v));
+      bool have = kind == OpKind::kGrads && v == u;
+      ZOE_RETURN_IF_ERROR(reduce_sharded(v, have ? grad : nullptr));
+      mine_done |= have;
+    }
+    if (mine_done) return Status::Ok();
+  }
+}
+
+// Sharded gradients: this micro-step's gradient of unit u (zeros when grad is null) is reduced;
+// only our chunk is kept, summed into what earlier reductions this step left there. With a
+// communication thread the reduction runs there while the caller's backward goes on.
+Status GradReducer::reduce_sharded(int u, const float* grad) {
+  ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // any unit: other ranks' hand-overs are served here too
+  const UnitSlot& s = s_.layout().slot(u);
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, after_reductions_if_full([&] {
+    return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm);
+  }));
+  Status st = grad ? dev_.accumulate(buf.data, s_.gdtype(), grad, DType::kF32, s.numel, false)
+                   : dev_.zero(buf.data, s.numel * s_.gsize());
+  if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * s_.gsize(), (s.full_size - s.numel) * s_.gsize());
+  CommWorker::Job job = reduction_job(u, buf, reduced_[u] == 0);
+  if (!st.ok() || !worker_) {
+    if (st.ok()) st = job(comm_);
+    dev_.free(buf);
+    if (st.ok()) ++reduced_[u];
+    return st;
+  }
+  ++reduced_[u];
+  reducing_.push_back({worker_->submit(std::move(job)), buf, s.full_size});
+  reducing_elems_ += s.full_size;
+  ++async_;
+  // In flight after a hand-over: one unit's reduction (the device reserve holds its buffer beside
+  // the next unit's) of at most reduce_bucket_size elements.
+  return reap(1, s_.config().reduce_bucket_size);
+}
+
+// The reduce-scatter of a unit's gradient in `buf` into our owned chunk: the first of a step
+// writes it, later micro-steps' add to it (in the gradient dtype, as the serial order did).
+// Collectives move device memory only: a host gradient shard gets the reduced chunk in `buf`
+// by a copy (the first), or by a kernel adding it (device-reachable host memory).
+CommWorker::Job GradReducer::reduction_job(int u, const Buffer& buf, bool first) {
+  const UnitSlot& s = s_.layout().slot(u);
+  char* dst = s_.grad_ptr(s_.grad_owned_offset(u));
+  char* own = buf.as<char>() + comm_.rank() * s.chunk * s_.gsize();
+  bool direct = first && !s_.grads_on_host();
+  return [this, name = name(u), src = buf.data, dst, own, chunk = s.chunk, first, direct](Comm& c) {
+    ZOE_SPAN("reduce_scatter " + name, "reduce_scatter", Bucket::kWaitComm);
+    Status st = c.reduce_scatter(src, direct ? dst : own, chunk, s_.gdtype());
+    if (st.ok() && !direct)
+      st = first ? dev_.copy(dst, own, chunk * s_.gsize(), Stream::kCompute)
+                 : dev_.accumulate(dst, s_.gdtype(), own, s_.gdtype(), chunk, true);
+    return st;
+  };
+}
+
+// An allocation that finds the device full is tried once more after the reductions in flight
+// have given their buffers back.
+Result<Buffer> GradReducer::after_reductions_if_full(const std::function<Result<Buffer>()>& alloc) {
+  auto b = alloc();
+  if (b.ok() || b.status().code() != Code::kOutOfMemory || reducing_.empty()) return b;
+  ZOE_RETURN_IF_ERROR(finish());
+  return alloc();
+}
+
+// The first error is returned; every buffer goes back anyway.
+Status GradReducer::reap(size_t units, int64_t elems) {
+  Status first;
+  while (!reducing_.empty() && (reducing_.size() > units || reducing_elems_ > elems)) {
+    Reduction r = reducing_.front();
+    reducing_.pop_front();
+    Status st;
+    {
+      ZOE_SPAN("wait reduce_scatter", "reduce_scatter", Bucket::kWaitComm);
+      st = worker_->wait(r.ticket);
+    }
+    dev_.free(r.buf);
+    reducing_elems_ -= r.elems;
+    if (first.ok()) first = st;
+  }
+  if (worker_) comm_.add_bytes(worker_->take_bytes());
+  return first;
+}
+
+// Every rank is at step() (after the step's agreement): the units each handed over must be the
+// same, else all fail alike and the step's gradients are dropped.
+Status GradReducer::check_matching() {
+  const int n = s_.layout().num_units(), ranks = comm_.size();
+  if (ranks == 1) return Status::Ok();
+  std::vector<uint8_t> mine(n), all(static_cast<size_t>(n) * ranks);
+  for (int u = 0; u < n; ++u) mine[u] = handed_here_[u] > 0;
+  ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine.data(), all.data(), n));
+  for (int u = 0; u < n; ++u)
+    for (int r = 1; r < ranks; ++r) {
+      if (all[static_cast<size_t>(r) * n + u] == all[u]) continue;
+      drop();
+      int with = all[u] ? 0 : r, without = all[u] ? r : 0;
+      return Status::Runtime(fmt::format(
+          "step(): rank {} handed over a gradient of unit '{}' and rank {} did not: every rank must hand over the "
+          "same units (zeros where it has none); this step's gradients are dropped and no update is applied",
+          with, name(u), without));
+    }
+  return Status::Ok();
+}
+
+// The next hand-over of every unit starts afresh (overwrites instead of adding).
+void GradReducer::drop() {
+  (void)finish();  // nothing may still write an owned chunk
+  std::fill(local_seen_.begin(), local_seen_.end(), 0);
+  std::fill(reduced_.begin(), reduced_.end(), 0);
+  std::fill(handed_here_.begin(), handed_here_.end(), 0);
+}
+
+// One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order;
+// *handed (this rank's hand-over count) is summed over ranks in the same all-reduce.
+Result<double> GradReducer::owned_sumsq(double* handed) {
+  std::vector<ArrayView> spans;
+  for (int u = 0; u < s_.layout().num_units(); ++u)
+    spans.push_back({s_.grad_ptr(s_.grad_owned_offset(u)), s_.gdtype(),
+                     static_cast<size_t>(s_.layout().owned_real(u, comm_.rank()))});
+  double* sumsq = sumsq_.as<double>();
+  ZOE_RETURN_IF_ERROR(dev_.zero(sumsq, sizeof(double)));
+  ZOE_RETURN_IF_ERROR(dev_.sum_squares(spans.data(), spans.size(), sumsq));
+  double v[2] = {0, *handed};
+  ZOE_RETURN_IF_ERROR(dev_.download(&v[0], sumsq, sizeof(double)));
+  ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(v, 2));
+  *handed = v[1];
+  return v[0];
+}
+
+}  // namespace zoe

@@ -1,0 +1,99 @@
+// GradReducer: a step's gradients from the model's hand-overs to this rank's reduced shard, and
+// the agreement every collective of the engine follows.
+//
+// Sharded gradients (stages 2-3) are reduce-scattered when each unit is handed over, on the
+// communication thread where there is one (overlap_comm), the backward going on meanwhile; at
+// most one unit's reduction, of at most reduce_bucket_size elements, stays in flight after a
+// hand-over. Replicated gradients (stages 0-1) accumulate locally and are reduce-scattered at
+// the step, unit by unit, so the sums are the same calls in the same order.
+//
+// The agreement: before each fetch, hand-over and step every rank says what it calls (control
+// traffic). Gradients one rank hands over are reduced with zeros from ranks that have none for
+// that unit; any other disagreement is an error on every rank, never a hang. A fetch's
+// agreement also settles whether the unit the plan fetches next is gathered now (AheadGather).
+//
+// Threads: the caller's only; jobs it submits run on the CommWorker, which it waits for.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "comm/comm.h"
+#include "sched/comm_worker.h"
+#include "sched/optimizer_pass.h"
+#include "sched/rank_state.h"
+#include "zoe/device.h"
+
+namespace zoe {
+
+// What a fetch's agreement settles about the unit the plan fetches next.
+struct AheadGather {
+  int v = -1;          // the plan's next unit, or -1
+  bool ready = false;  // this rank's chunk of v is loaded or loading with every read issued
+  bool needs = false;  // v is not gathered here
+  bool go = false;     // out: every rank starts v's gather now
+};
+
+class GradReducer {
+ public:
+  enum class OpKind : int32_t { kFetch = 1, kGrads = 2, kStep = 3 };
+
+  // pass: the optimizer's; a unit's gradient is rewritten only once the pass no longer reads it.
+  GradReducer(RankState& state, OptimizerPass& pass, Device& dev, Comm& comm);
+  ~GradReducer();  // waits for the reductions in flight
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+  Status allocate();
+  // Reductions run on `worker` (not owned; null: at the hand-over, on the caller's thread).
+  void set_worker(CommWorker* worker) { worker_ = worker; }
+
+  // grads_ready(u, grad): accumulate (replicated) or agree and reduce (sharded).
+  Status hand_over(int u, const float* grad);
+  // need (fetch only): in, this rank has to gather; out, some rank has to (then all do).
+  Status agree(OpKind kind, int u, const float* grad, bool* need = nullptr, AheadGather* ahead = nullptr);
+  // Waits for every reduction in flight; the first error (every buffer goes back anyway).
+  Status finish() { return reap(0, -1); }
+  // An allocation that finds the device full is tried once more after the reductions in flight
+  // have given their buffers back.
+  Result<Buffer> after_reductions_if_full(const std::function<Result<Buffer>()>& alloc);
+
+  // At step(), in this order: the units each rank handed over must be the same (else all fail
+  // alike, gradients dropped); units without a gradient contribute zeros and replicated ones are
+  // reduced now (*handed: this rank's hand-overs); then the counters start afresh (drop) and
+  // the squared norm of the owned shard, summed over ranks with *handed, is what the step clips by.
+  Status check_matching();
+  Status reduce_rest(double* handed);
+  void drop();
+  Result<double> owned_sumsq(double* handed);
+
+  int64_t async_reductions() const { return async_; }  // run on the communication thread so far
+
+ private:
+  Status reduce_sharded(int u, const float* grad);  // grad null: contribute zeros
+  CommWorker::Job reduction_job(int u, const Buffer& buf, bool first);
+  Status reduce_replicated(int u);  // RS of the accumulated full gradient into the owned chunk
+  // Waits for the oldest reductions until at most `units` of them and `elems` elements are left.
+  Status reap(size_t units, int64_t elems);
+  const std::string& name(int u) const { return s_.layout().unit(u).name; }
+
+  RankState& s_;
+  OptimizerPass& pass_;
+  Device& dev_;
+  Comm& comm_;
+  CommWorker* worker_ = nullptr;
+  struct Reduction {
+    uint64_t ticket;
+    Buffer buf;  // the unit's gradient in the gradient dtype, N chunks
+    int64_t elems;
+  };
+  std::deque<Reduction> reducing_;
+  int64_t reducing_elems_ = 0;
+  int64_t async_ = 0;
+  Buffer sumsq_;                 // the squared norm, summed on the device, read back once a step
+  std::vector<int> local_seen_;   // replicated grads: micro-steps that accumulated unit u locally
+  std::vector<int> reduced_;      // sharded grads: reductions into unit u's owned chunk this step
+  std::vector<int> handed_here_;  // grads_ready calls this rank made for unit u this step
+};
+
+}  // namespace zoe
