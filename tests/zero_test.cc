@@ -169,6 +169,30 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
   }
 }
 
+// A full device gives up what the engine holds idle (free gather buffers, units kept for reuse)
+// for a gradient's reduction buffer; before, the hand-over failed ("budget exhausted") after a
+// block that had every unit gathered at once (zoe.torch.gathered) left them in the pool.
+TEST(ZeroOneRank, AReductionBufferTakesTheRoomOfIdleGatherBuffers) {
+  Config c = mlp_config(3, DType::kF32, 2, 16);
+  auto self = make_self_comm();
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+  MlpModel model(c.n_layer, c.n_embd, 5);
+  ZeroEngine e(c, dev, *self, model.units());
+  ASSERT_TRUE(e.allocate().ok());
+  std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
+  Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
+  for (int u : {0, 1}) ASSERT_TRUE(e.fetch(u).ok());  // both gathered at once
+  for (int u : {0, 1}) ASSERT_TRUE(e.release(u).ok());
+  std::vector<Buffer> filler = fill_device(dev);  // nothing else fits: only the idle buffers can go
+  Status st = e.grads_ready(1, d1.as<float>());
+  EXPECT_TRUE(st.ok()) << st.message();
+  for (Buffer& b : filler) dev.free(b);
+  ASSERT_TRUE(e.grads_ready(0, d0.as<float>()).ok());
+  EXPECT_TRUE(e.step(1e-3).ok());
+  EXPECT_TRUE(e.flush().ok());
+  for (Buffer* b : {&d0, &d1}) dev.free(*b);
+}
+
 TEST(ZeroOneRank, StateOnNvmeTrainsBitwiseAsInMemory) {
   auto self = make_self_comm();
   EXPECT_EQ(check_nvme_matches_memory(*self), "");

@@ -119,9 +119,13 @@ Status GradReducer::agree(OpKind kind, int u, const float* grad, bool* need, Ahe
 Status GradReducer::reduce_sharded(int u, const float* grad) {
   ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // any unit: other ranks' hand-overs are served here too
   const UnitSlot& s = s_.layout().slot(u);
-  ZOE_ASSIGN_OR_RETURN(Buffer buf, after_reductions_if_full([&] {
-    return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm);
-  }));
+  auto alloc = [&] { return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm); };
+  Result<Buffer> got = after_reductions_if_full(alloc);
+  if (!got.ok() && got.status().code() == Code::kOutOfMemory && make_room_) {
+    ZOE_RETURN_IF_ERROR(make_room_());
+    got = alloc();
+  }
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, std::move(got));
   Status st = grad ? dev_.accumulate(buf.data, s_.gdtype(), grad, DType::kF32, s.numel, false)
                    : dev_.zero(buf.data, s.numel * s_.gsize());
   if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * s_.gsize(), (s.full_size - s.numel) * s_.gsize());

@@ -47,6 +47,9 @@ class GradReducer {
   Status allocate();
   // Reductions run on `worker` (not owned; null: at the hand-over, on the caller's thread).
   void set_worker(CommWorker* worker) { worker_ = worker; }
+  // What frees device memory the engine holds but does not need now (idle gather buffers, units
+  // kept for reuse): tried when a reduction buffer finds the device full.
+  void set_make_room(std::function<Status()> make_room) { make_room_ = std::move(make_room); }
 
   // grads_ready(u, grad): accumulate (replicated) or agree and reduce (sharded).
   Status hand_over(int u, const float* grad);
@@ -82,6 +85,7 @@ class GradReducer {
   Device& dev_;
   Comm& comm_;
   CommWorker* worker_ = nullptr;
+  std::function<Status()> make_room_;
   struct Reduction {
     uint64_t ticket;
     Buffer buf;  // the unit's gradient in the gradient dtype, N chunks

@@ -88,6 +88,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
 Status ZeroEngine::allocate() {
   comm_.set_device(&dev_);
   ZOE_RETURN_IF_ERROR(reducer_.allocate());
+  reducer_.set_make_room([this] { return drop_idle_units(); });
   // Swap directories are named after rank 0's pid and random bits: jobs started from the same
   // directory, or in two containers whose pids coincide, get their own, and a dead job's are
   // recognised (unlocked) and removed by the next one.
@@ -293,6 +294,15 @@ Status ZeroEngine::unload(int u) {
   gather_pool_.give_back(g.buf);
   residency_[u] = Residency::kAbsent;
   return gathered;
+}
+
+// Idle gather buffers go back to the device, and units kept for reuse (not fetched now) are
+// dropped: what a full device gives up for a reduction buffer.
+Status ZeroEngine::drop_idle_units() {
+  gather_pool_.trim();
+  Status first = unload_all();
+  gather_pool_.trim();
+  return first;
 }
 
 Status ZeroEngine::unload_all() {

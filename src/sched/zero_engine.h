@@ -112,6 +112,7 @@ class ZeroEngine final : public Engine {
   // no fetch will see now.
   Status unload(int u);
   Status unload_all();                      // before the parameters change; the first error
+  Status drop_idle_units();                 // a full device: idle buffers and kept units go
 
   // A fetch's agreement (GradReducer::agree) also settles whether the unit the plan fetches next
   // is gathered now, on the communication thread (every rank can, and some rank needs it).
