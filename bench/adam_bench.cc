@@ -14,8 +14,8 @@
 
 #include "adam_ceiling.h"
 #include "bench_process.h"
-#include "cpu/adam.h"
-#include "cpu/parallel_chunks.h"
+#include "kernels/adam.h"
+#include "kernels/parallel_chunks.h"
 
 namespace zoe {
 namespace {

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/adam_kernels.h"
-#include "cpu/parallel_chunks.h"
+#include "kernels/adam_kernels.h"
+#include "kernels/parallel_chunks.h"
 
 namespace zoe {
 namespace {

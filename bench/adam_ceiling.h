@@ -1,7 +1,7 @@
 // The bandwidth ceiling of the fused Adam step: a kernel with Adam's memory traffic and no
 // arithmetic, to measure in the same run as adam_step.
 #pragma once
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 
 namespace zoe {
 

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "step_bench.h"
 #ifdef ZOE_HAVE_CUDA
 #include <cuda_runtime_api.h>

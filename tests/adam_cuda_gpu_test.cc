@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "test_util.h"
 
 #ifdef ZOE_HAVE_CUDA

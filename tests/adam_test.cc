@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/adam.h"
-#include "cpu/parallel_chunks.h"
+#include "kernels/adam.h"
+#include "kernels/parallel_chunks.h"
 #include "test_util.h"
 
 namespace zoe {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "cpu/cpu_device.h"
 #include "model/model_ops.h"
 

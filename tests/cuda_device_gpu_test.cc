@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "test_util.h"
 #include "zoe/device.h"
 #include "zoe/dtype.h"

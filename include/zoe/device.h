@@ -42,7 +42,7 @@ struct Event {
   uint64_t seq = 0;  // work items on `stream` up to seq are done once the event completes
 };
 
-// Parameters of the fused Adam kernel; see cpu/adam.h for the exact semantics.
+// Parameters of the fused Adam kernel; see kernels/adam.h for the exact semantics.
 struct AdamHyper;
 struct AdamRange;
 
@@ -94,7 +94,7 @@ class Device {
   // *out (device memory) += the sum of squares of every span, in float64 and a fixed order
   // (independent of threads or launch shapes).
   virtual Status sum_squares(const ArrayView* spans, size_t count, double* out) = 0;
-  // Fused Adam over every range (see cpu/adam.h; a range with decay false gets no weight decay);
+  // Fused Adam over every range (see kernels/adam.h; a range with decay false gets no weight decay);
   // adds the count of non-finite gradient elements met to *nonfinite (device memory).
   virtual Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) = 0;
 

@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "common/version.h"
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/gpu_info.h"
 #endif

@@ -9,7 +9,7 @@
 
 #include "comm/comm.h"
 #include "common/profiler.h"
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "cpu/cpu_model_ops.h"
 
 namespace zoe {

@@ -2,14 +2,14 @@
 // ranges are cut into tiles of kTile elements, numbered across all ranges, and blocks walk the
 // tiles grid-stride. Per element it runs the CPU kernels' exact operation order with IEEE
 // round-to-nearest intrinsics (no contraction, no fast math), so the results are bitwise those
-// of the CPU paths (see cpu/adam_kernels.h).
+// of the CPU paths (see kernels/adam_kernels.h).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
-#include "cpu/adam_consts.h"
+#include "kernels/adam_consts.h"
 #include "gpu/adam_cuda.h"
 
 namespace zoe::gpu {
@@ -42,7 +42,7 @@ struct LaunchArgs {
 };
 static_assert(sizeof(LaunchArgs) <= 4096, "kernel arguments are limited to 4 KiB");
 
-// The order of cpu/adam_kernels.h; __f*_rn keep nvcc from fusing or approximating anything.
+// The order of kernels/adam_kernels.h; __f*_rn keep nvcc from fusing or approximating anything.
 __device__ __forceinline__ bool adam_element(const AdamConsts& c, float grad, float& master, float& m, float& v) {
   float g = __fmul_rn(grad, c.grad_scale);
   if (!isfinite(g)) return false;

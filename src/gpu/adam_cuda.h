@@ -1,11 +1,11 @@
-// Fused Adam / AdamW on the GPU: the CPU kernel's semantics (cpu/adam.h, cpu/adam_kernels.h)
+// Fused Adam / AdamW on the GPU: the CPU kernel's semantics (kernels/adam.h, kernels/adam_kernels.h)
 // in one multi-tensor launch per batch of ranges.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "zoe/status.h"
 
 namespace zoe::gpu {

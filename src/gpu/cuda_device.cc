@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "gpu/adam_cuda.h"
 #include "gpu/cuda_model_ops.h"
 #include "gpu/device_kernels.h"

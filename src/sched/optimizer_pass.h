@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "sched/optimizer_windows.h"
 #include "sched/rank_state.h"
 #include "sched/update_progress.h"

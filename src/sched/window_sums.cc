@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "ckpt/checksum.h"
-#include "cpu/parallel_chunks.h"
+#include "kernels/parallel_chunks.h"
 
 namespace zoe {
 namespace {

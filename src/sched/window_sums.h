@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 #include "nvme/block_sums.h"
 #include "sched/state_array.h"
 #include "zoe/status.h"

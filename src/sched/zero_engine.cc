@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/profiler.h"
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 
 namespace zoe {
 

@@ -51,7 +51,7 @@ AdamRange adam_sub_range(const AdamRange& r, size_t begin, size_t end);
 // (The engine checks the global gradient before any rank steps, so a whole step is skipped on
 // overflow; this count is a second line of defence and a report.)
 // An ISA the CPU lacks falls back to the next narrower one. All ISAs give bitwise-identical
-// results (see cpu/adam_kernels.h), and so does any thread count in adam_step.
+// results (see kernels/adam_kernels.h), and so does any thread count in adam_step.
 size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa);
 
 // Steps the whole range with oneTBB over `threads` threads (0 = all), static partition.

@@ -1,10 +1,10 @@
 // Reference scalar Adam path, the float64 reference, and the ISA / thread dispatch.
 #include <cmath>
 
-#include "cpu/adam.h"
-#include "cpu/adam_consts.h"
-#include "cpu/adam_kernels.h"
-#include "cpu/parallel_chunks.h"
+#include "kernels/adam.h"
+#include "kernels/adam_consts.h"
+#include "kernels/adam_kernels.h"
+#include "kernels/parallel_chunks.h"
 
 namespace zoe {
 

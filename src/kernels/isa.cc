@@ -1,5 +1,5 @@
 // Run-time ISA selection for the CPU kernels.
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 
 #include <cpuid.h>
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/adam_kernels.h"
+#include "kernels/adam_kernels.h"
 
 namespace zoe {
 namespace {

@@ -15,8 +15,8 @@
 #pragma once
 #include <cstddef>
 
-#include "cpu/adam.h"
-#include "cpu/adam_consts.h"
+#include "kernels/adam.h"
+#include "kernels/adam_consts.h"
 
 namespace zoe {
 

@@ -1,4 +1,4 @@
-#include "cpu/parallel_chunks.h"
+#include "kernels/parallel_chunks.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/info.h>

@@ -3,7 +3,7 @@
 #pragma once
 #include <cmath>
 
-#include "cpu/adam.h"
+#include "kernels/adam.h"
 
 namespace zoe {
 
