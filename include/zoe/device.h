@@ -58,6 +58,13 @@ class Device {
  public:
   virtual ~Device() = default;
   virtual const char* name() const = 0;
+  // Where its memory is, for frameworks that exchange tensors (DLPack's device): host memory, or
+  // the GPU of this index.
+  struct Place {
+    bool gpu = false;
+    int index = 0;
+  };
+  virtual Place place() const { return {}; }
 
   // Allocates `bytes` on `tier` within that tier's budget, booked in the ledger under `kind`:
   // kDevice is device memory, kHost pinned host memory (async copies, kernels may read it).

@@ -13,21 +13,15 @@
 #include "model/model.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
-#ifdef ZOE_HAVE_CUDA
-#include "gpu/cuda_device.h"
-#endif
 
 namespace zoe::capi {
 
 Result<std::unique_ptr<CEngine>> CEngine::create(const std::string& config_json) {
   ZOE_ASSIGN_OR_RETURN(Config c, parse_config(config_json, {}, "zoe_engine_new config"));
-  std::unique_ptr<Comm> comm;
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, make_comm());
   if (launched_by_mpirun()) {
-    ZOE_ASSIGN_OR_RETURN(comm, make_mpi_comm());
     static bool registered = false;  // MPI is finalised once, at exit, whatever engines came and went
     if (!registered) registered = std::atexit(finalize_mpi) == 0;
-  } else {
-    comm = make_self_comm();
   }
   ZOE_RETURN_IF_ERROR(validate_for_world(c, comm->size()));
   return std::unique_ptr<CEngine>(new CEngine(std::move(c), std::move(comm)));
@@ -160,10 +154,9 @@ Status CEngine::load_safetensors(const std::string& path) {
 }
 
 DLDevice CEngine::dl_device() const {
-#ifdef ZOE_HAVE_CUDA
-  if (cfg_.device == "cuda") return {kDLCUDA, local_gpu_index()};
-#endif
-  return {kDLCPU, 0};
+  if (!backend_.device) return {kDLCPU, 0};
+  const Device::Place p = backend_.device->place();
+  return p.gpu ? DLDevice{kDLCUDA, p.index} : DLDevice{kDLCPU, 0};
 }
 
 namespace {

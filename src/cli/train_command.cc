@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "comm/comm.h"
 #include "common/config.h"
+#include "train/backend.h"
 #include "train/trainer.h"
 
 namespace zoe::cli {
@@ -36,14 +37,9 @@ int fail(Comm& comm, const Status& st) {
 }  // namespace
 
 int train_command(const TrainArgs& a) {
-  std::unique_ptr<Comm> comm;
-  if (launched_by_mpirun()) {
-    auto r = make_mpi_comm();
-    if (!r.ok()) return report_error(r.status());
-    comm = std::move(r).value();
-  } else {
-    comm = make_self_comm();
-  }
+  auto made = make_comm();
+  if (!made.ok()) return report_error(made.status());
+  std::unique_ptr<Comm> comm = std::move(made).value();
   bool root = comm->rank() == 0;
   auto cfg = a.config.empty() ? parse_config(default_config_json(), a.sets, "the embedded default config")
                               : load_config_file(a.config, a.sets);

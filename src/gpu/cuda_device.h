@@ -42,6 +42,7 @@ class CudaDevice final : public Device {
 
   const char* name() const override { return "cuda"; }
   int gpu() const { return gpu_; }
+  Place place() const override { return {true, gpu_}; }
   // The CUDA stream behind `s`, for NcclComm and the model ops.
   cudaStream_t stream(Stream s) const { return streams_[static_cast<int>(s)]; }
   // Makes this GPU the calling thread's current device (cudaSetDevice).

@@ -24,6 +24,11 @@ uint64_t physical_memory_bytes() {
 
 }  // namespace
 
+Result<std::unique_ptr<Comm>> make_comm() {
+  if (launched_by_mpirun()) return make_mpi_comm();
+  return make_self_comm();
+}
+
 Result<Backend> make_backend(const Config& c, Comm& control) {
   Backend b;
   if (c.device == "cpu" || c.device == "cpu-strict") {

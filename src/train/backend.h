@@ -22,4 +22,8 @@ struct Backend {
 // CUDA, "cuda" is an input error naming the key.
 Result<Backend> make_backend(const Config& c, Comm& control);
 
+// The control communicator of this process: MPI under mpirun (MPI initialised here), else the
+// one-rank SelfComm.
+Result<std::unique_ptr<Comm>> make_comm();
+
 }  // namespace zoe
