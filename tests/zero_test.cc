@@ -2,6 +2,7 @@
 // test model's gradients, learning-rate schedules.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "common/rng.h"
 #include "capture_engine.h"
 #include "engine_harness.h"
+#include "nvme/fault_injecting_env.h"
 #include "sched/comm_worker.h"
 #include "sched/loss_scaler.h"
 #include "sched/shard_layout.h"
@@ -300,7 +302,37 @@ TEST(ZeroOneRank, AFailedUpdateIsReturnedByFlushOrReportedAtDestruction) {
   }
 }
 
-// What allocate() says for the MLP test model under config c, on one rank.
+// The NVMe tier's environment reaches the engine from its creation: a read and a write that fail
+// in the middle of a step (the optimizer's pass reading the state, its write-back) come back as
+// the documented error, one Status naming the swap file, the operation and the errno.
+TEST(ZeroOneRank, NvmeFaultsMidStepAreTheStoresErrorThroughTheEngine) {
+  const std::string dir = make_temp_dir("engine-faults");
+  for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
+    Config c = with_nvme_offload(mlp_config(3, DType::kF32, 2, 16), dir, 1.0);
+    auto self = make_self_comm();
+    CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+    MlpModel model(c.n_layer, c.n_embd, 3);
+    FaultInjectingEnv env(NvmeEnv::Default());
+    auto made = Engine::create(c, dev, *self, model.units(), &env);
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    Engine& e = **made;
+    std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
+    Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
+    ASSERT_TRUE(e.grads_ready(1, d1.as<float>()).ok());
+    ASSERT_TRUE(e.grads_ready(0, d0.as<float>()).ok());
+    env.fail_requests(op, env.requests(op) + 1, op == IoOp::kRead ? EIO : ENOSPC);  // the next one
+    Status st = e.step(1e-3).status();
+    if (st.ok()) st = e.flush().status();  // stage 3: the pass runs on after step() returns
+    ASSERT_FALSE(st.ok()) << "the injected fault was not seen";
+    EXPECT_EQ(st.code(), Code::kIo) << st.message();
+    EXPECT_NE(st.message().find(".swap"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(op == IoOp::kRead ? "read" : "write"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(std::strerror(op == IoOp::kRead ? EIO : ENOSPC)), std::string::npos) << st.message();
+    for (Buffer* b : {&d0, &d1}) dev.free(*b);
+  }
+}
+
+// What allocate() says for the MLP test model under config c, on one rank.// What allocate() says for the MLP test model under config c, on one rank.
 Status allocate_mlp(const Config& c) {
   auto self = make_self_comm();
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);

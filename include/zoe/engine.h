@@ -22,6 +22,7 @@ namespace zoe {
 struct Config;
 class Device;
 class Comm;
+class NvmeEnv;
 
 struct ParamView {
   const void* data = nullptr;  // device memory: numel elements of `dtype`, the unit's full parameters
@@ -52,8 +53,10 @@ struct OwnedRange {
 class Engine {
  public:
   virtual ~Engine() = default;
+  // nvme_env: what the NVMe tier asks of the operating system (null: the real io_uring
+  // environment); tests pass one that injects faults.
   static Result<std::unique_ptr<Engine>> create(const Config& config, Device& device, Comm& comm,
-                                                std::vector<UnitSpec> units);
+                                                std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
 
   // The device the engine keeps its state on: a model allocates its buffers there and runs its
   // kernels through device().ops(); ParamView::data and grads_ready's gradient are its memory.

@@ -16,8 +16,9 @@ constexpr uint64_t kMaxPoolBytes = uint64_t{1} << 30;
 
 }  // namespace
 
-RankState::RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank)
-    : cfg_(c), dev_(d), layout_(layout), plan_(plan), rank_(rank), wsize_(dtype_size(c.dtype)),
+RankState::RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank,
+                     NvmeEnv* nvme_env)
+    : cfg_(c), dev_(d), layout_(layout), plan_(plan), rank_(rank), env_(nvme_env), wsize_(dtype_size(c.dtype)),
       gdtype_(c.grad_dtype()), gsize_(dtype_size(gdtype_)) {}
 
 RankState::~RankState() {
@@ -76,6 +77,7 @@ Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_
     o.pool = pool_.get();
     o.pin_memory = pin;
     o.ledger = &dev_.ledger();
+    o.env = env_;
     // Every region this store will hold, so that its free-space check covers all of them before
     // anything is written (exit 2, needed vs free).
     std::vector<RegionSpec> regions;

@@ -31,7 +31,8 @@ namespace zoe {
 
 class RankState {
  public:
-  RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank);
+  // nvme_env: the NVMe stores' environment (null: the real one).
+  RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank, NvmeEnv* nvme_env);
   ~RankState();
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
@@ -95,6 +96,7 @@ class RankState {
   const ShardLayout& layout_;
   StagePlan plan_;
   int rank_;
+  NvmeEnv* env_;
   size_t wsize_;
   DType gdtype_;
   size_t gsize_;

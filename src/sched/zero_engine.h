@@ -34,7 +34,7 @@ namespace zoe {
 
 class ZeroEngine final : public Engine {
  public:
-  ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units);
+  ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
   ~ZeroEngine() override;
   Status allocate();
 
