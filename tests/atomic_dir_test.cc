@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ckpt/atomic_file.h"
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "test_util.h"
 
 namespace zoe {

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "common/posix_io.h"
 #include "test_util.h"
 

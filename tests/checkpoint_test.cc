@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "ckpt/safetensors_reader.h"
 #include "test_util.h"
 

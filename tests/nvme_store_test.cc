@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "common/round_up.h"
 #include "nvme/block_table.h"
 #include "nvme/fault_injecting_env.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "ckpt/safetensors_reader.h"
 #include "ckpt/safetensors_writer.h"
 #include "test_util.h"

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "zoe/status.h"
 
 namespace zoe {

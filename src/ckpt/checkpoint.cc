@@ -13,7 +13,7 @@
 
 #include "ckpt/atomic_dir.h"
 #include "ckpt/atomic_file.h"
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "common/posix_io.h"
 
 namespace zoe {

@@ -34,7 +34,7 @@ Status init_params_from_file(Engine& e, const std::string& path, const std::stri
   std::vector<float> buf;
   for (int u = 0; u < e.num_units(); ++u) {
     buf.resize(e.unit(u).numel);
-    for (const TensorSpec& t : e.unit(u).tensors) {
+    for (const zoe::TensorSpec& t : e.unit(u).tensors) {  // not gpt2's (a unity batch sees its using-directive)
       const StTensorInfo* info = file->find(t.name);
       if (!info && !alt_prefix.empty()) info = file->find(alt_prefix + t.name);
       if (!info) return Status::Invalid(fmt::format("{} '{}': tensor '{}' is missing", what, path, t.name));

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ckpt/checksum.h"  // xxh3_64: the library's run-time dispatch (AVX2 / AVX-512)
+#include "common/checksum.h"  // xxh3_64: the library's run-time dispatch (AVX2 / AVX-512)
 #include "common/round_up.h"
 
 namespace zoe {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 #include "kernels/parallel_chunks.h"
 
 namespace zoe {

@@ -1,4 +1,4 @@
-#include "ckpt/checksum.h"
+#include "common/checksum.h"
 
 #include <fcntl.h>
 #include <unistd.h>
