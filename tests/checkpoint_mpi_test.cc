@@ -10,6 +10,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "comm/comm.h"
+#include "mpi_test_main.h"
 #include "test_util.h"
 
 namespace zoe {
@@ -58,22 +59,4 @@ TEST(CheckpointMpi, EveryRankResumesTheStepRankZeroChose) {
 }  // namespace
 }  // namespace zoe
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto comm = zoe::make_mpi_comm();
-  if (!comm.ok()) {
-    std::fprintf(stderr, "%s\n", comm.status().message().c_str());
-    return 1;
-  }
-  zoe::g_comm = comm->get();
-  if (comm.value()->rank() != 0) {  // rank 0 prints the listing; every rank's failures count
-    auto& l = ::testing::UnitTest::GetInstance()->listeners();
-    delete l.Release(l.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  double worst = rc;
-  (void)comm.value()->all_reduce_sum(&worst, 1);
-  comm.value().reset();
-  zoe::finalize_mpi();
-  return worst != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return zoe::test::mpi_test_main(argc, argv, &zoe::g_comm); }

@@ -13,6 +13,7 @@
 #include "sched/memory_estimate.h"
 #include "sched/shard_layout.h"
 #include "sched/zero_engine.h"
+#include "mpi_test_main.h"
 #include "test_util.h"
 
 namespace zoe::test {
@@ -389,23 +390,4 @@ TEST(ZeroMpi, LossFallsInEveryPrecision) {
 }  // namespace
 }  // namespace zoe::test
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto comm = zoe::make_mpi_comm();
-  if (!comm.ok()) {
-    std::fprintf(stderr, "%s\n", comm.status().message().c_str());
-    return 1;
-  }
-  zoe::test::g_comm = comm->get();
-  // Only rank 0 prints the gtest listing; every rank's failures still fail the run.
-  if (comm.value()->rank() != 0) {
-    auto& l = ::testing::UnitTest::GetInstance()->listeners();
-    delete l.Release(l.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  double worst = rc;
-  (void)comm.value()->all_reduce_sum(&worst, 1);
-  comm.value().reset();
-  zoe::finalize_mpi();
-  return worst != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return zoe::test::mpi_test_main(argc, argv, &zoe::test::g_comm); }
