@@ -209,7 +209,7 @@ TEST(ZeroMpi, OneRankWithAccumulationEqualsNRanks) {
 // rank's micro-step gradients locally and reduce once; stages 2-3 reduce every micro-step and
 // accumulate the reduced sums. Within each group the arithmetic is the same, so weights are
 // bitwise identical; across the groups the sums are reassociated, and the bound that holds is
-// stated here (DESIGN.md).
+// stated here (docs/INVARIANTS.md).
 double worst_rel(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
