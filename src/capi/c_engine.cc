@@ -305,13 +305,8 @@ Status CEngine::save(const std::string& dir) {
 // there would delete this one's. Rank 0 locks a root at its first save and keeps it.
 Status CEngine::lock_checkpoint_root(const std::string& dir) {
   if (dir == locked_root_) return Status::Ok();
-  Status locked = Status::Ok();
-  if (comm_->rank() == 0) {
-    auto lock = CheckpointRootLock::Acquire(dir, "zoe_save");
-    locked = lock.status();
-    if (lock.ok()) root_lock_.emplace(std::move(lock).value());  // a root saved to before is free again
-  }
-  ZOE_RETURN_IF_ERROR(agree(*comm_, locked, Status::Invalid("zoe_save: rank 0 could not lock the directory")));
+  // A root saved to before is free again once the new one is held.
+  ZOE_ASSIGN_OR_RETURN(root_lock_, CheckpointRootLock::AcquireOnRankZero(dir, "zoe_save", *comm_));
   locked_root_ = dir;
   return Status::Ok();
 }

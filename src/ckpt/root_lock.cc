@@ -28,6 +28,20 @@ Status in_use(const std::string& root, const std::string& what, int fd) {
 
 }  // namespace
 
+Result<std::optional<CheckpointRootLock>> CheckpointRootLock::AcquireOnRankZero(const std::string& root,
+                                                                               const std::string& what, Comm& comm) {
+  std::optional<CheckpointRootLock> held;
+  Status locked = Status::Ok();
+  if (comm.rank() == 0) {
+    auto lock = Acquire(root, what);
+    locked = lock.status();
+    if (lock.ok()) held.emplace(std::move(lock).value());
+  }
+  ZOE_RETURN_IF_ERROR(
+      agree(comm, locked, Status::Invalid(fmt::format("{}: rank 0 could not lock the checkpoint directory", what))));
+  return held;
+}
+
 Result<CheckpointRootLock> CheckpointRootLock::Acquire(const std::string& root, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(root, ec);

@@ -4,8 +4,10 @@
 // file holds the holder's pid and host so that the refusal can name it; the lock, not the file's
 // existence, is what counts (a killed job's lock is free again, its file stays).
 #pragma once
+#include <optional>
 #include <string>
 
+#include "comm/comm.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -17,6 +19,10 @@ class CheckpointRootLock {
   // Creates `root` if missing. InvalidInput naming the holder when another process (or another
   // lock in this one) holds it; `what` names where root came from ("config key '...'").
   static Result<CheckpointRootLock> Acquire(const std::string& root, const std::string& what);
+  // Collective: rank 0 (the rank that writes checkpoints) acquires the lock, and every rank
+  // fails alike when it cannot; the other ranks hold nothing.
+  static Result<std::optional<CheckpointRootLock>> AcquireOnRankZero(const std::string& root, const std::string& what,
+                                                                   Comm& comm);
 
   CheckpointRootLock(CheckpointRootLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
   CheckpointRootLock& operator=(CheckpointRootLock&& o) noexcept;

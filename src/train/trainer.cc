@@ -156,13 +156,9 @@ class TrainJob {
   // Rank 0 writes and prunes checkpoints, so it holds the root for the job's life: a second job
   // on it would delete this one's saves in progress and prune its checkpoints.
   Status lock_checkpoint_root() {
-    Status locked = Status::Ok();
-    if (comm_.rank() == 0) {
-      auto lock = CheckpointRootLock::Acquire(c_.checkpoint_dir, "config key 'zoe.checkpoint.dir'");
-      locked = lock.status();
-      if (lock.ok()) root_lock_.emplace(std::move(lock).value());
-    }
-    return agree(comm_, locked, Status::Invalid("rank 0 could not lock config key 'zoe.checkpoint.dir'"));
+    ZOE_ASSIGN_OR_RETURN(root_lock_, CheckpointRootLock::AcquireOnRankZero(c_.checkpoint_dir,
+                                                                          "config key 'zoe.checkpoint.dir'", comm_));
+    return Status::Ok();
   }
 
   Status init_default() { return init_params(*engine_, *model_, c_.seed); }
