@@ -34,10 +34,6 @@ Status create_dirs(NvmeEnv* env, const std::string& path) {
 // is between mkdir and lock, and neither is removed.
 constexpr char kMarker[] = ".zoe-lock";
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 bool plain_name(std::string_view s) {
   if (s.empty() || s == "." || s == "..") return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -53,7 +49,7 @@ bool job_dir_name(const std::string& name) {
 }
 
 // A swap file name the store makes: <plain region name>.swap.
-bool swap_name(const std::string& name) { return ends_with(name, ".swap") && name.size() > 5 && plain_name(name); }
+bool swap_name(const std::string& name) { return name.ends_with(".swap") && name.size() > 5 && plain_name(name); }
 
 // An open directory, closed unless released.
 class DirHolder {
