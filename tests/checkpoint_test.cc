@@ -82,6 +82,14 @@ TEST_P(CheckpointTest, TenStepsEqualFivePlusResumePlusFiveBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, CheckpointTest, ::testing::Values(0, 3));
 
+// SIGKILL to a child, reaped; whether the kill ended it (false: it had exited by itself).
+bool kill_and_reap(pid_t pid) {
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFSIGNALED(st);
+}
+
 TEST(Checkpoint, SavedWithTwoRanksResumesWithThree) {
   // The same global batch (6 micro-batches a step) split 2x3 and 3x2.
   std::string d = make_temp_dir("ckpt");
@@ -395,10 +403,7 @@ TEST(Checkpoint, ASecondJobOnTheSameCheckpointDirectoryExitsTwoNamingTheFirst) {
   EXPECT_NE(out.find("zoe.checkpoint.dir"), std::string::npos) << out;
   // The first job went on saving, untouched: its newest checkpoint is whole.
   usleep(500 * 1000);
-  kill(first, SIGKILL);
-  int st;
-  waitpid(first, &st, 0);
-  EXPECT_TRUE(WIFSIGNALED(st)) << "the first job ended before the kill";
+  EXPECT_TRUE(kill_and_reap(first)) << "the first job ended before the kill";
   auto now = latest_checkpoint(d + "/c");
   ASSERT_TRUE(now.ok());
   auto m = read_manifest(now.value());
@@ -451,10 +456,7 @@ TEST(Checkpoint, KillDuringSaveLeavesTheLastCheckpointLoadable) {
       _exit(127);
     }
     usleep(delay_ms * 1000);
-    kill(pid, SIGKILL);
-    int st;
-    waitpid(pid, &st, 0);
-    ASSERT_TRUE(WIFSIGNALED(st)) << "zoe ended before the kill";
+    ASSERT_TRUE(kill_and_reap(pid)) << "zoe ended before the kill";
     auto latest = latest_checkpoint(d + "/c");
     ASSERT_TRUE(latest.ok());
     auto m = read_manifest(latest.value());
