@@ -34,22 +34,16 @@ from tiny_lm import Block, TinyLM, adamw, batch  # noqa: E402
 LR, WD, STEPS, PENALTY = 1e-2, 0.01, 4, 0.05
 
 
-class TiedHead(nn.Module):
-    """GPT-like, the head tied to the token embedding by reading its weight in this forward."""
+class TiedHead(TinyLM):
+    """GPT-like, the head tied to the token embedding by reading its weight in this forward (no
+    lm_head module)."""
 
-    def __init__(self, vocab=32, c=16, n_layer=2, t=8):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, c)
-        self.wpe = nn.Embedding(t, c)
-        self.blocks = nn.ModuleList([Block(c) for _ in range(n_layer)])
-        self.ln_f = nn.LayerNorm(c)
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        del self.lm_head
 
-    def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for b in self.blocks:
-            x = b(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    def head(self, h):
+        return h @ self.wte.weight.t()
 
 
 class TiedDecoder(nn.Module):

@@ -30,8 +30,11 @@ class TinyLM(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
-        logits = self.lm_head(self.ln_f(x))
+        logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    def head(self, h):
+        return self.lm_head(h)
 
 
 def batch(step, rank, vocab=32, b=4, t=8):
