@@ -29,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import zoe  # noqa: E402
 import zoe.torch  # noqa: E402
-from tiny_lm import Block, TinyLM, adamw, batch  # noqa: E402
+from tiny_lm import TinyLM, adamw, batch  # noqa: E402
 
 LR, WD, STEPS, PENALTY = 1e-2, 0.01, 4, 0.05
 
