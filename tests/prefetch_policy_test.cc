@@ -1,11 +1,17 @@
-// The scheduler's policy on fakes: UnitTrace and PrefetchPolicy are pure, so their decisions,
-// and the overlap they buy, are checked here without a device, a store or a clock.
+// Stage 3's scheduler on fakes. UnitTrace and PrefetchPolicy are pure; UnitScheduler, the state
+// machine that asks the policy, is driven here on a virtual clock through a fake UnitMover (loads
+// on one virtual I/O worker, gathers and the agreement of one rank), with the CPU device's budgeted
+// arena as its device memory: the overlap prefetching buys, eviction order, staged reads and a
+// quarter-budget step are checked without a store, a communicator or a thread.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <deque>
+#include <cstring>
+#include <map>
 
+#include "cpu/cpu_device.h"
 #include "sched/prefetch_policy.h"
+#include "sched/unit_scheduler.h"
 #include "sched/unit_trace.h"
 
 namespace zoe {
@@ -46,83 +52,262 @@ TEST(UnitTrace, AnotherOrderOrAnEarlyStopIsADeviationAndTheNewPlan) {
 
 PrefetchLimits limits(int64_t bucket, int64_t live, int64_t reuse) { return {bucket, live, reuse}; }
 
+constexpr int64_t kRoom = 1 << 30;  // the device has room for anything
+
+std::vector<AheadLoad> on_device(std::vector<int> us) {
+  std::vector<AheadLoad> v;
+  for (int u : us) v.push_back({u, false});
+  return v;
+}
+
 TEST(PrefetchPolicy, LoadsAheadInPlanOrderWithinTheBucket) {
   PrefetchPolicy p({10, 10, 10, 10, 10}, limits(25, 1000, 0));
   std::vector<int> plan = {0, 1, 2, 3, 4};
   std::vector<R> st(5, R::kAbsent);
   st[0] = R::kGathered;  // in use
-  EXPECT_EQ(p.ahead(plan, 1, st), (std::vector<int>{1, 2}));  // a third would make 30 > 25
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({1, 2}));  // a third would make 30 > 25
   st[1] = R::kLoading;
-  EXPECT_EQ(p.ahead(plan, 1, st), (std::vector<int>{2}));     // 1 is in flight and counts
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({2}));     // 1 is in flight and counts
   st[2] = R::kGathered;                                        // kept: costs nothing ahead
-  EXPECT_EQ(p.ahead(plan, 1, st), (std::vector<int>{3}));
-  EXPECT_TRUE(PrefetchPolicy({10}, limits(0, 1000, 0)).ahead({0}, 0, {R::kAbsent}).empty());  // off
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({3}));
+  EXPECT_TRUE(PrefetchPolicy({10}, limits(0, 1000, 0)).ahead({0}, 0, {R::kAbsent}, kRoom).empty());  // off
 }
 
 TEST(PrefetchPolicy, StopsAtTheFirstUnitThatDoesNotFitAndCountsRepeatsOnce) {
   PrefetchPolicy p({10, 50, 10, 10}, limits(100, 1000, 0));
   std::vector<R> st(4, R::kAbsent);
-  EXPECT_EQ(p.ahead({0, 0, 2, 2, 3}, 0, st), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(p.ahead({0, 0, 2, 2, 3}, 0, st, kRoom), on_device({0, 2, 3}));
   PrefetchPolicy small({10, 50, 10, 10}, limits(40, 1000, 0));
-  EXPECT_EQ(small.ahead({0, 1, 2}, 0, st), (std::vector<int>{0}));  // not 2: order is the point
+  EXPECT_EQ(small.ahead({0, 1, 2}, 0, st, kRoom), on_device({0}));  // not 2: order is the point
   PrefetchPolicy live({10, 50, 10, 10}, limits(100, 25, 0));
   st[3] = R::kGathered;  // 10 live
-  EXPECT_EQ(live.ahead({0, 2}, 0, st), (std::vector<int>{0}));     // 10 + 10 + 10 > 25
+  EXPECT_EQ(live.ahead({0, 2}, 0, st, kRoom), on_device({0}));     // 10 + 10 + 10 > 25
+}
+
+TEST(PrefetchPolicy, WhatTheDeviceHasNoRoomForIsStaged) {
+  PrefetchPolicy p({10, 30, 10, 10}, limits(100, 1000, 0));
+  std::vector<R> st(4, R::kAbsent);
+  EXPECT_EQ(p.ahead({0, 1, 2, 3}, 0, st, 25),
+            (std::vector<AheadLoad>{{0, false}, {1, true}, {2, false}, {3, true}}));  // 10 + 10 fit in 25
+  EXPECT_EQ(p.ahead({0, 1}, 0, st, -1), (std::vector<AheadLoad>{{0, true}, {1, true}}));
 }
 
 TEST(PrefetchPolicy, KeepsWhatIsFetchedAgainWithinTheReuseDistance) {
   PrefetchPolicy p({10, 10, 10, 10}, limits(0, 1000, 20));
   std::vector<int> plan = {0, 1, 2, 3, 3, 2, 1, 0};
   std::vector<R> st(4, R::kGathered);
-  EXPECT_TRUE(p.keep(plan, 4, 3, st));   // next fetch is 3 itself: distance 0
-  EXPECT_TRUE(p.keep(plan, 4, 1, st));   // 3, 2 between: 20
-  EXPECT_FALSE(p.keep(plan, 4, 0, st));  // 30 between
-  EXPECT_FALSE(p.keep(plan, 8, 0, st));  // not fetched again this step
-  EXPECT_FALSE(PrefetchPolicy({10, 10, 10, 10}, limits(0, 1000, 0)).keep(plan, 4, 3, st));
-  EXPECT_FALSE(PrefetchPolicy({10, 10, 10, 10}, limits(0, 35, 20)).keep(plan, 4, 3, st));  // 40 live
+  EXPECT_TRUE(p.keep(plan, 4, 3, st, kRoom));   // next fetch is 3 itself: distance 0
+  EXPECT_TRUE(p.keep(plan, 4, 1, st, kRoom));   // 3, 2 between: 20
+  EXPECT_FALSE(p.keep(plan, 4, 0, st, kRoom));  // 30 between
+  EXPECT_FALSE(p.keep(plan, 8, 0, st, kRoom));  // not fetched again this step
+  EXPECT_TRUE(p.keep(plan, 4, 3, st, 0));       // no room to spare, none missing
+  EXPECT_FALSE(p.keep(plan, 4, 3, st, -1));     // less than the device must leave free
+  EXPECT_FALSE(PrefetchPolicy({10, 10, 10, 10}, limits(0, 1000, 0)).keep(plan, 4, 3, st, kRoom));
+  EXPECT_FALSE(PrefetchPolicy({10, 10, 10, 10}, limits(0, 35, 20)).keep(plan, 4, 3, st, kRoom));  // 40 live
 }
 
-// One step on a virtual clock: a compute worker runs each fetched unit for `compute` time units,
-// one I/O worker loads units in the order they are asked for, `load` each. A fetch waits for its
-// load. With the policy asking ahead, the step takes about max(compute, io) plus one load.
-double simulate(const PrefetchPolicy& p, const std::vector<int>& plan, double compute, double load) {
-  size_t n = 0;
-  for (int u : plan) n = std::max<size_t>(n, u + 1);
-  std::vector<R> st(n, R::kAbsent);
-  std::vector<double> ready(n, 0);
-  double now = 0, io_free = 0;
-  auto issue = [&](int u) {
-    io_free = std::max(io_free, now) + load;
-    ready[u] = io_free;
-    st[u] = R::kLoading;
-  };
-  for (size_t i = 0; i < plan.size(); ++i) {
-    int u = plan[i];
-    if (st[u] == R::kAbsent) issue(u);
-    now = std::max(now, ready[u]);
-    st[u] = R::kGathered;
-    for (int v : p.ahead(plan, i + 1, st)) issue(v);
-    now += compute;
-    st[u] = p.keep(plan, i + 1, u, st) ? R::kGathered : R::kAbsent;
+TEST(PrefetchPolicy, EvictsWhatThePlanFetchesLastAndWhatItNeverFetchesFirst) {
+  PrefetchPolicy p({10, 10, 10, 10, 10}, limits(0, 1000, 0));
+  std::vector<int> plan = {0, 1, 2, 3, 0, 1, 2, 3};
+  EXPECT_EQ(p.evict_order(plan, 4, {0, 1, 2}), (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(p.evict_order(plan, 6, {0, 4, 2, 3}), (std::vector<int>{0, 4, 3, 2}));  // 0, 4: never; by index
+  EXPECT_EQ(p.evict_order({}, 0, {3, 1}), (std::vector<int>{1, 3}));               // no plan: by index
+}
+
+TEST(PrefetchPolicy, GathersAheadThePlansNextUnitUnlessItIsTheOneFetched) {
+  PrefetchPolicy p({10, 10, 10}, limits(0, 1000, 0));
+  EXPECT_EQ(p.gather_ahead({0, 1, 2}, 1, 0), 1);
+  EXPECT_EQ(p.gather_ahead({0, 0, 2}, 1, 0), -1);
+  EXPECT_EQ(p.gather_ahead({0, 1, 2}, 3, 2), -1);
+}
+
+// The virtual clock: the compute advances `now`; one I/O worker serves loads in the order they
+// start, `load` time units each; finishing a load waits for it.
+struct VirtualClock {
+  double now = 0, io_free = 0, load = 1;
+};
+
+// One rank, no communication thread, an optimizer that is always done. Loads read from "NVMe"
+// unless memory_parts (then they cannot be staged); a finished load writes its unit's number at
+// the front of its destination, so a fetch's data says whose chunk landed there.
+class FakeMover final : public UnitMover {
+ public:
+  explicit FakeMover(VirtualClock& c) : clock(c) {}
+  VirtualClock& clock;
+  bool memory_parts = false;
+  std::vector<int> loads;  // units, in the order their reads started
+  int gathers = 0;
+
+  Status agree_fetch(int, bool*, AheadGather* ahead) override {
+    ahead->go = ahead->v >= 0 && ahead->ready && ahead->needs;
+    return Status::Ok();
   }
-  return now;
+  bool updated(int) const override { return true; }
+  Status wait_updated(int) override { return Status::Ok(); }
+  std::unique_ptr<UnitLoad> load(int u, const Buffer& dst) override;
+  Status gather(int, const Buffer&) override {
+    ++gathers;
+    return Status::Ok();
+  }
+  bool gathers_ahead() const override { return false; }
+  uint64_t gather_ahead(int, UnitLoad*, const Buffer&) override { return 0; }
+  Status wait_gather(int, uint64_t) override { return Status::Ok(); }
+  Status finish_reductions() override { return Status::Ok(); }
+};
+
+class FakeLoad final : public UnitLoad {
+ public:
+  FakeLoad(FakeMover& m, int u, const Buffer& dst) : m_(m), u_(u), dst_(dst) {}
+  Status start() override {
+    if (started_) return Status::Ok();
+    started_ = true;
+    m_.loads.push_back(u_);
+    m_.clock.io_free = std::max(m_.clock.io_free, m_.clock.now) + m_.clock.load;
+    ready_ = m_.clock.io_free;
+    return Status::Ok();
+  }
+  int advance() override { return 0; }
+  Status finish() override {
+    ZOE_RETURN_IF_ERROR(start());
+    if (!dst_) return Status::Runtime("a load finished without a destination");
+    m_.clock.now = std::max(m_.clock.now, ready_);
+    int32_t mark = u_;
+    std::memcpy(dst_.data, &mark, sizeof(mark));
+    return Status::Ok();
+  }
+  bool has_memory_parts() const override { return m_.memory_parts; }
+  bool reading() const override { return started_; }
+  bool all_issued() const override { return started_; }
+  void set_destination(const Buffer& dst) override { dst_ = dst; }
+
+ private:
+  FakeMover& m_;
+  int u_;
+  Buffer dst_;
+  bool started_ = false;
+  double ready_ = 0;
+};
+
+std::unique_ptr<UnitLoad> FakeMover::load(int u, const Buffer& dst) { return std::make_unique<FakeLoad>(*this, u, dst); }
+
+// Units of `elems` bf16 elements each on a CPU device of `budget` bytes, driven as the engine
+// does: fetch, compute (`compute` time, and `act` activation bytes on the device held until the
+// step's end), release; between steps, unload what is left, begin the step, prefetch.
+struct VirtualRun {
+  VirtualRun(int units, int64_t elems, PrefetchLimits l, uint64_t budget, double compute, double load)
+      : dev(budget, 1 << 20), mover(clock), sched(dev, mover, std::vector<int64_t>(units, elems), 2, l, budget, false),
+        compute(compute) {
+    clock.load = load;
+    sched.set_reserve(elems * 2);  // a unit in flight, as the engine reserves
+  }
+  // One step along `plan`; returns its time. Every fetch must see its own unit's chunk.
+  double step(const std::vector<int>& plan, size_t act = 0) {
+    clock = VirtualClock{0, 0, clock.load};
+    EXPECT_TRUE(sched.unload_all().ok());
+    sched.begin_step();
+    sched.prefetch();
+    std::vector<Buffer> acts;
+    for (int u : plan) {
+      auto f = sched.fetch(u);
+      EXPECT_TRUE(f.ok()) << f.status().message();
+      if (!f.ok()) return -1;
+      int32_t mark;
+      std::memcpy(&mark, f->data, sizeof(mark));
+      EXPECT_EQ(mark, u) << "unit " << u << " got another unit's chunk";
+      if (act) {
+        auto a = dev.alloc(act, Tier::kDevice, Kind::kActivation);
+        EXPECT_TRUE(a.ok()) << "the model's activation found the device full: " << a.status().message();
+        if (a.ok()) acts.push_back(*a);
+      }
+      clock.now += compute;
+      EXPECT_TRUE(sched.release(u).ok());
+    }
+    for (Buffer& b : acts) dev.free(b);
+    return clock.now;
+  }
+  VirtualClock clock;
+  CpuDevice dev;
+  FakeMover mover;
+  UnitScheduler sched;
+  double compute;
+};
+
+// The second step of `plan` (the first records it) on a device with room for anything.
+double simulate(PrefetchLimits l, const std::vector<int>& plan, double compute, double load) {
+  int n = *std::max_element(plan.begin(), plan.end()) + 1;
+  VirtualRun run(n, 128, l, 1 << 20, compute, load);
+  run.step(plan);
+  return run.step(plan);
 }
 
-TEST(PrefetchPolicy, OnAVirtualClockPrefetchHidesTheLoads) {
+TEST(UnitScheduler, OnAVirtualClockPrefetchHidesTheLoads) {
   std::vector<int> plan;
   for (int u = 0; u < 8; ++u) plan.push_back(u);
-  std::vector<int64_t> sizes(8, 100);
-  double serial = simulate(PrefetchPolicy(sizes, limits(0, 1 << 30, 0)), plan, 1.0, 1.0);
-  double ahead = simulate(PrefetchPolicy(sizes, limits(200, 1 << 30, 0)), plan, 1.0, 1.0);
-  EXPECT_DOUBLE_EQ(serial, 16.0);      // load, compute, load, compute...
-  EXPECT_DOUBLE_EQ(ahead, 9.0);        // the first load, then compute hides the rest
+  EXPECT_DOUBLE_EQ(simulate(limits(0, 1 << 30, 0), plan, 1.0, 1.0), 16.0);    // load, compute, load...
+  EXPECT_DOUBLE_EQ(simulate(limits(256, 1 << 30, 0), plan, 1.0, 1.0), 9.0);   // the first load, then hidden
   // I/O-bound (loads twice compute): the step takes the loads' time plus the last compute.
-  EXPECT_DOUBLE_EQ(simulate(PrefetchPolicy(sizes, limits(200, 1 << 30, 0)), plan, 1.0, 2.0), 17.0);
+  EXPECT_DOUBLE_EQ(simulate(limits(256, 1 << 30, 0), plan, 1.0, 2.0), 17.0);
   // Reuse: forward then backward; kept units are not loaded again.
   std::vector<int> fb = plan;
   fb.insert(fb.end(), plan.rbegin(), plan.rend());
-  double kept = simulate(PrefetchPolicy(sizes, limits(200, 1 << 30, 1 << 30)), fb, 1.0, 1.0);
-  EXPECT_DOUBLE_EQ(kept, 17.0);        // 16 computes and the first load
+  EXPECT_DOUBLE_EQ(simulate(limits(256, 1 << 30, 1 << 30), fb, 1.0, 1.0), 17.0);  // 16 computes, the first load
+}
+
+TEST(UnitScheduler, AFullDeviceEvictsTheUnitThePlanFetchesLast) {
+  // Room for three gather buffers (and the reserve, which a fetch may use): keeping fills it,
+  // and fetching 3 must drop one of 0, 1, 2. 2 is fetched again last: it goes, not 0.
+  std::vector<int> plan = {0, 1, 2, 3, 0, 1, 2};
+  VirtualRun run(4, 1024, limits(0, 1 << 30, 1 << 30), 3 * 2048, 1.0, 1.0);
+  run.sched.set_reserve(0);
+  run.step(plan);
+  run.mover.loads.clear();
+  run.step(plan);
+  EXPECT_EQ(run.mover.loads, (std::vector<int>{0, 1, 2, 3, 2}));  // in unit order: 0 would go, then load again
+  EXPECT_EQ(run.sched.stats().evicted, 1);
+  EXPECT_EQ(run.sched.stats().fetched_kept, 2);  // 0 and 1
+}
+
+TEST(UnitScheduler, ChunksTheDeviceHasNoRoomForAreReadAheadIntoPinnedMemory) {
+  // Room for one unit ahead beside the reserve: 0 loads into a device buffer, 1 and 2 are staged
+  // (read, no buffer) and get theirs at their fetch, each read once.
+  std::vector<int> plan = {0, 1, 2};
+  VirtualRun run(3, 1024, limits(1 << 20, 1 << 30, 0), 2 * 2048, 1.0, 1.0);
+  run.step(plan);
+  run.mover.loads.clear();
+  UnitScheduler::Stats before = run.sched.stats();
+  EXPECT_DOUBLE_EQ(run.step(plan), 4.0);  // the reads overlap the compute as if on the device
+  EXPECT_EQ(run.mover.loads, plan);
+  EXPECT_EQ(run.sched.stats().loads_ahead - before.loads_ahead, 3);
+  EXPECT_EQ(run.sched.stats().staged_ahead - before.staged_ahead, 2);
+  EXPECT_EQ(run.sched.stats().fetched_loading - before.fetched_loading, 3);
+  // A chunk in host memory cannot be staged (its copy needs the buffer): each goes ahead only
+  // once the buffer before it is free, and the reads no longer overlap.
+  run.mover.memory_parts = true;
+  before = run.sched.stats();
+  EXPECT_DOUBLE_EQ(run.step(plan), 6.0);  // load, compute, three times
+  EXPECT_EQ(run.sched.stats().staged_ahead - before.staged_ahead, 0);
+}
+
+TEST(UnitScheduler, AQuarterBudgetKeepsTheActivationsRoomAndStillOverlaps) {
+  // 16 units, forward and backward, on a device of a quarter of their gathered bytes; the model's
+  // activations (512 bytes a fetch, held to the step's end: 16 KiB at the peak, half the budget)
+  // must always find room (they cannot evict), and the scheduler still loads ahead, stages and keeps.
+  std::vector<int> plan;
+  for (int u = 0; u < 16; ++u) plan.push_back(u);
+  std::vector<int> fb = plan;
+  fb.insert(fb.end(), plan.rbegin(), plan.rend());
+  const uint64_t budget = 16 * 8192 / 4;  // units of 8 KiB
+  VirtualRun run(16, 4096, limits(2 * 4096, 1 << 30, 4 * 4096), budget, 1.0, 1.0);
+  run.step(fb, 512);
+  double overlapped = run.step(fb, 512);
+  UnitScheduler::Stats st = run.sched.stats();
+  EXPECT_LE(run.dev.ledger().snapshot().peak[static_cast<int>(Tier::kDevice)], budget);
+  EXPECT_GT(st.loads_ahead, 0);
+  EXPECT_GT(st.staged_ahead, 0);
+  EXPECT_GT(st.fetched_kept, 0);
+  VirtualRun serial(16, 4096, limits(0, 1 << 30, 0), budget, 1.0, 1.0);
+  serial.step(fb, 512);
+  EXPECT_LT(overlapped, serial.step(fb, 512));
 }
 
 }  // namespace

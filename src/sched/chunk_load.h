@@ -15,33 +15,34 @@
 
 #include "nvme/pinned_pool.h"
 #include "sched/state_array.h"
+#include "sched/unit_load.h"
 #include "zoe/device.h"
 
 namespace zoe {
 
-class ChunkLoad {
+class ChunkLoad final : public UnitLoad {
  public:
   // window_elems: the most elements one pinned window holds.
   ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t e, int64_t n, const Buffer& dst,
             size_t dst_off, int64_t window_elems);
   ChunkLoad(const ChunkLoad&) = delete;
   ChunkLoad& operator=(const ChunkLoad&) = delete;
-  ~ChunkLoad();
+  ~ChunkLoad() override;
 
-  Status start();
+  Status start() override;
   // Never blocks: the pieces whose reads have landed, in order, are copied to the destination on
   // the h2d stream; returns how many. A failed read is left for finish() to report.
-  int advance();
+  int advance() override;
   // After it the elements are in dst (the h2d stream's copy is waited for).
-  Status finish();
+  Status finish() override;
 
   // Parts in device or host memory: their copy needs the destination at start().
-  bool has_memory_parts() const { return !memory_.empty(); }
+  bool has_memory_parts() const override { return !memory_.empty(); }
   // Whether start() issued any read (it issues none when the pinned pool has no window free).
-  bool reading() const;
+  bool reading() const override;
   // Whether start() issued every read (finish() then acquires no pinned window).
-  bool all_issued() const;
-  void set_destination(const Buffer& dst) { dst_ = dst; }
+  bool all_issued() const override;
+  void set_destination(const Buffer& dst) override { dst_ = dst; }
 
  private:
   struct NvmePiece {

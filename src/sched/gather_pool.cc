@@ -32,4 +32,10 @@ void GatherPool::trim() {
   free_.clear();
 }
 
+uint64_t GatherPool::idle_bytes() const {
+  uint64_t n = 0;
+  for (const Buffer& b : free_) n += b.bytes;
+  return n;
+}
+
 }  // namespace zoe

@@ -27,6 +27,8 @@ class GatherPool {
   void give_back(Buffer& b);
   // Frees every free buffer.
   void trim();
+  // Bytes of the free buffers: booked in the ledger, yet reusable for a gather.
+  uint64_t idle_bytes() const;
 
  private:
   Device& dev_;

@@ -1,6 +1,8 @@
-// PrefetchPolicy: which units to start loading ahead of compute, and which to keep gathered
-// after their release. A pure function of the trace, the units' sizes, what is resident and the
-// limits, so it is tested with fakes and runs the same on every device.
+// PrefetchPolicy: every decision of stage 3's scheduler (UnitScheduler): which units to start
+// loading ahead of compute and where (a device buffer, or staged in pinned memory), which to keep
+// gathered after their release, which to evict when the device is full, and which gather may run
+// one fetch ahead. A pure function of the plan, the units' sizes, what is resident, the device
+// room and the limits, so it is tested with fakes and runs the same on every device.
 //
 // DeepSpeed's meaning of the limits, in elements:
 //   bucket_elems       (stage3_prefetch_bucket_size): elements loading ahead of the next fetch;
@@ -27,18 +29,41 @@ struct PrefetchLimits {
 // device buffer. Both count as on their way (and as live) for the policy.
 enum class Residency : uint8_t { kAbsent = 0, kLoading, kGathered, kStaged };
 
+// A load to start ahead: into a device buffer, or staged (NVMe reads into pinned memory only).
+struct AheadLoad {
+  int u;
+  bool staged;
+  bool operator==(const AheadLoad&) const = default;
+};
+
 class PrefetchPolicy {
  public:
   PrefetchPolicy(std::vector<int64_t> unit_elems, PrefetchLimits limits)
         : elems_(std::move(unit_elems)), limits_(limits) {}
 
+  // room: gathered elements the device can take beside what it must leave free (negative when
+  // it has less than that).
+  //
   // Units to start loading now, in plan order: the distinct units from plan[next] on that are
   // absent, as long as the elements loading ahead stay within the bucket and everything live
   // within max_live_elems. Stops at the first unit that does not fit (the order is the point).
-  std::vector<int> ahead(const std::vector<int>& plan, size_t next, const std::vector<Residency>& state) const;
+  // A unit the room left cannot take is staged.
+  std::vector<AheadLoad> ahead(const std::vector<int>& plan, size_t next, const std::vector<Residency>& state,
+                               int64_t room) const;
 
-  // Whether unit u, just released with the plan at `next`, is fetched again soon enough to keep.
-  bool keep(const std::vector<int>& plan, size_t next, int u, const std::vector<Residency>& state) const;
+  // Whether unit u, just released with the plan at `next`, is fetched again soon enough to keep
+  // (never when the room is negative).
+  bool keep(const std::vector<int>& plan, size_t next, int u, const std::vector<Residency>& state,
+            int64_t room) const;
+
+  // The order in which to drop `idle` units (kept or loading, not fetched) for a full device:
+  // the one the plan fetches furthest from `next` first, those it does not fetch again before all
+  // (Belady's choice); ties by unit index.
+  std::vector<int> evict_order(const std::vector<int>& plan, size_t next, std::vector<int> idle) const;
+
+  // The unit whose gather may start one fetch ahead, on u's fetch: the plan's next, unless it is
+  // u itself; -1 for none.
+  int gather_ahead(const std::vector<int>& plan, size_t next, int u) const;
 
   int64_t live_elems(const std::vector<Residency>& state) const;
 

@@ -46,11 +46,10 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
                   ? LossScaler::dynamic(c.initial_scale_power, c.loss_scale_window, c.hysteresis, c.min_loss_scale)
                   : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)),
       state_(cfg_, d, layout_, plan_, comm.rank(), nvme_env), pass_(state_, d), reducer_(state_, pass_, d, comm),
-      gather_pool_(d, poison_released()),
-      prefetch_(unit_elems(layout_), PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters, c.max_reuse_distance}) {
-  gathered_.resize(layout_.num_units());
-  residency_.assign(layout_.num_units(), Residency::kAbsent);
-}
+      mover_(state_, pass_, reducer_, comm),
+      units_(d, mover_, unit_elems(layout_), wsize_,
+             PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters, c.max_reuse_distance},
+             c.device_memory_budget, poison_released()) {}
 
 void ZeroEngine::set_activation_bytes(uint64_t bytes) {
   dev_.ledger().sub(Tier::kDevice, Kind::kActivation, activation_bytes_);
@@ -62,20 +61,17 @@ void ZeroEngine::set_activation_bytes(uint64_t bytes) {
 // their members, after the gathers and reductions that use the device here.
 ZeroEngine::~ZeroEngine() {
   (void)reducer_.finish();
+  units_.clear();  // waits for its gathers on the communication thread, which goes next
   reducer_.set_worker(nullptr);
+  mover_.set_worker(nullptr);
   comm_worker_.reset();
   set_activation_bytes(0);
-  for (auto& g : gathered_) {
-    g.load.reset();  // waits for what it issued
-    dev_.free(g.buf);
-  }
-  gather_pool_.trim();
   comm_.set_device(nullptr);
 }
 
 ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
-  SchedStats s = stats_;
-  s.deviations = trace_.deviations();
+  SchedStats s;
+  static_cast<UnitScheduler::Stats&>(s) = units_.stats();
   s.adam_hashed_blocks = pass_.hashed_blocks();
   s.reductions_async = reducer_.async_reductions();
   NvmeStore::Traffic t = state_.nvme_traffic();
@@ -89,7 +85,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
 Status ZeroEngine::allocate() {
   comm_.set_device(&dev_);
   ZOE_RETURN_IF_ERROR(reducer_.allocate());
-  reducer_.set_make_room([this] { return drop_idle_units(); });
+  reducer_.set_make_room([this] { return units_.drop_idle(); });
   // Swap directories are named after rank 0's pid and random bits: jobs started from the same
   // directory, or in two containers whose pids coincide, get their own, and a dead job's are
   // recognised (unlocked) and removed by the next one.
@@ -113,7 +109,7 @@ Status ZeroEngine::start_comm_worker() {
   uint64_t extra = 0;
   for (int u = 0; u < num_units(); ++u) extra = std::max<uint64_t>(extra, layout_.slot(u).full_size * gsize_);
   // Duplicating is collective: all ranks do, or none.
-  uint8_t fits = reserve_ + extra <= device_free(dev_.ledger().snapshot());
+  uint8_t fits = units_.reserve() + extra <= units_.device_free();
   std::vector<uint8_t> all(comm_.size());
   ZOE_RETURN_IF_ERROR(comm_.all_gather_control(&fits, all.data(), 1));
   if (std::count(all.begin(), all.end(), 1) != comm_.size()) return Status::Ok();
@@ -121,7 +117,8 @@ Status ZeroEngine::start_comm_worker() {
   if (!dup.ok()) return dup.status().code() == Code::kUnsupported ? Status::Ok() : dup.status();
   comm_worker_ = std::make_unique<CommWorker>(std::move(*dup));
   reducer_.set_worker(comm_worker_.get());
-  reserve_ += extra;
+  mover_.set_worker(comm_worker_.get());
+  units_.set_reserve(units_.reserve() + extra);
   return Status::Ok();
 }
 
@@ -132,30 +129,13 @@ uint64_t ZeroEngine::unit_device_need(int u) const {
   return full * ((plan_.shard_params ? wsize_ : 0) + 4 + (plan_.shard_grads ? gsize_ : 0));
 }
 
-uint64_t ZeroEngine::device_free(const LedgerSnapshot& l) const {
-  uint64_t used = 0;
-  for (uint64_t b : l.bytes[static_cast<int>(Tier::kDevice)]) used += b;
-  return cfg_.device_memory_budget > used ? cfg_.device_memory_budget - used : 0;
-}
-
-// Whether `bytes` more can be held for the scheduler and still leave a unit in flight and the
-// model's activations, as high as they have been at a fetch, room on the device: the budget is a
-// hard limit for the model's allocations too, and they cannot evict.
-bool ZeroEngine::has_room(uint64_t bytes) {
-  LedgerSnapshot l = dev_.ledger().snapshot();
-  uint64_t act = l.bytes[static_cast<int>(Tier::kDevice)][static_cast<int>(Kind::kActivation)];
-  activation_peak_ = std::max(activation_peak_, act);
-  return device_free(l) + act >= bytes + reserve_ + activation_peak_;
-}
-
 // A unit that cannot be in flight next to the persistent state is an error now, not an
 // out-of-memory error in the middle of a step.
 Status ZeroEngine::check_device_fits() {
-  uint64_t budget = cfg_.device_memory_budget, left = device_free(dev_.ledger().snapshot());
-  reserve_ = 0;
+  uint64_t budget = cfg_.device_memory_budget, left = units_.device_free(), reserve = 0;
   for (int u = 0; u < num_units(); ++u) {
     uint64_t need = unit_device_need(u);
-    reserve_ = std::max(reserve_, need);
+    reserve = std::max(reserve, need);
     if (need > left)
       return Status::Invalid(fmt::format(
           "unit '{}' needs {} bytes on the device at once (its gathered weights, its fp32 gradient and its "
@@ -163,6 +143,7 @@ Status ZeroEngine::check_device_fits() {
           "bytes): raise the budget or offload the state (offload_param, offload_optimizer)",
           unit(u).name, need, budget, left, budget - left));
   }
+  units_.set_reserve(reserve);
   return Status::Ok();
 }
 
@@ -212,201 +193,23 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("fetch: unit {} out of range", u));
   const UnitSlot& s = layout_.slot(u);
   if (!plan_.shard_params) return ParamView{state_.param().ptr(s.full_offset), dtype_, s.numel};
-  Gathered& g = gathered_[u];
-  if (g.refs > 0) {  // nested: already gathered
-    ++g.refs;
-    return ParamView{g.buf.data, dtype_, s.numel};
-  }
-  if (!trace_.observe(u) && !trace_.plan().empty() && !told_deviation_ && comm_.rank() == 0) {
+  ZOE_ASSIGN_OR_RETURN(UnitScheduler::Fetched f, units_.fetch(u));
+  if (f.left_plan && !told_deviation_ && comm_.rank() == 0) {
     told_deviation_ = true;
     std::fprintf(stderr, "zoe: warning: a step fetched unit '%s' out of the recorded order: prefetching stops for "
                  "this step and follows the new order from the next one\n", unit(u).name.c_str());
   }
-  // Kept units need no gather here; but every rank gathers when any rank must (their residency
-  // may differ: a full device evicts), so collectives always match.
-  bool need = residency_[u] != Residency::kGathered;
-  AheadGather ahead = ahead_candidate(u);
-  ZOE_RETURN_IF_ERROR(reducer_.agree(GradReducer::OpKind::kFetch, u, nullptr, &need, &ahead));
-  if (ahead.go) start_gather_ahead(ahead.v);  // every rank that agreed enters it
-  bool came_ahead = g.gathering != 0;
-  ZOE_RETURN_IF_ERROR(wait_gathered(u));
-  stats_.fetched_kept += !need && !came_ahead;
-  stats_.fetched_loading +=
-      came_ahead || residency_[u] == Residency::kLoading || residency_[u] == Residency::kStaged;
-  if (need) {
-    ZOE_RETURN_IF_ERROR(wait_updated(u));  // our chunk must be this step's
-    if (residency_[u] != Residency::kLoading && residency_[u] != Residency::kGathered) {
-      auto buf = gather_buffer(u);
-      if (!buf.ok()) {
-        (void)unload(u);  // a staged load's windows go back too (it has no gather: waited above)
-        return buf.status();
-      }
-      g.buf = *buf;
-      if (g.load) g.load->set_destination(g.buf);  // staged: its reads are on their way
-      else g.load = state_.chunk_load(u, g.buf);
-    }
-    Status st = g.load ? g.load->finish() : Status::Ok();  // our chunk, from its home tier
-    g.load.reset();
-    size_t chunk_bytes = s.chunk * wsize_;
-    if (st.ok()) {
-      ZOE_SPAN("all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
-      st = comm_.all_gather(g.buf.as<char>() + comm_.rank() * chunk_bytes, g.buf.data, chunk_bytes);
-    }
-    if (!st.ok()) {  // nothing half-gathered stays behind
-      gather_pool_.give_back(g.buf);
-      residency_[u] = Residency::kAbsent;
-      return st;
-    }
-  }
-  residency_[u] = Residency::kGathered;
-  g.refs = 1;
-  prefetch_ahead();
-  advance_loads();
-  return ParamView{g.buf.data, dtype_, s.numel};
+  return ParamView{f.data, dtype_, s.numel};
 }
 
 Status ZeroEngine::release(int u) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("release: unit {} out of range", u));
   if (!plan_.shard_params) return Status::Ok();
-  Gathered& g = gathered_[u];
-  if (g.refs == 0) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
-  if (--g.refs > 0) return Status::Ok();
-  bool room = has_room(0);
-  if (!room || !trace_.following() || !prefetch_.keep(trace_.plan(), trace_.next(), u, residency_))
-    ZOE_RETURN_IF_ERROR(unload(u));
-  prefetch_ahead();
-  advance_loads();
-  return Status::Ok();
+  if (!units_.fetched(u)) return Status::Runtime(fmt::format("release of unit '{}' that is not fetched", unit(u).name));
+  return units_.release(u);
 }
 
-// Loads ahead whose reads have landed start their copies to the device now, beside the compute,
-// not when their fetch comes (a load gathering on the communication thread is that thread's).
-void ZeroEngine::advance_loads() {
-  for (int v = 0; v < num_units(); ++v) {
-    Gathered& g = gathered_[v];
-    if (g.load && g.gathering == 0 && residency_[v] == Residency::kLoading) stats_.copied_ahead += g.load->advance();
-  }
-}
-
-Status ZeroEngine::unload(int u) {
-  Gathered& g = gathered_[u];
-  Status gathered = wait_gathered(u);
-  g.load.reset();  // waits for its reads and copies (a load ahead that failed was never used)
-  gather_pool_.give_back(g.buf);
-  residency_[u] = Residency::kAbsent;
-  return gathered;
-}
-
-// Idle gather buffers go back to the device, and units kept for reuse (not fetched now) are
-// dropped: what a full device gives up for a reduction buffer.
-Status ZeroEngine::drop_idle_units() {
-  gather_pool_.trim();
-  Status first = unload_all();
-  gather_pool_.trim();
-  return first;
-}
-
-Status ZeroEngine::unload_all() {
-  Status first;
-  for (int u = 0; u < num_units(); ++u)
-    if (gathered_[u].refs == 0 && residency_[u] != Residency::kAbsent) {
-      Status st = unload(u);
-      if (first.ok()) first = st;
-    }
-  return first;
-}
-
-// The unit the plan fetches after u, and whether this rank could gather it right away: gathered
-// already, or its chunk loading into a gather buffer with every read issued (so the
-// communication thread, which finishes the load, never waits for a pinned window).
-AheadGather ZeroEngine::ahead_candidate(int u) const {
-  AheadGather a;
-  if (!comm_worker_ || !trace_.following() || trace_.next() >= trace_.plan().size()) return a;
-  int v = trace_.plan()[trace_.next()];
-  if (v == u) return a;
-  const Gathered& g = gathered_[v];
-  a.v = v;
-  a.needs = residency_[v] != Residency::kGathered;
-  a.ready = g.gathering == 0 && g.refs == 0 &&
-            (residency_[v] == Residency::kGathered ||
-             (residency_[v] == Residency::kLoading && g.load && g.load->all_issued()));
-  return a;
-}
-
-// Unit v's all-gather on the communication thread, one fetch ahead of v's: the load of our chunk
-// finishes there too (a unit gathered already is gathered again in place).
-void ZeroEngine::start_gather_ahead(int v) {
-  Gathered& g = gathered_[v];
-  size_t chunk_bytes = layout_.slot(v).chunk * wsize_;
-  char* buf = g.buf.as<char>();
-  g.gathering = comm_worker_->submit(
-      [load = g.load.get(), buf, chunk_bytes, r = comm_.rank(), name = unit(v).name](Comm& c) {
-        Status st = load ? load->finish() : Status::Ok();
-        // The other ranks are in this collective: enter it even after a failed load.
-        ZOE_SPAN("all_gather " + name, "all_gather", Bucket::kWaitComm);
-        Status gathered = c.all_gather(buf + r * chunk_bytes, buf, chunk_bytes);
-        return st.ok() ? gathered : st;
-      });
-  residency_[v] = Residency::kGathered;
-  ++stats_.gathered_ahead;
-}
-
-Status ZeroEngine::wait_gathered(int u) {
-  Gathered& g = gathered_[u];
-  if (!g.gathering) return Status::Ok();
-  Status st;
-  {
-    ZOE_SPAN("wait all_gather " + unit(u).name, "all_gather", Bucket::kWaitComm);
-    st = comm_worker_->wait(g.gathering);
-  }
-  g.gathering = 0;
-  g.load.reset();
-  if (!st.ok()) {  // nothing half-gathered stays behind
-    gather_pool_.give_back(g.buf);
-    residency_[u] = Residency::kAbsent;
-  }
-  return st;
-}
-
-// Prefetching is an optimisation: whatever fails here (no room, a read that cannot start) is
-// left to the fetch, which does the same work and reports the error. Without device room a chunk
-// that lives on NVMe is still read ahead, into pinned host memory (staged): its fetch then only
-// uploads and gathers.
-void ZeroEngine::prefetch_ahead() {
-  if (!plan_.shard_params || !trace_.following()) return;
-  for (int v : prefetch_.ahead(trace_.plan(), trace_.next(), residency_)) {
-    if (!pass_.updated(state_.opt_stop(v))) return;  // not this step's yet
-    Gathered& g = gathered_[v];
-    size_t bytes = layout_.slot(v).full_size * wsize_;
-    g.buf = Buffer();
-    if (has_room(bytes)) {
-      auto buf = gather_pool_.acquire(bytes);
-      if (buf.ok()) g.buf = *buf;
-    }
-    g.load = state_.chunk_load(v, g.buf);
-    bool staged = !g.buf;
-    if ((staged && g.load->has_memory_parts()) || !g.load->start().ok() || (staged && !g.load->reading())) {
-      (void)unload(v);  // a load just made, never gathered: nothing to report
-      return;
-    }
-    residency_[v] = staged ? Residency::kStaged : Residency::kLoading;
-    ++stats_.loads_ahead;
-    stats_.staged_ahead += staged;
-  }
-}
-
-// A gather buffer for a fetch: when the device is full, units kept for reuse make room first.
-Result<Buffer> ZeroEngine::gather_buffer(int u) {
-  size_t bytes = layout_.slot(u).full_size * wsize_;
-  auto b = reducer_.after_reductions_if_full([&] { return gather_pool_.acquire(bytes); });
-  for (int v = 0; !b.ok() && b.status().code() == Code::kOutOfMemory && v < num_units(); ++v) {
-    if (v == u || gathered_[v].refs > 0 || residency_[v] == Residency::kAbsent || !gathered_[v].buf) continue;
-    ZOE_RETURN_IF_ERROR(unload(v));  // its buffer goes back to the pool, which frees idle ones when full
-    ++stats_.evicted;
-    b = gather_pool_.acquire(bytes);
-  }
-  return b;
-}
+Status ZeroEngine::unload_all() { return plan_.shard_params ? units_.unload_all() : Status::Ok(); }
 
 Status ZeroEngine::grads_ready(int u, const float* grad) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("grads_ready: unit {} out of range", u));
@@ -431,8 +234,8 @@ Result<StepResult> ZeroEngine::step(double lr) {
   ZOE_RETURN_IF_ERROR(wait_update());
   ZOE_RETURN_IF_ERROR(unload_all());
   auto res = apply_step(lr);
-  trace_.begin_step();
-  if (res.ok()) prefetch_ahead();
+  units_.begin_step();
+  if (res.ok() && plan_.shard_params) units_.prefetch();
   return res;
 }
 
@@ -509,8 +312,6 @@ void ZeroEngine::start_update(double lr, double grad_scale) {
 
 Status ZeroEngine::wait_update() { return pass_.wait(); }
 
-Status ZeroEngine::wait_updated(int u) { return pass_.wait_for_unit(u); }
-
 Result<StepResult> ZeroEngine::flush() {
   {
     ZOE_SPAN("wait update", "adam", Bucket::kOptimizer);
@@ -522,7 +323,7 @@ Result<StepResult> ZeroEngine::flush() {
     pending_.host_stepped = c.host_stepped;
     pending_open_ = false;
   }
-  prefetch_ahead();  // what waited for the update may start now
+  if (plan_.shard_params) units_.prefetch();  // what waited for the update may start now
   return pending_;
 }
 

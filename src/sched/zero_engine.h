@@ -1,6 +1,7 @@
 // ZeroEngine: the one ZeRO pipeline behind the unit API (zoe/engine.h). It coordinates this
 // rank's state (RankState: the arrays, their tiers, the NVMe stores), the optimizer's pass
-// (OptimizerPass, on its own thread) and stage 3's gathers and prefetching.
+// (OptimizerPass, on its own thread), the gradients' reduction (GradReducer) and stage 3's
+// gathered units (UnitScheduler, moving them through RankUnitMover).
 // One step: grads_ready reduce-scatters each unit's gradient into its owner chunk right away when
 // gradients are sharded, else accumulates locally and the reduce-scatter runs in step(); the
 // global norm is summed from the owned chunks; unsharded optimizer state all-gathers the reduced
@@ -16,17 +17,15 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
-#include "sched/chunk_load.h"
 #include "sched/comm_worker.h"
-#include "sched/gather_pool.h"
 #include "sched/grad_reducer.h"
 #include "sched/loss_scaler.h"
 #include "sched/optimizer_pass.h"
-#include "sched/prefetch_policy.h"
 #include "sched/rank_state.h"
+#include "sched/rank_unit_mover.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
-#include "sched/unit_trace.h"
+#include "sched/unit_scheduler.h"
 #include "zoe/device.h"
 #include "zoe/engine.h"
 
@@ -63,19 +62,11 @@ class ZeroEngine final : public Engine {
   Status commit_owned_state() override;
 
   // The units' fetch order of the last complete step (stage 3; empty before one).
-  const std::vector<int>& unit_order() const { return trace_.plan(); }
+  const std::vector<int>& unit_order() const { return units_.plan(); }
 
-  // What stage 3's scheduler did since the engine was made.
-  struct SchedStats {
-    int64_t loads_ahead = 0;       // chunk loads started ahead of their fetch
-    int64_t staged_ahead = 0;      // of those without device room: NVMe reads into pinned memory only
-    int64_t copied_ahead = 0;      // NVMe pieces of loads ahead copied to the device as they landed
-    int64_t fetched_loading = 0;   // fetches that found their chunk loaded or on its way (or gathered ahead)
-    int64_t fetched_kept = 0;      // fetches no rank had to gather for (kept for reuse)
-    int64_t evicted = 0;           // kept units dropped to make room
-    int64_t deviations = 0;        // steps that left the recorded unit order
+  // What stage 3's scheduler and the engine's workers did since the engine was made.
+  struct SchedStats : UnitScheduler::Stats {
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
-    int64_t gathered_ahead = 0;    // all-gathers started one fetch ahead, on that thread
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
     uint64_t nvme_written_bytes = 0;
@@ -96,34 +87,14 @@ class ZeroEngine final : public Engine {
   };
   Result<OwnedPlace> owned_place(const char* op, int u, OwnedKind k, int64_t begin, int64_t end);
 
-  // Stage 3's scheduler (src/sched: UnitTrace, PrefetchPolicy, ChunkLoad, GatherPool). Every
-  // collective follows an agreement; what runs ahead is this rank's own chunk on its way from its
-  // home tier and, agreed one fetch early, the next unit's gather on the communication thread;
-  // what stays is a gathered unit fetched again soon.
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
-  uint64_t device_free(const LedgerSnapshot& l) const;  // the budget less what l has on the device
-  bool has_room(uint64_t bytes);            // may the scheduler hold `bytes` more
-  Result<Buffer> gather_buffer(int u);      // from the pool; evicts kept units when full
-  void prefetch_ahead();                    // starts the loads the policy asks for
-  void advance_loads();                     // loads ahead copy what has landed
-  // Drops a kept or loading unit (refs must be 0); the error of a gather ahead that failed, which
-  // no fetch will see now.
-  Status unload(int u);
-  Status unload_all();                      // before the parameters change; the first error
-  Status drop_idle_units();                 // a full device: idle buffers and kept units go
-
-  // A fetch's agreement (GradReducer::agree) also settles whether the unit the plan fetches next
-  // is gathered now, on the communication thread (every rank can, and some rank needs it).
-  AheadGather ahead_candidate(int u) const;
-  void start_gather_ahead(int v);
-  Status wait_gathered(int u);  // a gather started ahead of u's fetch has landed
+  Status unload_all();                      // before the parameters change (stage 3's units)
   Result<StepResult> apply_step(double lr);
   // The optimizer's pass runs on its own thread (pass_).
   void start_update(double lr, double grad_scale);
   Status wait_update();                    // the whole pass
-  Status wait_updated(int u);              // unit u's part of it
   Status gather_replicated_params();
 
   Config cfg_;
@@ -139,25 +110,13 @@ class ZeroEngine final : public Engine {
   RankState state_;
   OptimizerPass pass_;  // after the state it steps: stops before the state goes
   GradReducer reducer_;
-  struct Gathered {
-    Buffer buf;
-    int refs = 0;
-    std::unique_ptr<ChunkLoad> load;  // while residency_ says kLoading, or the gather ahead runs
-    uint64_t gathering = 0;           // comm_worker_'s ticket of the gather started ahead
-  };
-  GatherPool gather_pool_;  // before gathered_: gathered buffers go back to it
-  std::vector<Gathered> gathered_;
-  std::vector<Residency> residency_;  // per unit; what PrefetchPolicy reads
-  UnitTrace trace_;
-  PrefetchPolicy prefetch_;
+  RankUnitMover mover_;
+  UnitScheduler units_;  // after the mover it drives
   bool told_deviation_ = false;
-  SchedStats stats_;
   // The communication thread (its own duplicate of comm_): reductions and gathers ahead.
   std::unique_ptr<CommWorker> comm_worker_;
   StepResult pending_;      // the last step's result, completed by flush()
   bool pending_open_ = false;
-  uint64_t activation_peak_ = 0;  // the model's device activations, the most seen at a fetch
-  uint64_t reserve_ = 0;  // the largest unit_device_need: what keeping and prefetching leave free
   bool require_matching_ = false;
   int64_t steps_applied_ = 0;
   uint64_t activation_bytes_ = 0;
