@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -15,6 +16,8 @@
 #include "bench_process.h"
 #include "common/config.h"
 #include "common/profiler.h"
+#include "kernels/adam.h"
+#include "kernels/gemm.h"
 #include "comm/comm.h"
 #include "model/gpt2_model.h"
 #include "train/backend.h"
@@ -99,15 +102,16 @@ Result<std::string> find_torch_python(const StepBenchOptions& o) {
 // The same model trained by PyTorch (bench/torch_gpt2_step.py prints one JSON line last). Its
 // OpenMP and OpenBLAS pools get the same thread count as zoe's; OpenMP waits passively, since
 // spinning workers on a shared machine made torch's optimizer step 20x slower here.
-Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads) {
+Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads,
+                                       const std::string& mode) {
   const auto& s = o.shape;
   std::string cmd = fmt::format(
       "OMP_NUM_THREADS={0} OPENBLAS_NUM_THREADS={0} OMP_WAIT_POLICY=PASSIVE {1} {2}/bench/torch_gpt2_step.py "
       "--n_layer {3} --n_head {4} --n_embd {5} --vocab_size {6} --n_positions {7} --B {8} --T {9} "
       "--threads {0} --warmup {10} --iters {11} --lr {12} --beta1 {13} --beta2 {14} --eps {15} --weight_decay {16} "
-      "--clip {17} --data {18} --device {19}",
+      "--clip {17} --data {18} --device {19} --mode {20}",
       threads, py, ZOE_SOURCE_DIR, s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.n_positions, o.B, o.T, o.warmup,
-      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kBenchCorpus, o.device == "cuda" ? "cuda" : "cpu");
+      o.iters, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip, kBenchCorpus, o.device == "cuda" ? "cuda" : "cpu", mode);
   int rc = 0;
   ZOE_ASSIGN_OR_RETURN(std::string out, run_capture(cmd, &rc));
   size_t at = out.rfind("\n{");
@@ -117,6 +121,82 @@ Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::str
   auto j = nlohmann::json::parse(out.substr(at), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Runtime("bench step: the PyTorch side printed no JSON:\n" + out);
   return j;
+}
+
+double step_gemm_flops(const StepBenchOptions& o) {
+  const double N = double(o.B) * o.T, C = o.shape.n_embd;
+  // Per block qkv (C x 3C), attention projection (C x C), fc (C x 4C), projection (4C x C); then
+  // the tied head (C x V). The backward's dinp and dW are each the forward's product again.
+  const double forward = o.shape.n_layer * 24.0 * N * C * C + 2.0 * N * C * o.shape.vocab_size;
+  return 3 * forward;
+}
+
+Result<double> gemm_peak_gflops(GemmPath p, GemmType t, int threads) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+  constexpr int n = 1024;
+  const size_t esize = t == GemmType::kBF16 ? 2 : 4;
+  std::vector<char> a(size_t(n) * n * esize), b(size_t(n) * n * esize);
+  std::vector<float> c(size_t(n) * n, 0.f);
+  for (size_t i = 0; i < a.size(); i += esize) {  // small values, so no denormal or overflow
+    float v = float(i % 97) / 97.f - 0.5f;
+    if (esize == 2) {
+      uint16_t h = f32_to_bf16(v);
+      std::memcpy(&a[i], &h, 2);
+      std::memcpy(&b[i], &h, 2);
+    } else {
+      std::memcpy(&a[i], &v, 4);
+      std::memcpy(&b[i], &v, 4);
+    }
+  }
+  GemmShape s{false, false, n, n, n, n, n, n};
+  // The best of at least 12 products and half a second after two warm-ups (each worker's first
+  // slice makes its oneDNN primitive): a peak, on a machine whose neighbours come and go.
+  double best = 1e30, spent = 0;
+  for (int rep = 0; rep < 14 || spent < 0.5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    ZOE_RETURN_IF_ERROR(gemm_sliced(p, t, s, a.data(), b.data(), 0.f, c.data()));
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= 2) best = std::min(best, dt), spent += dt;
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+// Each path this build and CPU have for each type, marking the one the model uses. oneDNN goes
+// first: its products run at half speed in a process where OpenBLAS's ran before its first large
+// one (kernels/gemm.h), and a peak is what the library can do.
+Result<nlohmann::json> gemm_peaks(int threads) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (GemmType t : {GemmType::kF32, GemmType::kBF16}) {
+    ZOE_ASSIGN_OR_RETURN(GemmPath chosen, gemm_path(t));
+    for (GemmPath p : {GemmPath::kOneDnn, GemmPath::kOpenBlas}) {
+      if (!gemm_supported(p, t)) continue;
+      ZOE_ASSIGN_OR_RETURN(double gf, gemm_peak_gflops(p, t, threads));
+      rows.push_back({{"type", gemm_type_name(t)}, {"path", gemm_path_name(p)}, {"chosen", p == chosen},
+                      {"threads", threads}, {"gflops", gf}, {"shape", "1024^3, sliced as the model's"}});
+    }
+  }
+  return rows;
+}
+
+double chosen_peak(const nlohmann::json& peaks, const char* type) {
+  for (const auto& r : peaks)
+    if (r["type"] == type && r["chosen"].get<bool>()) return r["gflops"].get<double>();
+  return 0;
+}
+
+// The PyTorch modes of the same run: eager fp32 (the baseline), autocast to bf16 where the CPU
+// has bf16 units (elsewhere it measures a conversion, not the hardware), torch.compile where
+// this torch has it.
+Result<nlohmann::json> torch_modes(const StepBenchOptions& o, const std::string& py, int threads) {
+  nlohmann::json modes;
+  for (const char* m : {"eager", "autocast_bf16", "compile"}) {
+    if (std::string(m) == "autocast_bf16" && o.device != "cuda" && !isa_has_avx512bf16()) {
+      modes[m] = {{"skipped", "this CPU has no bf16 units (AVX512-BF16 or AMX): autocast would time conversions"}};
+      continue;
+    }
+    ZOE_ASSIGN_OR_RETURN(modes[m], time_torch_step(o, py, threads, m));
+  }
+  return modes;
 }
 
 namespace {
@@ -136,18 +216,27 @@ void print_header(std::FILE* human, const StepBenchOptions& o, const std::string
 // One case of the contract's "results": measured = zoe's tokens/s, baseline = torch's (null
 // without torch), ratio = measured / baseline.
 nlohmann::json result_row(const std::string& model, int threads, double tokens, const Timing& z,
-                          const nlohmann::json& torch) {
+                          const nlohmann::json& modes, double gemm_flops, double peak) {
   double measured = tokens / z.step_s;
-  nlohmann::json baseline, ratio;
-  if (!torch.is_null()) {
+  nlohmann::json baseline, ratio, best, best_ratio, torch;
+  if (!modes.is_null()) {
+    torch = modes["eager"];
     baseline = tokens / torch["step_s"].get<double>();
     ratio = measured / baseline.get<double>();
+    double fastest = 1e30;
+    for (const auto& [m, r] : modes.items())
+      if (r.contains("step_s")) fastest = std::min(fastest, r["step_s"].get<double>());
+    best = tokens / fastest;
+    best_ratio = measured / best.get<double>();
   }
+  double gflops = gemm_flops / z.step_s / 1e9;
   return {{"case", fmt::format("{} threads {}", model, threads)}, {"threads", threads}, {"measured", measured},
           {"baseline", baseline}, {"ratio", ratio}, {"unit", "tokens/s"}, {"step_s", z.step_s},
           {"median_step_s", z.median_s},
           {"time_s", {{"forward", z.forward}, {"backward", z.backward}, {"optimizer", z.optimizer}}},
-          {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}};
+          {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}, {"torch_modes", modes},
+          {"best_torch", best}, {"ratio_to_best_torch", best_ratio},
+          {"gemm_gflops", gflops}, {"gemm_fraction_of_peak", peak > 0 ? nlohmann::json(gflops / peak) : nlohmann::json()}};
 }
 
 void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
@@ -161,6 +250,15 @@ void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
   std::string rs = base ? fmt::format("{:.2f}", r["ratio"].get<double>()) : "-";
   std::fprintf(human, "%7d %12.0f %12s %7s   %-24s %-24s\n", r["threads"].get<int>(), r["measured"].get<double>(),
                bs.c_str(), rs.c_str(), zb.c_str(), tb.c_str());
+  std::string frac = r["gemm_fraction_of_peak"].is_null() ? "-" : fmt::format("{:.2f}", r["gemm_fraction_of_peak"].get<double>());
+  std::fprintf(human, "%7s zoe's GEMMs: %.1f GFLOP/s, %s of the fp32 peak\n", "", r["gemm_gflops"].get<double>(), frac.c_str());
+  const double tokens = r["measured"].get<double>() * r["step_s"].get<double>();
+  if (base)
+    for (const auto& [m, v] : r["torch_modes"].items()) {
+      std::string what = v.contains("step_s") ? fmt::format("{:.0f} tok/s", tokens / v["step_s"].get<double>())
+                                              : v.value("unsupported", v.value("skipped", std::string("-")));
+      std::fprintf(human, "%7s torch %s: %s\n", "", m.c_str(), what.c_str());
+    }
 }
 
 }  // namespace
@@ -181,13 +279,21 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
                                   o.T, o.B);
   if (human) print_header(human, o, model);
   nlohmann::json results = nlohmann::json::array();
+  nlohmann::json peaks = nlohmann::json::array();
   for (int n : threads) {
+    ZOE_ASSIGN_OR_RETURN(nlohmann::json p, gemm_peaks(n));
+    if (human)
+      for (const auto& r : p)
+        std::fprintf(human, "# gemm peak, %d thread(s), %s via %s%s: %.1f GFLOP/s\n", n,
+                     r["type"].get<std::string>().c_str(), r["path"].get<std::string>().c_str(),
+                     r["chosen"].get<bool>() ? " (chosen)" : "", r["gflops"].get<double>());
     ZOE_ASSIGN_OR_RETURN(Timing z, time_zoe_step(o, n));
-    nlohmann::json torch;
+    nlohmann::json modes;
     if (o.torch) {
-      ZOE_ASSIGN_OR_RETURN(torch, time_torch_step(o, py, n));
+      ZOE_ASSIGN_OR_RETURN(modes, torch_modes(o, py, n));
     }
-    results.push_back(result_row(model, n, double(o.B) * o.T, z, torch));
+    results.push_back(result_row(model, n, double(o.B) * o.T, z, modes, step_gemm_flops(o), chosen_peak(p, "fp32")));
+    for (auto& r : p) peaks.push_back(r);
     if (human) print_row(human, results.back(), z);
   }
   if (out)
@@ -195,7 +301,7 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
             {"model", {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_embd", s.n_embd}, {"vocab_size", s.vocab_size},
                        {"n_positions", s.n_positions}, {"B", o.B}, {"T", o.T}}},
             {"params", gpt2::total_numel(s)}, {"stage", o.stage}, {"dtype", "fp32"}, {"ranks", 1},
-            {"warmup", o.warmup}, {"iters", o.iters}, {"results", results}};
+            {"warmup", o.warmup}, {"iters", o.iters}, {"gemm_peak", peaks}, {"results", results}};
   return Status::Ok();
 }
 

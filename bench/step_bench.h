@@ -1,7 +1,10 @@
 // `zoe bench step`: tokens/s of one GPT-2 training step (forward, backward, AdamW) in zoe against
-// PyTorch training the same model in the same run (bench/torch_gpt2_step.py, a subprocess).
-// zoe drives its engine directly (CPU device, one rank, no MPI); both sides are fp32, use the
-// same thread count, warm up first and time only steady-state steps.
+// PyTorch training the same model in the same run (bench/torch_gpt2_step.py, a subprocess): eager
+// fp32 (the baseline of "ratio"), bf16 autocast where the CPU has bf16 units, torch.compile where
+// torch has it ("ratio_to_best_torch"). zoe drives its engine directly (CPU device, one rank, no
+// MPI) in fp32; both sides use the same thread count, warm up first and time only steady-state
+// steps. Beside them, the machine's GEMM peak through each path (kernels/gemm.h) and the fraction
+// of the fp32 peak zoe's GEMMs reach in the step (attention's own products are not counted).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -41,7 +44,9 @@ struct StepTiming {
 };
 Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads);
 Result<std::string> find_torch_python(const StepBenchOptions& o);
-// PyTorch training the same model: bench/torch_gpt2_step.py's JSON line.
-Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads);
+// PyTorch training the same model: bench/torch_gpt2_step.py's JSON line; mode: eager,
+// autocast_bf16 or compile.
+Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads,
+                                       const std::string& mode = "eager");
 
 }  // namespace zoe

@@ -17,7 +17,7 @@ ALLOWED = {
     "train": {"sched", "model", "data", "ckpt", "gpu", "cpu", "nvme", "comm", "kernels", "common"},
     "gpu": {"model", "comm", "kernels", "common"},
     "cpu": {"model", "comm", "kernels", "common"},
-    "model": {"ckpt", "comm", "common"},
+    "model": {"ckpt", "comm", "kernels", "common"},
     "data": {"common"},
     "sched": {"nvme", "comm", "kernels", "common"},
     "ckpt": {"comm", "common"},

@@ -3,7 +3,7 @@
 # and the Python packages its cross-checks use (best effort: those tests skip without them).
 set -euo pipefail
 pkgs=(cmake ninja-build lld g++ make pkg-config liburing-dev libtbb-dev libopenmpi-dev openmpi-bin libgtest-dev
-      libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
+      libxxhash-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libdnnl-dev
       fio clang libclang-rt-14-dev libdlpack-dev pybind11-dev python3-dev)  # fio: the referee of `zoe bench nvme`; clang: the sanitizer and fuzz build
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 missing=()

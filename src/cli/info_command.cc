@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "common/version.h"
 #include "kernels/adam.h"
+#include "kernels/gemm.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/gpu_info.h"
 #endif
@@ -15,10 +16,15 @@ namespace zoe::cli {
 int info_command() {
   fmt::print("zoe {}\n", version_string());
   fmt::print("backends compiled: {}\n", fmt::join(backends_compiled(), ", "));
-  fmt::print("build: {} {}, {}, comm: MPI + single rank, BLAS: OpenBLAS, threads: oneTBB\n", ZOE_COMPILER,
-             __VERSION__, ZOE_BUILD_TYPE);
+  fmt::print("build: {} {}, {}, comm: MPI + single rank, GEMM: OpenBLAS{}, threads: oneTBB\n", ZOE_COMPILER,
+             __VERSION__, ZOE_BUILD_TYPE, gemm_onednn_isa() == "absent" ? "" : " + oneDNN");
   fmt::print("cpu: {} threads, best ISA {} (avx512 {}, avx2 {})\n", std::thread::hardware_concurrency(),
              isa_name(best_isa()), isa_supported(Isa::kAvx512) ? "yes" : "no", isa_supported(Isa::kAvx2) ? "yes" : "no");
+  for (GemmType t : {GemmType::kF32, GemmType::kBF16}) {
+    auto p = gemm_path(t);
+    fmt::print("gemm {}: {}\n", gemm_type_name(t),
+               p.ok() ? fmt::format("{} (oneDNN finds {})", gemm_path_name(*p), gemm_onednn_isa()) : p.status().message());
+  }
 #ifdef ZOE_HAVE_CUDA
   std::string why;
   auto gpus = gpu::list_gpus(&why);

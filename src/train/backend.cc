@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cpu/cpu_device.h"
+#include "kernels/gemm.h"
 #include "nvme/io_error.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
@@ -38,6 +39,8 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
           "config key 'zoe.device_memory_budget': {} cannot be reserved as the CPU device's memory (mmap: {}); "
           "this machine has {} of memory: give a budget it can hold",
           bytes_text(c.device_memory_budget), std::strerror(e), bytes_text(physical_memory_bytes())));
+    // The CPU device's model ops run the host GEMM paths: a bad ZOE_GEMM_* is an error now.
+    for (GemmType t : {GemmType::kF32, GemmType::kBF16}) ZOE_RETURN_IF_ERROR(gemm_path(t).status());
     b.device = std::move(dev);
     return b;
   }

@@ -1,0 +1,110 @@
+#include "kernels/gemm_onednn.h"
+
+#include <dnnl.hpp>
+
+#include <functional>
+#include <tuple>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+// Debian's oneDNN runs its kernels on OpenMP (libgomp). A product is one slice of oneTBB's work,
+// so each calling thread asks OpenMP for a team of one: no threads beside oneTBB's.
+extern "C" void omp_set_num_threads(int);
+
+namespace zoe::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+struct Key {
+  bool bf16, ta, tb;
+  int M, N, K, lda, ldb, ldc;
+  float beta;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<float>()(k.beta);
+    for (int v : {int(k.bf16), int(k.ta), int(k.tb), k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ size_t(v);
+    return h;
+  }
+};
+
+struct Product {
+  dnnl::matmul prim;
+  memory::desc a, b, c;
+};
+
+dnnl::engine& cpu() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// A row-major [rows, cols] matrix with row stride ld, or its transpose stored as [cols, rows].
+memory::desc matrix(int rows, int cols, int ld, bool transposed, memory::data_type t) {
+  memory::dims strides = transposed ? memory::dims{1, ld} : memory::dims{ld, 1};
+  return memory::desc({rows, cols}, t, strides);
+}
+
+Product make(const Key& k) {
+  auto t = k.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  Product p{{}, matrix(k.M, k.K, k.lda, k.ta, t), matrix(k.K, k.N, k.ldb, k.tb, t),
+            matrix(k.M, k.N, k.ldc, false, memory::data_type::f32)};
+  dnnl::primitive_attr attr;
+  if (k.beta != 0) {  // C = beta C + product, as the post-op "sum"
+    dnnl::post_ops ops;
+    ops.append_sum(k.beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu());
+  p.prim = dnnl::matmul(pd);
+  return p;
+}
+
+}  // namespace
+
+bool supported(bool bf16) {
+  if (!bf16) return true;
+  // oneDNN has a bf16 kernel from AVX512-BF16 on (AMX is a superset); elsewhere only its
+  // reference loops, far slower than converting to fp32.
+  auto bits = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & bits) == bits;
+}
+
+std::string isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C) {
+  thread_local bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+  thread_local std::unordered_map<Key, Product, KeyHash> products;
+  thread_local dnnl::stream stream(cpu());
+  Key k{bf16, s.ta, s.tb, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
+  try {
+    auto it = products.find(k);
+    if (it == products.end()) it = products.emplace(k, make(k)).first;
+    Product& p = it->second;
+    memory a(p.a, cpu(), const_cast<void*>(A)), b(p.b, cpu(), const_cast<void*>(B)), c(p.c, cpu(), C);
+    p.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return Status::Runtime(fmt::format("oneDNN {} matmul {}x{}x{}: {}", bf16 ? "bf16" : "fp32", s.M, s.N, s.K, e.what()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace zoe::onednn

@@ -1,0 +1,14 @@
+// The oneDNN path of gemm.h (gemm_onednn.cc), or its absence (gemm_onednn_absent.cc) in a build
+// without oneDNN (-DZOE_ONEDNN=OFF, or the library not found).
+#pragma once
+#include <string>
+
+#include "kernels/gemm.h"
+
+namespace zoe::onednn {
+
+bool supported(bool bf16);
+std::string isa();
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C);
+
+}  // namespace zoe::onednn

@@ -1,0 +1,11 @@
+#include "kernels/gemm_onednn.h"
+
+namespace zoe::onednn {
+
+bool supported(bool) { return false; }
+std::string isa() { return "absent"; }
+Status matmul(bool, const GemmShape&, const void*, const void*, float, float*) {
+  return Status::Unsupported("this build has no oneDNN (ZOE_ONEDNN)");
+}
+
+}  // namespace zoe::onednn
