@@ -45,6 +45,8 @@ class CaptureEngine final : public Engine {
   Status read_owned(int, OwnedKind, int64_t, int64_t, float*) override { return Status::Ok(); }
   Status write_owned(int, OwnedKind, int64_t, int64_t, const float*) override { return Status::Ok(); }
   Status commit_owned_state() override { return Status::Ok(); }
+  NvmeBytes nvme_bytes() const override { return {}; }
+  void wait_nvme_idle() override {}
   void restore_counters(int64_t, double, int64_t, int) override {}
   void scaler_state(int64_t*, int*) const override {}
   std::vector<std::vector<float>> params_, grads_;  // host copies: what was set, what was handed over

@@ -430,6 +430,32 @@ TEST_F(NvmeStoreTest, BackgroundBlocksGoOutInBatchesTheKernelCanMerge) {
   EXPECT_EQ(env.largest_submission(IoOp::kRead), 8);
 }
 
+// wait_idle() returns only once every transfer submitted has completed; traffic() then counts
+// all of them (the report's final NVMe bytes rest on it).
+TEST_F(NvmeStoreTest, WaitIdleReturnsOnceEveryTransferSubmittedHasCompleted) {
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  const std::vector<uint8_t> x = random_bytes(2 * kBlock, 21);
+  auto store = open(o, {{"a", 4 * kBlock}});
+  ASSERT_TRUE(store);
+  env.hold(IoOp::kWrite, true);
+  Ticket w = store->write_async(0, 0, x.data(), x.size());
+  std::atomic<bool> idle{false};
+  std::thread waiter([&] {
+    store->wait_idle();
+    idle.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(idle.load()) << "wait_idle returned while a write was held back from the device";
+  env.hold(IoOp::kWrite, false);
+  waiter.join();
+  EXPECT_TRUE(store->ready(w));
+  EXPECT_TRUE(store->wait(w).ok());
+  EXPECT_EQ(store->traffic().written_bytes, x.size());
+  store->wait_idle();  // nothing in flight: at once
+}
+
 // A read whose bytes pending writes cover (each byte from the newest write holding it) is served
 // from those writes' memory: it completes while the writes are held back from the device, and
 // reads and hashes nothing. A read they cover only in part waits for them and reads the device;

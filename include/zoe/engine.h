@@ -103,6 +103,15 @@ class Engine {
   // After write_owned() (checkpoint load): refresh the low-precision weights from the masters and
   // gather them where they are replicated. Collective.
   virtual Status commit_owned_state() = 0;
+
+  // Bytes the NVMe tier's devices have moved since the engine was made: whole requests, so
+  // padding and read-modify-write reads count (zero without state on NVMe). A transfer counts
+  // once it completes; after wait_nvme_idle() every transfer submitted so far has.
+  struct NvmeBytes {
+    uint64_t read = 0, written = 0;
+  };
+  virtual NvmeBytes nvme_bytes() const = 0;
+  virtual void wait_nvme_idle() = 0;
   virtual void restore_counters(int64_t steps_applied, double loss_scale, int64_t good_steps, int hysteresis) = 0;
   virtual void scaler_state(int64_t* good_steps, int* hysteresis) const = 0;
 };

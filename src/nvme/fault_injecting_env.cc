@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <chrono>
 #include <thread>
+#include <unordered_map>
 
 #include "nvme/io_error.h"
 
@@ -37,6 +38,7 @@ class FaultInjectingQueue : public IoQueue {
     }
     IoRequest fwd = r;
     if (v.shorten && r.bytes >= 8192) fwd.bytes = (r.bytes / 2) & ~uint32_t{4095};
+    ops_[r.tag] = r.op;
     if (env_->held(r.op)) {
       held_.push_back(fwd);
       return Status::Ok();
@@ -52,21 +54,21 @@ class FaultInjectingQueue : public IoQueue {
     }
     ZOE_RETURN_IF_ERROR(release_held());
     if (!injected_.empty()) {
-      Status s = base_->submit_and_wait(0, out);
+      Status s = base_wait(0, out);
       out->insert(out->end(), injected_.begin(), injected_.end());
       injected_.clear();
       return s;
     }
-    if (held_.empty()) return base_->submit_and_wait(wait_for, out);
+    if (held_.empty()) return base_wait(wait_for, out);
     // Held requests complete only once released: poll the file's queue until something completes,
     // the hold ends or wake() is called, as the kernel's wait would return.
     for (;;) {
       if (Status s = injected_failure(); !s.ok()) return s;
-      Status s = base_->submit_and_wait(0, out);
+      Status s = base_wait(0, out);
       if (!s.ok() || !out->empty() || wait_for == 0 || woken_.exchange(false)) return s;
       if (!env_->held(IoOp::kRead) && !env_->held(IoOp::kWrite)) {
         ZOE_RETURN_IF_ERROR(release_held());
-        return base_->submit_and_wait(wait_for, out);
+        return base_wait(wait_for, out);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -77,6 +79,17 @@ class FaultInjectingQueue : public IoQueue {
     const int err = env_->take_submit_failure();
     if (err == 0) return Status::Ok();
     return Status::Io("io_uring: io_uring_enter failed: " + errno_text(err) + " (injected)");
+  }
+
+  // The file's queue's completions, their bytes counted by kind (FaultInjectingEnv::completed_bytes).
+  Status base_wait(unsigned wait_for, std::vector<IoCompletion>* out) {
+    const size_t before = out->size();
+    Status s = base_->submit_and_wait(wait_for, out);
+    for (size_t i = before; i < out->size(); ++i) {
+      auto it = ops_.find((*out)[i].tag);
+      if (it != ops_.end() && (*out)[i].result > 0) env_->count_completed(it->second, (*out)[i].result);
+    }
+    return s;
   }
 
   // Held requests whose kind is no longer held go to the file's queue.
@@ -95,6 +108,7 @@ class FaultInjectingQueue : public IoQueue {
   FaultInjectingEnv* env_;
   std::vector<IoCompletion> injected_;
   std::vector<IoRequest> held_;
+  std::unordered_map<uint64_t, IoOp> ops_;  // tag -> kind of the requests forwarded to the file
   std::atomic<bool> woken_{false};
   int enqueued_[2] = {0, 0};  // since the last submit_and_wait
 };

@@ -43,6 +43,10 @@ class FaultInjectingEnv : public NvmeEnv {
   int take_submit_failure();
   // Requests of kind `op` seen so far.
   int requests(IoOp op) const { return count_[static_cast<int>(op)].load(); }
+  // Bytes the file's queue reported transferred for requests of kind `op`: what the kernel moved,
+  // counted apart from the store's own counters.
+  uint64_t completed_bytes(IoOp op) const { return completed_[static_cast<int>(op)].load(); }
+  void count_completed(IoOp op, uint64_t bytes) { completed_[static_cast<int>(op)] += bytes; }  // by the queue wrapper
   // The most requests of kind `op` that one submit_and_wait handed to the kernel together.
   int largest_submission(IoOp op) const { return largest_[static_cast<int>(op)].load(); }
   void note_submission(IoOp op, int requests);  // by the queue wrapper
@@ -86,6 +90,7 @@ class FaultInjectingEnv : public NvmeEnv {
   std::mutex mu_;
   std::vector<Rule> rules_;
   std::atomic<int> count_[2] = {0, 0};
+  std::atomic<uint64_t> completed_[2] = {0, 0};
   std::atomic<int> largest_[2] = {0, 0};
   std::atomic<bool> held_[2] = {false, false};
   std::atomic<int> failing_submits_{0}, submit_err_{0};

@@ -43,6 +43,7 @@ void IoWorker::submit(std::shared_ptr<Transfer> t) {
       return;
     }
     t->queued = true;
+    ++outstanding_;
     incoming_.push_back(std::move(t));
     wake = in_kernel_;
   }
@@ -54,6 +55,11 @@ Status IoWorker::wait(const Transfer& t) {
   std::unique_lock l(mu_);
   done_.wait(l, [&] { return t.done; });
   return t.status;
+}
+
+void IoWorker::wait_idle() {
+  std::unique_lock l(mu_);
+  done_.wait(l, [&] { return outstanding_ == 0; });
 }
 
 bool IoWorker::done(const Transfer& t) {
@@ -450,6 +456,7 @@ void IoWorker::complete(Transfer& t) {
   {
     std::lock_guard l(mu_);
     t.done = true;
+    --outstanding_;
   }
   done_.notify_all();
 }

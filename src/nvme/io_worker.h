@@ -59,6 +59,8 @@ class IoWorker {
   Status call(std::function<Status(IoQueue&)> fn);
   // Finishes everything submitted, then ends the thread. Idempotent.
   void stop();
+  // Returns once every transfer submitted so far has completed (or failed).
+  void wait_idle();
   // Bytes the device has read and written so far, padding and read-modify-write included.
   uint64_t device_read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
   uint64_t device_written_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
@@ -130,6 +132,7 @@ class IoWorker {
   };
   std::deque<Call*> calls_;
   bool stopping_ = false;
+  int64_t outstanding_ = 0;       // transfers submitted and not yet complete
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
   std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0}, forwarded_bytes_{0};

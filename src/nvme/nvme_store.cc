@@ -396,6 +396,10 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
 }
 
 
+void NvmeStore::wait_idle() {
+  if (worker_) worker_->wait_idle();
+}
+
 NvmeStore::Traffic NvmeStore::traffic() const {
   return worker_ ? Traffic{worker_->device_read_bytes(), worker_->device_written_bytes(), worker_->hashed_bytes(),
                          worker_->forwarded_bytes()}

@@ -142,6 +142,8 @@ class NvmeStore {
     uint64_t forwarded_bytes = 0;  // what reads took from pending writes instead (not in read_bytes)
   };
   Traffic traffic() const;
+  // Returns once every transfer submitted so far has completed: traffic() is then final for them.
+  void wait_idle();
   Status read(int region, uint64_t offset, void* dst, uint64_t bytes) { return wait(read_async(region, offset, dst, bytes)); }
   Status write(int region, uint64_t offset, const void* src, uint64_t bytes) {
     return wait(write_async(region, offset, src, bytes));

@@ -142,6 +142,10 @@ Status RankState::allocate(const std::string& job) {
   return exp_avg_sq_.allocate(dev_, home(oo, "exp_avg_sq"), opt_elems, 4, Kind::kExpAvgSq, opt_units);
 }
 
+void RankState::wait_nvme_idle() {
+  for (auto& store : stores_) store->wait_idle();
+}
+
 NvmeStore::Traffic RankState::nvme_traffic() const {
   NvmeStore::Traffic sum;
   for (const auto& store : stores_) {

@@ -80,6 +80,7 @@ class RankState {
   // What the pinned pool holds per element of a sub-group whose windows take `optimizer_bytes`.
   uint64_t pool_bytes_per_elem(uint64_t optimizer_bytes) const;
   NvmeStore::Traffic nvme_traffic() const;  // summed over the stores
+  void wait_nvme_idle();                     // every store's submitted transfers complete
 
   // Elements [e, e+n) of `a` (stored as `dt`) to or from host fp32, through pinned windows for
   // NVMe parts.

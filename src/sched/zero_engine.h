@@ -60,6 +60,11 @@ class ZeroEngine final : public Engine {
   // The optimizer's sub-group (elements) and the pinned pool's size; 0 without NVMe state.
   int64_t sub_group_elems() const { return state_.group_elems(); }
   Status commit_owned_state() override;
+  NvmeBytes nvme_bytes() const override {
+    NvmeStore::Traffic t = state_.nvme_traffic();
+    return {t.read_bytes, t.written_bytes};
+  }
+  void wait_nvme_idle() override { state_.wait_nvme_idle(); }
 
   // The units' fetch order of the last complete step (stage 3; empty before one).
   const std::vector<int>& unit_order() const { return units_.plan(); }

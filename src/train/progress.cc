@@ -32,6 +32,8 @@ void Progress::update(int64_t step, double loss, double tps, double step_s, cons
                                  "rank0 state: device {} (peak {}) host {} nvme {}",
                                  step, total_, loss, tps, step_s, std::floor(eta / 60), std::fmod(eta, 60.0),
                                  human_bytes(dev), human_bytes(f.peak_device), human_bytes(host), human_bytes(nvme));
+  if (f.nvme_read || f.nvme_written)  // what the step moved: against the disk's rates, how far from its bound
+    line += fmt::format(" | nvme read {} written {}", human_bytes(f.nvme_read), human_bytes(f.nvme_written));
   if (tty_) {
     std::printf("\r\033[K%s", line.c_str());
     dirty_ = true;

@@ -10,7 +10,7 @@
 
 namespace zoe {
 
-RankStepFacts RankStepFacts::collect(const LedgerSnapshot& l, const CommBytes& c) {
+RankStepFacts RankStepFacts::collect(const LedgerSnapshot& l, const CommBytes& c, const Engine::NvmeBytes& nvme) {
   RankStepFacts f{};
   for (int t = 0; t < kNumTiers; ++t)
     for (int k = 0; k < kNumPersistentKinds; ++k) f.persistent[t][k] = l.bytes[t][k];
@@ -20,6 +20,8 @@ RankStepFacts RankStepFacts::collect(const LedgerSnapshot& l, const CommBytes& c
   f.reduce_scatter = c.reduce_scatter;
   f.all_reduce = c.all_reduce;
   f.broadcast = c.broadcast;
+  f.nvme_read = nvme.read;
+  f.nvme_written = nvme.written;
   // The process's peak resident memory so far (Linux reports KiB), beside the ledger's peaks.
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -58,6 +60,13 @@ nlohmann::json comm_json(const std::vector<RankStepFacts>& ranks) {
   for (size_t r = 0; r < ranks.size(); ++r)
     out.push_back({{"rank", r}, {"all_gather", ranks[r].all_gather}, {"reduce_scatter", ranks[r].reduce_scatter},
                    {"all_reduce", ranks[r].all_reduce}, {"broadcast", ranks[r].broadcast}});
+  return out;
+}
+
+nlohmann::json nvme_json(const std::vector<RankStepFacts>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < ranks.size(); ++r)
+    out.push_back({{"rank", r}, {"read", ranks[r].nvme_read}, {"written", ranks[r].nvme_written}});
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "comm/comm.h"
+#include "zoe/engine.h"
 #include "zoe/ledger.h"
 #include "zoe/status.h"
 
@@ -19,8 +20,9 @@ struct RankStepFacts {
   uint64_t peak_device, peak_host;
   uint64_t peak_rss;  // the process's peak resident set (getrusage), for checking the ledger
   uint64_t all_gather, reduce_scatter, all_reduce, broadcast;
+  uint64_t nvme_read, nvme_written;  // what this rank's NVMe tier moved since the previous line
 
-  static RankStepFacts collect(const LedgerSnapshot& l, const CommBytes& c);
+  static RankStepFacts collect(const LedgerSnapshot& l, const CommBytes& c, const Engine::NvmeBytes& nvme);
 };
 
 // Gathers every rank's facts to rank 0 (others get an empty vector).
@@ -28,6 +30,7 @@ Result<std::vector<RankStepFacts>> gather_facts(Comm& comm, const RankStepFacts&
 
 nlohmann::json ledger_json(const std::vector<RankStepFacts>& ranks);
 nlohmann::json comm_json(const std::vector<RankStepFacts>& ranks);
+nlohmann::json nvme_json(const std::vector<RankStepFacts>& ranks);
 
 class ReportWriter {
  public:

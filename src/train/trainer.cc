@@ -92,8 +92,16 @@ class TrainJob {
     progress.finish();
     // Stage 3's last update runs behind the loop: the job is done only once it has succeeded.
     ZOE_RETURN_IF_ERROR(engine_->flush().status());
+    // What the NVMe tier moved after the last step's line (its write-backs, the last save's
+    // reads), once all of it has completed: the lines then add up to the stores' whole traffic.
+    engine_->wait_nvme_idle();
+    RankStepFacts mine{};
+    Engine::NvmeBytes rest = nvme_since_last();
+    mine.nvme_read = rest.read, mine.nvme_written = rest.written;
+    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, mine));
     ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
-                                       {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)}}));
+                                       {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)},
+                                       {"nvme_bytes", nvme_json(facts)}}));
     if (!o_.trace_path.empty()) ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
     return sum;
   }
@@ -137,7 +145,7 @@ class TrainJob {
     tensor_comm_ = std::move(backend.tensor_comm);
     comm_.set_ledger(&dev_->ledger());
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
-    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units()));
+    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
     if (c_.eval_every > 0) {
       if (c_.model_type == "gpt2" && c_.data_val.empty())
@@ -191,6 +199,14 @@ class TrainJob {
     return sum / (kValBatches * comm_.size());
   }
 
+  // The NVMe tier's bytes since the previous call (the report's per-line figure).
+  Engine::NvmeBytes nvme_since_last() {
+    Engine::NvmeBytes now = engine_->nvme_bytes();
+    Engine::NvmeBytes d{now.read - nvme_seen_.read, now.written - nvme_seen_.written};
+    nvme_seen_ = now;
+    return d;
+  }
+
   Result<double> one_step(int64_t s, Progress& progress) {
     auto t0 = std::chrono::steady_clock::now();
     tensor().reset_counters();
@@ -216,7 +232,8 @@ class TrainJob {
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto times = Profiler::get().take_step_times();
-    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(), tensor().bytes_sent())));
+    ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, RankStepFacts::collect(dev_->ledger().snapshot(),
+                                                                               tensor().bytes_sent(), nvme_since_last())));
     if (comm_.rank() != 0) return loss;
     nlohmann::json line = {
         {"step", s + 1}, {"loss", loss}, {"val_loss", val_loss}, {"lr", lr},
@@ -224,7 +241,7 @@ class TrainJob {
         {"loss_scale", c_.dtype == DType::kF16 ? nlohmann::json(r.loss_scale) : nlohmann::json()},
         {"skipped", !r.applied}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
         {"params", engine_->params()}, {"ranks", comm_.size()}, {"stage", c_.stage},
-        {"ledger", ledger_json(facts)}, {"comm_bytes", comm_json(facts)},
+        {"ledger", ledger_json(facts)}, {"comm_bytes", comm_json(facts)}, {"nvme_bytes", nvme_json(facts)},
         {"time_s", {{"forward", times[0]}, {"backward", times[1]}, {"optimizer", times[2]},
                     {"wait_io", times[3] + times[5]}, {"wait_comm", times[4]}, {"nvme_read", times[3]},
                     {"nvme_write", times[5]}}}};
@@ -241,6 +258,7 @@ class TrainJob {
   Comm& tensor() { return tensor_comm_ ? *tensor_comm_ : comm_; }
   std::unique_ptr<Model> model_;
   std::unique_ptr<Engine> engine_;
+  Engine::NvmeBytes nvme_seen_;  // the engine's NVMe bytes at the last report line
   std::unique_ptr<BatchSource> source_, val_;
   ReportWriter report_;
   TrainState state_;

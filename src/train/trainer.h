@@ -5,6 +5,7 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
+#include "nvme/nvme_env.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -13,6 +14,7 @@ struct TrainOptions {
   std::string report_path;
   std::string trace_path;
   bool quiet = false;
+  NvmeEnv* nvme_env = nullptr;  // the NVMe tier's environment (null: the real one; tests inject faults)
 };
 
 struct TrainSummary {
