@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The out-of-core run (a benchmark, not a test): a GPT-2-shaped model whose 16-bytes-per-parameter
 # training state is at least twice this machine's RAM trains 3 steps on one rank, bf16, stage 3,
-# with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS
-# and the time per step split into compute, NVMe reads and NVMe writes.
+# with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
+# the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
+# against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
+# directory first (1 MiB blocks, depth 32, as the job's aio settings), reads then writes.
+# The learning rate warms up linearly from 2e-5 (WarmupLR, 1000 steps to 1e-4): a fresh 40-layer
+# model at a constant 1e-4 diverged here (loss 11.17 -> 15.88 -> 16.35), so the three steps'
+# losses should fall; the script says whether they did.
 #
 #   bench/out_of_core.sh [DIR] [--set key=value ...]    (DIR default: out/ooc; build first: tools/build.sh)
 #
@@ -34,6 +39,8 @@ cat > "$dir/config.json" <<EOF
   "bf16": {"enabled": true},
   "gradient_clipping": 1.0,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 2e-5, "warmup_max_lr": 1e-4,
+    "warmup_num_steps": 1000, "warmup_type": "linear"}},
   "zero_optimization": {"stage": 3, "sub_group_size": 100000000,
     "offload_optimizer": {"device": "nvme", "nvme_path": "$dir/nvme", "pin_memory": true},
     "offload_param": {"device": "nvme", "nvme_path": "$dir/nvme", "pin_memory": true}},
@@ -44,25 +51,38 @@ cat > "$dir/config.json" <<EOF
     "steps": 3}
 }
 EOF
+# The disk's rates in this directory, now: what each step's bound is made of.
+build/zoe bench nvme --dir "$dir/rate" --iters 3 --json > "$dir/nvme_rate.json"
+rm -rf "$dir/rate"
 start=$(date +%s)
 build/zoe train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
 echo "total wall time (start-up, init, 3 steps): $(( $(date +%s) - start )) s"
-python3 - "$dir/report.jsonl" "$state" <<'EOF'
+python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"ledger"' in l]
 state = int(sys.argv[2])
+rate = {r["op"]: r["zoe_GBps"] * 1e9 for r in json.load(open(sys.argv[3]))["results"]
+        if r["block_bytes"] == 1 << 20 and r["queue_depth"] == 32}
 gb = lambda b: f"{b / 1e9:.2f} GB"
 r0 = lines[-1]["ledger"][0]
 for tier in ("device", "host", "nvme"):
     print(f"ledger {tier:6s}: " + ", ".join(f"{k} {gb(v)}" for k, v in r0[tier].items()))
 print(f"peak device {gb(r0['peak_device_bytes'])}, peak host {gb(r0['peak_host_bytes'])}, "
       f"peak RSS {gb(r0['peak_rss_bytes'])} = {r0['peak_rss_bytes'] / state:.3f} of the state ({gb(state)})")
-print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | loss")
+print(f"disk (zoe bench nvme, 1 MiB blocks, depth 32, this directory): read {rate['read'] / 1e9:.2f} GB/s, "
+      f"write {rate['write'] / 1e9:.2f} GB/s")
+print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | bound_s | "
+      "step/bound | loss")
 for l in lines:
-    t = l["time_s"]
+    t, n = l["time_s"], l["nvme_bytes"][0]
     compute = l["step_s"] - t["wait_io"] - t["wait_comm"]
+    bound = n["read"] / rate["read"] + n["written"] / rate["write"]
     print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
-          f"{t['wait_comm']:11.1f} | {l['loss']:.4f}")
+          f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | {bound:7.1f} | "
+          f"{l['step_s'] / bound:10.2f} | {l['loss']:.4f}")
+losses = [l["loss"] for l in lines]
+falling = all(b < a for a, b in zip(losses, losses[1:]))
+print(("losses fall: " if falling else "losses do NOT fall: ") + " -> ".join(f"{x:.4f}" for x in losses))
 ok = r0["peak_rss_bytes"] < state / 4
 print(("PASS" if ok else "FAIL") + f": peak RSS {'<' if ok else '>='} a quarter of the state")
 sys.exit(0 if ok else 1)

@@ -127,6 +127,31 @@ TEST(Cli, ValidationLossIsReportedEveryEvalEvery) {
   EXPECT_NE(out.find("zoe.data.val"), std::string::npos) << out;
 }
 
+// The default job (the README's first command) trains without a spike in its first 50 steps (the
+// schedule's warm-up ends at step 10, its lr peak): no loss rises more than 1.0 above the best
+// before it (an overshoot once went 3.4 -> 7.5), and step 50 is far below step 1.
+TEST(Cli, TheDefaultJobsFirstFiftyStepsDoNotSpike) {
+  std::string dir = make_temp_dir("demo");
+  std::string out;
+  int rc = run_command("cd " + dir + " && " + kZoe + " train --quiet --set zoe.steps=50 --set zoe.checkpoint.dir='\"\"'"
+                       " --report " + dir + "/r.jsonl", &out);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream f(dir + "/r.jsonl");
+  std::vector<double> loss;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step")) loss.push_back(j["loss"].get<double>());
+  }
+  ASSERT_EQ(loss.size(), 50u);
+  double best = loss[0];
+  for (size_t s = 1; s < loss.size(); ++s) {
+    EXPECT_LT(loss[s], best + 1.0) << "step " << s + 1 << " spiked to " << loss[s] << " from a best of " << best;
+    best = std::min(best, loss[s]);
+  }
+  EXPECT_LT(loss.back(), loss.front() - 2.0) << "from " << loss.front() << " to " << loss.back();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, MismatchedMpirunWorldExitsTwo) {
   std::string dir = make_temp_dir("cli");
   // train_batch_size fits one rank (16 x 1 x 1); launched with two ranks.
@@ -177,19 +202,24 @@ TEST(Cli, TrainWritesAReportLinePerStepAndADoneLine) {
   std::string line;
   int steps = 0;
   nlohmann::json last;
+  double nvme_read[2] = {0, 0};  // the default job's optimizer state is on NVMe: every rank reads it
   while (std::getline(f, line)) {
     last = nlohmann::json::parse(line);
+    for (int r = 0; r < 2 && last.contains("nvme_bytes"); ++r) nvme_read[r] += last["nvme_bytes"][r]["read"].get<double>();
     if (last.contains("step")) {
       ++steps;
       EXPECT_EQ(last["ranks"], 2);
       EXPECT_EQ(last["ledger"].size(), 2u);
       EXPECT_EQ(last["comm_bytes"].size(), 2u);
+      EXPECT_EQ(last["nvme_bytes"].size(), 2u);
       EXPECT_GT(last["comm_bytes"][1]["all_gather"].get<double>(), 0);
       EXPECT_TRUE(last["loss"].is_number());
     }
   }
   EXPECT_EQ(steps, 4);
   EXPECT_TRUE(last["done"].get<bool>());
+  EXPECT_GT(nvme_read[0], 0);
+  EXPECT_GT(nvme_read[1], 0);
   auto trace = nlohmann::json::parse(std::ifstream(dir + "/t.json"));
   bool saw_rank1 = false;
   std::set<std::string> rows;  // rank 1's named threads
