@@ -20,7 +20,7 @@ namespace zoe {
 struct NvmeBenchOptions {
   std::string dir = "out/bench-nvme";  // the store's nvme_path; made if missing
   uint64_t file_bytes = uint64_t{1} << 30;
-  std::vector<uint32_t> block_sizes = {1u << 20, 4u << 20, 16u << 20};
+  std::vector<uint32_t> block_sizes = {256u << 10, 1u << 20, 4u << 20, 16u << 20};
   std::vector<unsigned> queue_depths = {8, 32};
   int reps = 3;                        // repetitions per case, each one zoe and fio back to back
   bool checksum_rows = true;

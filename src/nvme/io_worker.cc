@@ -115,14 +115,24 @@ void IoWorker::run() {
     }
     fill();
     if (in_flight_ == 0) continue;
+    cq.clear();
+    if (!to_hash_.empty()) {  // the writes go to the device first, then their sums are made
+      Status s = queue_->submit_and_wait(0, &cq);
+      if (!s.ok()) {
+        to_hash_.clear();
+        if (broken_.ok()) fail_all(s);
+        else reap_failed(s);
+        continue;
+      }
+      hash_pending();
+    }
     bool block_in_kernel;
     {
       std::lock_guard l(mu_);
       block_in_kernel = incoming_.empty() && calls_.empty();  // new work waiting: submit without waiting
       in_kernel_ = block_in_kernel;
     }
-    cq.clear();
-    Status s = queue_->submit_and_wait(block_in_kernel ? 1 : 0, &cq);
+    Status s = queue_->submit_and_wait(block_in_kernel && cq.empty() ? 1 : 0, &cq);
     {
       std::lock_guard l(mu_);
       in_kernel_ = false;
@@ -133,8 +143,29 @@ void IoWorker::run() {
       continue;
     }
     reap_failures_ = 0;
-    for (const IoCompletion& c : cq) handle(c);
+    handle_batch(cq);
   }
+}
+
+// A batch's reads are verified one by one; after each hash the requests the handled ones freed
+// are started, so the device is not idle while the rest of the batch is hashed (a batch can be
+// the whole queue). A submit that fails in between is dealt with once the batch is handled.
+void IoWorker::handle_batch(std::vector<IoCompletion>& cq) {
+  Status late;
+  for (size_t i = 0; i < cq.size(); ++i) {
+    const uint64_t hashed = hashed_bytes_.load(std::memory_order_relaxed);
+    handle(cq[i]);
+    if (!late.ok() || i + 1 == cq.size() || hashed_bytes_.load(std::memory_order_relaxed) == hashed) continue;
+    fill();
+    if (!to_hash_.empty() || in_flight_ > 0) {
+      late = queue_->submit_and_wait(0, &cq);
+      if (late.ok()) hash_pending();
+      else to_hash_.clear();
+    }
+  }
+  if (late.ok()) return;
+  if (broken_.ok()) fail_all(late);
+  else reap_failed(late);
 }
 
 // Arrived transfers join the lists in submission order; a read a pending write covers is done
@@ -288,7 +319,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
     k.phase = IoOp::kRead;
   } else if (direct) {
     k.phase = IoOp::kWrite;
-    if (sums) k.sum = write_sum(t, block, user, block_end - block_begin);
+    if (sums) set_write_sum(slot);
   } else if (!whole && !all_data && state != BlockTable::State::kUnwritten && !pads_rest(t, io_begin, s, e)) {
     k.phase = IoOp::kRead;  // read the rest of the span first
     k.rmw = true;
@@ -300,7 +331,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
       std::memset(k.io_buf + (e - io_begin), 0, io_end - e);
     }
     std::memcpy(k.io_buf + (s - io_begin), user, e - s);
-    if (sums) k.sum = write_sum(t, block, k.io_buf, block_end - block_begin);
+    if (sums) set_write_sum(slot);
     k.phase = IoOp::kWrite;
   }
   enqueue(slot);
@@ -355,7 +386,7 @@ void IoWorker::handle(const IoCompletion& c) {
     const uint64_t n = k.user_end - k.user_begin;
     if (k.rmw) {  // patch the caller's bytes in and write the span back
       std::memcpy(at, k.user, n);
-      if (r.blocks.checksums()) k.sum = hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
+      if (r.blocks.checksums()) to_hash_.push_back(slot);  // made once the write is on the device
       k.phase = IoOp::kWrite;
       k.done = 0;
       enqueue(slot);
@@ -386,9 +417,21 @@ uint64_t IoWorker::hash(const uint8_t* data, size_t bytes) {
   return BlockTable::hash(data, bytes);
 }
 
-uint64_t IoWorker::write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes) {
-  const BlockSums* c = caller_block(t, block);
-  return c ? c->sums[block - c->first] : hash(data, bytes);
+// A write's block sum: the caller's where it made it; else hashed here, once the write is on its
+// way to the device (hash_pending), so the device does not wait for the hash.
+void IoWorker::set_write_sum(int slot) {
+  Task& k = tasks_[slot];
+  if (const BlockSums* c = caller_block(*k.t, k.block)) k.sum = c->sums[k.block - c->first];
+  else to_hash_.push_back(slot);
+}
+
+// Before any completion is handled: a write's sum is recorded when it completes.
+void IoWorker::hash_pending() {
+  for (int slot : to_hash_) {
+    Task& k = tasks_[slot];
+    if (k.t && k.phase == IoOp::kWrite) k.sum = hash(k.io_buf, k.t->region->blocks.end(k.block) - k.io_offset);
+  }
+  to_hash_.clear();
 }
 
 bool IoWorker::verify(int slot) {
@@ -466,6 +509,7 @@ void IoWorker::complete(Transfer& t) {
 // them have completed (run() goes on reaping): until then the kernel may still write into their
 // memory or read from it, so neither the caller's memory nor a bounce buffer is handed back.
 void IoWorker::fail_all(const Status& s) {
+  to_hash_.clear();  // nothing those writes record matters now
   std::deque<std::shared_ptr<Transfer>> waiting;
   {
     std::lock_guard l(mu_);

@@ -97,8 +97,9 @@ class IoWorker {
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
   uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted in hashed_bytes_
-  // A write's block sum: the caller's where it made it, else hashed here.
-  uint64_t write_sum(const Transfer& t, uint64_t block, const uint8_t* data, size_t bytes);
+  void set_write_sum(int slot);
+  void hash_pending();
+  void handle_batch(std::vector<IoCompletion>& cq);
   void enqueue(int slot);
   void handle(const IoCompletion& c);
   bool verify(int slot);
@@ -118,6 +119,7 @@ class IoWorker {
   int in_flight_ = 0;
   int reap_failures_ = 0;         // failed reaps in a row since the queue failed
   std::vector<int> abandoned_bounce_;
+  std::vector<int> to_hash_;      // write slots whose sums hash_pending() makes, once they are submitted
   std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
   std::deque<std::shared_ptr<Transfer>> background_;  // the same, started when active_ is empty
   std::vector<std::shared_ptr<Transfer>> pending_writes_;  // not yet complete, in submission order
