@@ -50,10 +50,6 @@ class GradReducer {
   Status agree(OpKind kind, int u, const float* grad, bool* need = nullptr, AheadGather* ahead = nullptr);
   // Waits for every reduction in flight; the first error (every buffer goes back anyway).
   Status finish() { return reap(0, -1); }
-  // An allocation that finds the device full is tried once more after the reductions in flight
-  // have given their buffers back.
-  Result<Buffer> after_reductions_if_full(const std::function<Result<Buffer>()>& alloc);
-
   // At step(), in this order: the units each rank handed over must be the same (else all fail
   // alike, gradients dropped); units without a gradient contribute zeros and replicated ones are
   // reduced now (*handed: this rank's hand-overs); then the counters start afresh (drop) and
@@ -66,6 +62,9 @@ class GradReducer {
   int64_t async_reductions() const { return async_; }  // run on the communication thread so far
 
  private:
+  // An allocation that finds the device full is tried once more after the reductions in flight
+  // have given their buffers back.
+  Result<Buffer> after_reductions_if_full(const std::function<Result<Buffer>()>& alloc);
   Status reduce_sharded(int u, const float* grad);  // grad null: contribute zeros
   CommWorker::Job reduction_job(int u, const Buffer& buf, bool first);
   Status reduce_replicated(int u);  // RS of the accumulated full gradient into the owned chunk

@@ -15,17 +15,19 @@ UnitScheduler::Stats UnitScheduler::stats() const {
   return s;
 }
 
-uint64_t UnitScheduler::device_free() const {
-  LedgerSnapshot l = dev_.ledger().snapshot();
+uint64_t UnitScheduler::device_free() const { return free_in(dev_.ledger().snapshot()); }
+
+uint64_t UnitScheduler::free_in(const LedgerSnapshot& l) const {
   uint64_t used = 0;
   for (uint64_t b : l.bytes[static_cast<int>(Tier::kDevice)]) used += b;
   return budget_ > used ? budget_ - used : 0;
 }
 
 int64_t UnitScheduler::room() {
-  uint64_t act = dev_.ledger().snapshot().bytes[static_cast<int>(Tier::kDevice)][static_cast<int>(Kind::kActivation)];
+  LedgerSnapshot l = dev_.ledger().snapshot();
+  uint64_t act = l.bytes[static_cast<int>(Tier::kDevice)][static_cast<int>(Kind::kActivation)];
   activation_peak_ = std::max(activation_peak_, act);
-  int64_t bytes = static_cast<int64_t>(device_free() + act + pool_.idle_bytes()) -
+  int64_t bytes = static_cast<int64_t>(free_in(l) + act + pool_.idle_bytes()) -
                   static_cast<int64_t>(reserve_ + activation_peak_);
   return bytes >= 0 ? bytes / static_cast<int64_t>(wsize_) : -1;
 }

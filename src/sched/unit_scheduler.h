@@ -80,6 +80,7 @@ class UnitScheduler {
     uint64_t gathering = 0;          // the mover's ticket of the gather started ahead
   };
   size_t bytes(int u) const { return static_cast<size_t>(elems_[u]) * wsize_; }
+  uint64_t free_in(const LedgerSnapshot& l) const;  // the budget less what l has on the device
   int64_t room();                      // gathered elements the device can take (may be negative)
   Status gather(int u);                // this rank's chunk from its tier, then the all-gather
   Result<Buffer> gather_buffer(int u);  // from the pool; evicts what the policy says when full
