@@ -40,7 +40,8 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
   Config c;
   c.stage = o.stage;
-  c.dtype = DType::kF32;
+  c.dtype = o.bf16 ? DType::kBF16 : DType::kF32;
+  c.compute_dtype = o.bf16 ? "bf16" : "fp32";
   c.micro_batch = o.B;
   c.lr = kLr, c.beta1 = kBeta1, c.beta2 = kBeta2, c.eps = kEps, c.weight_decay = kWeightDecay;
   c.grad_clip = kClip;
@@ -57,7 +58,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   auto comm = make_self_comm();
   ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c, *comm));
   Device& dev = *backend.device;
-  Gpt2Model model(o.shape, /*activation_checkpointing=*/false);
+  Gpt2Model model(o.shape, /*activation_checkpointing=*/false, o.bf16);
   ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
   ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
   ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
@@ -66,6 +67,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     ZOE_ASSIGN_OR_RETURN(Batch b, source->next());
     Profiler::get().take_step_times();
+    (void)dev.ops().take_op_seconds();  // from this step on
     auto t0 = std::chrono::steady_clock::now();
     ZOE_ASSIGN_OR_RETURN(double loss, model.train_micro_step(*engine, b, 1.0f));
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine->step(kLr));
@@ -75,6 +77,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     if (i == 0) t.first_loss = loss;
     t.last_loss = loss;
     if (i < o.warmup) continue;
+    for (const auto& [op, sec] : dev.ops().take_op_seconds()) t.op_s[op] += sec / o.iters;
     secs.push_back(s);
     t.forward += buckets[int(Bucket::kForward)] / o.iters;
     t.backward += buckets[int(Bucket::kBackward)] / o.iters;
@@ -203,10 +206,11 @@ namespace {
 
 void print_header(std::FILE* human, const StepBenchOptions& o, const std::string& model) {
   std::fprintf(human,
-               "# %s, %.1fM params, fp32, 1 rank, ZeRO stage %d, AdamW; best of %d steps after %d warm-up\n"
+               "# %s, %.1fM params, %s, 1 rank, ZeRO stage %d, AdamW; best of %d steps after %d warm-up\n"
                "# baseline: %s\n"
                "%7s %12s %12s %7s   %-24s %-24s\n",
-               model.c_str(), gpt2::total_numel(o.shape) / 1e6, o.stage, o.iters, o.warmup,
+               model.c_str(), gpt2::total_numel(o.shape) / 1e6, o.bf16 ? "bf16 (bf16 compute)" : "fp32", o.stage,
+               o.iters, o.warmup,
                o.torch ? "PyTorch training the same model (bench/torch_gpt2_step.py, OMP_WAIT_POLICY=PASSIVE)"
                        : "none (--no-torch)",
                "threads", "zoe tok/s",
@@ -234,7 +238,7 @@ nlohmann::json result_row(const std::string& model, int threads, double tokens, 
           {"baseline", baseline}, {"ratio", ratio}, {"unit", "tokens/s"}, {"step_s", z.step_s},
           {"median_step_s", z.median_s},
           {"time_s", {{"forward", z.forward}, {"backward", z.backward}, {"optimizer", z.optimizer}}},
-          {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}, {"torch_modes", modes},
+          {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}, {"torch_modes", modes}, {"op_s", z.op_s},
           {"best_torch", best}, {"ratio_to_best_torch", best_ratio},
           {"gemm_gflops", gflops}, {"gemm_fraction_of_peak", peak > 0 ? nlohmann::json(gflops / peak) : nlohmann::json()}};
 }
@@ -251,7 +255,15 @@ void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
   std::fprintf(human, "%7d %12.0f %12s %7s   %-24s %-24s\n", r["threads"].get<int>(), r["measured"].get<double>(),
                bs.c_str(), rs.c_str(), zb.c_str(), tb.c_str());
   std::string frac = r["gemm_fraction_of_peak"].is_null() ? "-" : fmt::format("{:.2f}", r["gemm_fraction_of_peak"].get<double>());
-  std::fprintf(human, "%7s zoe's GEMMs: %.1f GFLOP/s, %s of the fp32 peak\n", "", r["gemm_gflops"].get<double>(), frac.c_str());
+  std::fprintf(human, "%7s zoe's GEMMs: %.1f GFLOP/s, %s of the %s peak\n", "", r["gemm_gflops"].get<double>(),
+               frac.c_str(), r["gemm_peak_type"].get<std::string>().c_str());
+  // Where the step's compute goes, op by op (the device's timing; empty on a GPU).
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, s] : z.op_s) ops.emplace_back(s, op);
+  std::sort(ops.rbegin(), ops.rend());
+  std::string list;
+  for (const auto& [s, op] : ops) list += fmt::format("{}{} {:.1f}", list.empty() ? "" : ", ", op, s * 1e3);
+  if (!list.empty()) std::fprintf(human, "%7s zoe per op, ms per step: %s\n", "", list.c_str());
   const double tokens = r["measured"].get<double>() * r["step_s"].get<double>();
   if (base)
     for (const auto& [m, v] : r["torch_modes"].items()) {
@@ -292,7 +304,9 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
     if (o.torch) {
       ZOE_ASSIGN_OR_RETURN(modes, torch_modes(o, py, n));
     }
-    results.push_back(result_row(model, n, double(o.B) * o.T, z, modes, step_gemm_flops(o), chosen_peak(p, "fp32")));
+    const char* type = o.bf16 ? "bf16" : "fp32";
+    results.push_back(result_row(model, n, double(o.B) * o.T, z, modes, step_gemm_flops(o), chosen_peak(p, type)));
+    results.back()["gemm_peak_type"] = type;
     for (auto& r : p) peaks.push_back(r);
     if (human) print_row(human, results.back(), z);
   }
@@ -300,7 +314,7 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
     *out = {{"bench", "step"},
             {"model", {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_embd", s.n_embd}, {"vocab_size", s.vocab_size},
                        {"n_positions", s.n_positions}, {"B", o.B}, {"T", o.T}}},
-            {"params", gpt2::total_numel(s)}, {"stage", o.stage}, {"dtype", "fp32"}, {"ranks", 1},
+            {"params", gpt2::total_numel(s)}, {"stage", o.stage}, {"dtype", o.bf16 ? "bf16" : "fp32"}, {"ranks", 1},
             {"warmup", o.warmup}, {"iters", o.iters}, {"gemm_peak", peaks}, {"results", results}};
   return Status::Ok();
 }

@@ -12,6 +12,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <map>
+#include <string>
+
 #include "model/gpt2_config.h"
 #include "zoe/status.h"
 
@@ -21,6 +24,7 @@ struct StepBenchOptions {
   gpt2::Gpt2Shape shape{/*n_layer=*/6, /*n_head=*/6, /*n_embd=*/384, /*vocab_size=*/256, /*n_positions=*/256};
   int B = 4, T = 256;
   int stage = 0;
+  bool bf16 = false;  // zoe: bf16 training with bf16 compute (zoe.compute_dtype bf16); else fp32
   std::vector<int> threads;  // one case per count; empty: all cores
   int warmup = 2, iters = 5;
   bool torch = true;         // false: no baseline (ratio null)
@@ -41,6 +45,7 @@ struct StepTiming {
   double forward = 0, backward = 0, optimizer = 0;
   double first_loss = 0, last_loss = 0;
   uint64_t peak_device_bytes = 0, persistent_device_bytes = 0;  // the ledger's, after the run
+  std::map<std::string, double> op_s;  // seconds per step in each model op (ModelOps::take_op_seconds)
 };
 Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads);
 Result<std::string> find_torch_python(const StepBenchOptions& o);

@@ -110,6 +110,20 @@ TEST(Config, GradAccumDtypeIsDeepSpeeds) {
   EXPECT_NE(s.message().find("data_types.grad_accum_dtype"), std::string::npos) << s.message();
 }
 
+TEST(Config, Bf16ComputeNeedsBf16WeightsAndGpt2) {
+  auto r = parse_config(R"({"bf16": {"enabled": true}, "zoe": {"compute_dtype": "bf16", "model": {"type": "gpt2"}}})",
+                        {}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->compute_dtype, "bf16");
+  EXPECT_EQ(parse_config("{}", {}, "t")->compute_dtype, "auto");
+  for (const char* bad : {R"({"zoe": {"compute_dtype": "bf16", "model": {"type": "gpt2"}}})",
+                          R"({"bf16": {"enabled": true}, "zoe": {"compute_dtype": "bf16", "model": {"type": "mlp"}}})",
+                          R"({"zoe": {"compute_dtype": "fp16"}})"}) {
+    Status s = parse_error(bad);
+    EXPECT_NE(s.message().find("zoe.compute_dtype"), std::string::npos) << bad << ": " << s.message();
+  }
+}
+
 TEST(Config, OffloadRatioIsAFraction) {
   auto r = parse_config(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})", {}, "t");
   ASSERT_TRUE(r.ok()) << r.status().message();

@@ -20,6 +20,8 @@
 #include "model/gpt2_block.h"
 #include "model/model_ops.h"
 #include "test_util.h"
+#include "zoe/dtype.h"
+#include "model/gpt2_ops.h"
 
 #ifdef ZOE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -584,6 +586,75 @@ TEST_F(CudaModelOpsTest, Gpt2BlockForwardBackward) {
   if (!kFull) return;
   check_block(*this, {2, 64, 768, 12}, 72);
   check_block(*this, {2, 256, 768, 12}, 73);
+}
+
+// ---- bf16 compute ---------------------------------------------------------------------------------
+// The bf16 ops against the CPU's bf16 ops (the same rounded operands, fp32 accumulation in another
+// order): within the fp32 tolerances; the encoder bitwise.
+
+using DevH = Dev<uint16_t>;
+
+std::vector<uint16_t> bf16_weights(size_t n, uint64_t seed) {
+  std::vector<uint16_t> h(n);
+  const Vf v = rnd(n, seed, -0.5f, 0.5f);
+  for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(v[i]);
+  return h;
+}
+
+void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uint64_t seed) {
+  SCOPED_TRACE(std::string(head ? "lm_head" : "matmul") + "_bf16 N=" + std::to_string(N) + " C=" +
+               std::to_string(C) + " OC=" + std::to_string(OC));
+  const Vf inp = rnd(int64_t{N} * C, seed), dout = rnd(int64_t{N} * OC, seed + 1), bias = rnd(OC, seed + 2);
+  const auto W = bf16_weights(int64_t{C} * OC, seed + 3);
+  const Vf dinp0 = rnd(inp.size(), seed + 4), dW0 = rnd(W.size(), seed + 5), db0 = rnd(OC, seed + 6);
+  std::vector<uint16_t> scratch(gpt2::bf16_scratch_numel(N, C, OC));
+  DevF d_inp(inp), d_dout(dout), d_bias(bias), d_out(int64_t{N} * OC), d_dinp(dinp0), d_dW(dW0), d_db(db0);
+  DevH d_W(W), d_scratch(scratch.size());
+  Vf out(int64_t{N} * OC), dinp = dinp0, dW = dW0, db = db0;
+  if (head) {
+    t.cpu().lm_head_forward_bf16(out.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    t.gpu().lm_head_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), N, C, OC, d_scratch.get());
+    t.cpu().lm_head_backward_bf16(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    t.gpu().lm_head_backward_bf16(d_dinp.get(), d_dW.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC,
+                                  d_scratch.get());
+  } else {
+    t.cpu().matmul_forward_bf16(out.data(), inp.data(), W.data(), bias.data(), N, C, OC, scratch.data());
+    t.gpu().matmul_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC, d_scratch.get());
+    t.cpu().matmul_backward_bf16(dinp.data(), dW.data(), db.data(), dout.data(), inp.data(), W.data(), N, C, OC,
+                                 scratch.data());
+    t.gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_db.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C,
+                                 OC, d_scratch.get());
+  }
+  t.sync();
+  EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
+  EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
+  if (!head) {
+    EXPECT_LT(rel_err(d_db.download(), db, &db0), kBwdTol) << "dbias";
+  }
+}
+
+TEST_F(CudaModelOpsTest, Bf16Products) {
+  check_bf16_linear(*this, 7, 5, 3, false, 90);
+  check_bf16_linear(*this, 33, 16, 64, false, 91);
+  check_bf16_linear(*this, 10, 24, 101, true, 92);
+  if (!kFull) return;
+  check_bf16_linear(*this, 1024, 768, 3072, false, 93);
+  check_bf16_linear(*this, 1024, 768, 50257, true, 94);
+}
+
+TEST_F(CudaModelOpsTest, Bf16Encoder) {
+  const int B = 2, T = 5, C = 8, V = 11;
+  const auto wte = bf16_weights(int64_t{V} * C, 95), wpe = bf16_weights(int64_t{T} * C, 96);
+  const Vi inp = tokens(int64_t{B} * T, V, 97);
+  DevH d_wte(wte), d_wpe(wpe);
+  DevI d_inp(inp);
+  DevF d_out(int64_t{B} * T * C);
+  Vf out(int64_t{B} * T * C);
+  cpu().encoder_forward_bf16(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  gpu().encoder_forward_bf16(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), B, T, C);
+  sync();
+  EXPECT_TRUE(bitwise_equal(d_out.download(), out));
 }
 
 }  // namespace

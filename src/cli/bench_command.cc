@@ -64,6 +64,7 @@ int bench_command(const BenchArgs& a) {
     if (a.iters > 0) o.iters = a.iters;
     o.torch = !a.no_torch;
     o.python = a.python;
+    o.bf16 = a.dtype == "bf16";
     st = bench_step(o, &out, human);
   } else if (a.what == "nvme") {
     NvmeBenchOptions o;

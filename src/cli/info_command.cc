@@ -25,6 +25,10 @@ int info_command() {
     fmt::print("gemm {}: {}\n", gemm_type_name(t),
                p.ok() ? fmt::format("{} (oneDNN finds {})", gemm_path_name(*p), gemm_onednn_isa()) : p.status().message());
   }
+  auto bf16 = gemm_path(GemmType::kBF16);
+  const bool units = bf16.ok() && *bf16 == GemmPath::kOneDnn;
+  fmt::print("bf16 training computes in: {} (zoe.compute_dtype auto on the cpu device; {})\n", units ? "bf16" : "fp32",
+             units ? "bf16 products on this CPU's bf16 units" : "no bf16 units here: bf16 products would be fp32 ones on widened operands");
 #ifdef ZOE_HAVE_CUDA
   std::string why;
   auto gpus = gpu::list_gpus(&why);

@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
   bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
                                      "directory (default out/bench-offload)");
+  bench->add_option("--dtype", ba.dtype, "step: fp32, or bf16 (bf16 training with bf16 compute)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
   bench->add_flag("--no-checksums", ba.no_checksums, "offload: swap blocks without xxh3 sums (zoe.checksums false)");
   bench->add_option("--aio-block-size", ba.aio_block_size,

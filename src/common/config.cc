@@ -47,7 +47,8 @@ const std::vector<std::string> kKeys = {
     "zoe.model.type", "zoe.model.n_layer", "zoe.model.n_head", "zoe.model.n_embd", "zoe.model.vocab_size",
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
-    "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "data_types.grad_accum_dtype"};
+    "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "zoe.compute_dtype",
+    "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -275,6 +276,13 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checkpoint.verify", c.checkpoint_verify));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.activation_checkpointing", c.activation_checkpointing));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checksums", c.checksums));
+  ZOE_RETURN_IF_ERROR(r.string("zoe.compute_dtype", c.compute_dtype, {"auto", "fp32", "bf16"}));
+  if (c.compute_dtype == "bf16" && c.dtype != DType::kBF16)
+    return Status::Invalid(fmt::format("config key 'zoe.compute_dtype': \"bf16\" computes on bf16 weights, but the "
+                                       "training dtype is {} (set bf16.enabled: true, or compute_dtype \"auto\")",
+                                       dtype_name(c.dtype)));
+  if (c.compute_dtype == "bf16" && c.model_type != "gpt2")
+    return Status::Invalid("config key 'zoe.compute_dtype': \"bf16\" is implemented for zoe.model.type \"gpt2\" only");
   return Status::Ok();
 }
 
@@ -384,7 +392,8 @@ json config_to_json(const Config& c) {
               {"steps", c.steps}, {"eval_every", c.eval_every}, {"init", c.init_path},
               {"checkpoint", {{"dir", c.checkpoint_dir}, {"every", c.checkpoint_every}, {"keep", c.checkpoint_keep},
                               {"verify", c.checkpoint_verify}}},
-              {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums}};
+              {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums},
+              {"compute_dtype", c.compute_dtype}};
   return j;
 }
 

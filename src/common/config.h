@@ -78,6 +78,11 @@ struct Config {
   bool checkpoint_verify = true;
   bool activation_checkpointing = false;
   bool checksums = true;
+  // The products' dtype (GPT-2): "fp32" converts each fetched unit to fp32 and multiplies in fp32;
+  // "bf16" (bf16 training only) multiplies the bf16 units in place, activations rounded to bf16,
+  // fp32 accumulation (as torch's autocast); "auto" is bf16 in bf16 training where the CPU has
+  // bf16 units (kernels/gemm.h: the bf16 path is oneDNN), else fp32. Resolved by compute_bf16().
+  std::string compute_dtype = "auto";
 
   bool mixed_precision() const { return dtype != DType::kF32; }
   // The dtype gradients are accumulated (over micro-steps), reduced and stored in.

@@ -2,7 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "cpu/cpu_device.h"
 
@@ -12,6 +17,11 @@ namespace {
 class CpuModelOps final : public ModelOps {
  public:
   explicit CpuModelOps(CpuDevice& d) : d_(d), h_(host_model_ops()) {}
+
+  std::map<std::string, double> take_op_seconds() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return std::exchange(seconds_, {});
+  }
 
   void zero(float* x, int64_t n) override {
     Guard g(this, "zero", {x});
@@ -60,6 +70,31 @@ class CpuModelOps final : public ModelOps {
     Guard g(this, "lm_head_backward", {dinp, dwte, dlogits, inp, wte});
     h_.lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
   }
+  void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
+                            int C) override {
+    Guard g(this, "encoder_forward_bf16", {out, inp, wte, wpe});
+    h_.encoder_forward_bf16(out, inp, wte, wpe, B, T, C);
+  }
+  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
+                           uint16_t* scratch) override {
+    Guard g(this, "matmul_forward_bf16", {out, inp, W, bias, scratch});
+    h_.matmul_forward_bf16(out, inp, W, bias, N, C, OC, scratch);
+  }
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
+    Guard g(this, "matmul_backward_bf16", {dinp, dW, dbias, dout, inp, W, scratch});
+    h_.matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
+  }
+  void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                            uint16_t* scratch) override {
+    Guard g(this, "lm_head_forward_bf16", {logits, inp, wte, scratch});
+    h_.lm_head_forward_bf16(logits, inp, wte, N, C, V, scratch);
+  }
+  void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
+                             int N, int C, int V, uint16_t* scratch) override {
+    Guard g(this, "lm_head_backward_bf16", {dinp, dwte, dlogits, inp, wte, scratch});
+    h_.lm_head_backward_bf16(dinp, dwte, dlogits, inp, wte, N, C, V, scratch);
+  }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
     Guard g(this, "attention_forward", {out, lse, qkv});
     h_.attention_forward(out, lse, qkv, B, T, C, NH);
@@ -89,11 +124,12 @@ class CpuModelOps final : public ModelOps {
 
  private:
   // Checks the op's pointers (null ones are skipped: optional outputs), then keeps the fence
-  // open for the op. An unreachable pointer is a bug in the model: it stops the process with the
-  // op's name, as a GPU kernel reading host memory would fault.
+  // open for the op and times it. An unreachable pointer is a bug in the model: it stops the
+  // process with the op's name, as a GPU kernel reading host memory would fault.
   class Guard {
    public:
-    Guard(CpuModelOps* o, const char* op, std::initializer_list<const void*> ptrs) : open_(o->d_.fence()) {
+    Guard(CpuModelOps* o, const char* op, std::initializer_list<const void*> ptrs)
+        : o_(o), op_(op), open_(o->d_.fence()), start_(std::chrono::steady_clock::now()) {
       for (const void* p : ptrs) {
         if (!p) continue;
         Status st = o->d_.check_reachable(p, 1, op);
@@ -104,12 +140,23 @@ class CpuModelOps final : public ModelOps {
       }
     }
 
+    ~Guard() {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      std::lock_guard<std::mutex> l(o_->mu_);
+      o_->seconds_[op_] += s;
+    }
+
    private:
+    CpuModelOps* o_;
+    const char* op_;
     MemoryFence::Open open_;
+    std::chrono::steady_clock::time_point start_;
   };
 
   CpuDevice& d_;
   ModelOps& h_;
+  std::mutex mu_;  // one model calls at a time; the lock keeps a bench's reads safe anyway
+  std::map<std::string, double> seconds_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "gpu/cuda_kernel_util.cuh"
+#include "gpu/dtype_bits.h"
 
 namespace zoe::gpu::kernels {
 
@@ -48,14 +49,24 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
 
 // ---- encoder ------------------------------------------------------------------------------------
 
-__global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte, const float* wpe,
-                                       int64_t BT, int T, int C) {
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(uint16_t x) { return bits::bf16_to_f32(x); }
+
+// W: float, or uint16_t (bf16 bit patterns) in bf16 compute; the sum in fp32 either way.
+template <class W>
+__global__ void encoder_forward_kernel(float* out, const int32_t* inp, const W* wte, const W* wpe, int64_t BT, int T,
+                                       int C) {
   const int64_t n = BT * C;
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t r = i / C;
     const int64_t c = i - r * C;
-    out[i] = wte[static_cast<int64_t>(inp[r]) * C + c] + wpe[(r % T) * C + c];
+    out[i] = widen(wte[static_cast<int64_t>(inp[r]) * C + c]) + widen(wpe[(r % T) * C + c]);
   }
+}
+
+// dst[i] = src[i] rounded to bf16 (the operands of bf16 compute's products).
+__global__ void round_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) dst[i] = bits::f32_to_bf16(src[i]);
 }
 
 // dwpe[t, c] += sum over b (in order) of dout[b, t, c]: one thread per element of dwpe.

@@ -60,7 +60,7 @@ std::string shape_text(const char* what, std::initializer_list<int64_t> dims) {
 // choice depends on the shapes and the pointers' alignments, so those are the key; the same key
 // always runs the same algorithm, which keeps results bitwise reproducible.
 struct GemmKey {
-  bool ta, tb;
+  bool ta, tb, bf16;  // bf16: A and B are bf16 (D stays fp32)
   int64_t m, n, k, lda, ldb, ldd;
   uint32_t align_a, align_b, align_d;
   bool operator==(const GemmKey&) const = default;
@@ -159,6 +159,17 @@ void* CudaModelOps::scratch(size_t bytes) {
 // contiguous D (ldd == m).
 void CudaModelOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const float* A, int64_t lda,
                         const float* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what) {
+  gemm_any(false, ta, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta, what);
+}
+
+void CudaModelOps::gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const uint16_t* A, int64_t lda,
+                             const uint16_t* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what) {
+  gemm_any(true, ta, tb, m, n, kk, A, lda, B, ldb, D, ldd, beta, what);
+}
+
+void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const void* A,
+                            int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd, float beta,
+                            const char* what) {
   if (m <= 0 || n <= 0) return;
   if (kk <= 0) {  // an empty sum: D = beta * D
     if (beta == 0.f) check(cudaMemsetAsync(D, 0, sizeof(float) * m * n, stream_), what);
@@ -168,15 +179,18 @@ void CudaModelOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, cons
     fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
     return;
   }
-  const GemmKey key{ta, tb, m, n, kk, lda, ldb, ldd, alignment_of(A), alignment_of(B), alignment_of(D)};
+  const GemmKey key{ta, tb, bf16, m, n, kk, lda, ldb, ldd, alignment_of(A), alignment_of(B), alignment_of(D)};
   Gemm::Plan* plan = nullptr;
   for (Gemm::Plan& p : gemm_->plans)
     if (p.key == key) plan = &p;
   if (!plan) {
     Gemm::Plan p;
     p.key = key;
-    // Plain fp32 unless TF32 was asked for: CUBLAS_COMPUTE_32F never uses tensor cores.
-    const cublasComputeType_t compute = allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    // Plain fp32 unless TF32 was asked for: CUBLAS_COMPUTE_32F never uses tensor cores on fp32
+    // operands. bf16 operands accumulate in fp32 (on tensor cores).
+    const cublasComputeType_t compute =
+        allow_tf32_ && !bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const uint64_t ws = gemm_->workspace_bytes;
     cublasLtMatmulPreference_t pref = nullptr;
@@ -189,9 +203,9 @@ void CudaModelOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, cons
       s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     // Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed.
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, ta ? kk : m, ta ? m : kk, lda);
+      s = cublasLtMatrixLayoutCreate(&p.a, ab, ta ? kk : m, ta ? m : kk, lda);
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, tb ? n : kk, tb ? kk : n, ldb);
+      s = cublasLtMatrixLayoutCreate(&p.b, ab, tb ? n : kk, tb ? kk : n, ldb);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
     if (s == CUBLAS_STATUS_SUCCESS)
@@ -281,6 +295,87 @@ void CudaModelOps::lm_head_backward(float* dinp, float* dwte, const float* dlogi
   if (dwte) gemm(false, true, C, V, N, inp, C, dlogits, V, dwte, C, 1.f, "lm_head_backward dwte");
 }
 
+// ---- bf16 compute: the same products on bf16 operands (weights in place, activations rounded
+// into the caller's scratch first), fp32 out.
+
+void CudaModelOps::round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what) {
+  if (n <= 0) return;
+  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::round_to_bf16_kernel)(dst, src, n);
+  check_launch(what);
+}
+
+void CudaModelOps::encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe,
+                                        int B, int T, int C) {
+  if (B < 0 || T < 0 || C < 0) {
+    fail(Status::Invalid(shape_text("encoder_forward_bf16: negative size", {B, T, C})));
+    return;
+  }
+  const int64_t BT = int64_t{B} * T, n = BT * C;
+  if (n == 0) return;
+  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::encoder_forward_kernel<uint16_t>)(
+      out, inp, wte, wpe, BT, T, C);
+  check_launch("encoder_forward_bf16");
+}
+
+void CudaModelOps::matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N,
+                                       int C, int OC, uint16_t* scratch) {
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_forward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  if (N == 0 || OC == 0) return;
+  round_to_bf16(scratch, inp, int64_t{N} * C, "matmul_forward_bf16 round");
+  if (bias) {
+    const int64_t n = int64_t{N} * OC;
+    ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
+    if (!check_launch("matmul_forward_bf16 bias")) return;
+  }
+  gemm_bf16(false, false, OC, N, C, W, OC, scratch, C, out, OC, bias ? 1.f : 0.f, "matmul_forward_bf16");
+}
+
+void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                                        const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  uint16_t* inp16 = scratch;
+  uint16_t* dout16 = scratch + int64_t{N} * C;
+  if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
+  if (dinp) gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, 1.f, "matmul_backward_bf16 dinp");
+  if (dW) {
+    round_to_bf16(inp16, inp, int64_t{N} * C, "matmul_backward_bf16 round inp");
+    gemm_bf16(false, true, OC, C, N, dout16, OC, inp16, C, dW, OC, 1.f, "matmul_backward_bf16 dW");
+  }
+  if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
+}
+
+void CudaModelOps::lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                                        uint16_t* scratch) {
+  if (N < 0 || C < 0 || V < 0) {
+    fail(Status::Invalid(shape_text("lm_head_forward_bf16: negative size", {N, C, V})));
+    return;
+  }
+  round_to_bf16(scratch, inp, int64_t{N} * C, "lm_head_forward_bf16 round");
+  gemm_bf16(true, false, V, N, C, wte, C, scratch, C, logits, V, 0.f, "lm_head_forward_bf16");
+}
+
+void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp,
+                                         const uint16_t* wte, int N, int C, int V, uint16_t* scratch) {
+  if (N < 0 || C < 0 || V < 0) {
+    fail(Status::Invalid(shape_text("lm_head_backward_bf16: negative size", {N, C, V})));
+    return;
+  }
+  uint16_t* inp16 = scratch;
+  uint16_t* dlogits16 = scratch + int64_t{N} * C;
+  if (dinp || dwte) round_to_bf16(dlogits16, dlogits, int64_t{N} * V, "lm_head_backward_bf16 round dlogits");
+  if (dinp) gemm_bf16(false, false, C, N, V, wte, C, dlogits16, V, dinp, C, 1.f, "lm_head_backward_bf16 dinp");
+  if (dwte) {
+    round_to_bf16(inp16, inp, int64_t{N} * C, "lm_head_backward_bf16 round inp");
+    gemm_bf16(false, true, C, V, N, inp16, C, dlogits16, V, dwte, C, 1.f, "lm_head_backward_bf16 dwte");
+  }
+}
+
 // dst[c] += sum over rows r < N of val(r, c), c < ncols: one launch when N fits one chunk,
 // else per-chunk partials in the scratch and a second launch that adds them in chunk order.
 template <class Val>
@@ -325,8 +420,8 @@ void CudaModelOps::encoder_forward(float* out, const int32_t* inp, const float* 
   }
   const int64_t BT = int64_t{B} * T, n = BT * C;
   if (n == 0) return;
-  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::encoder_forward_kernel)(out, inp, wte, wpe, BT,
-                                                                                           T, C);
+  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::encoder_forward_kernel<float>)(out, inp, wte,
+                                                                                                  wpe, BT, T, C);
   check_launch("encoder_forward");
 }
 

@@ -1,4 +1,5 @@
-// CudaModelOps: the model's compute kernels (model/model_ops.h) on one CUDA device, fp32.
+// CudaModelOps: the model's compute kernels (model/model_ops.h) on one CUDA device, fp32 (and
+// bf16 products for bf16 compute).
 //
 // Every pointer is device memory (or host memory the device can reach); every call is enqueued on
 // the compute stream given at construction and returns at once. Semantics, sizes and output rules
@@ -63,6 +64,16 @@ class CudaModelOps final : public ModelOps {
   void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override;
   void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte, int N,
                         int C, int V) override;
+  void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
+                            int C) override;
+  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
+                           uint16_t* scratch) override;
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override;
+  void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                            uint16_t* scratch) override;
+  void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
+                             int N, int C, int V, uint16_t* scratch) override;
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                           int NH) override;
@@ -85,6 +96,12 @@ class CudaModelOps final : public ModelOps {
   // D[m x n] = op(A) op(B) + beta * D in cuBLAS's column-major view (cuda_model_ops.cu).
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B,
             int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
+  // The same on bf16 operands (fp32 accumulation and D).
+  void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* A, int64_t lda,
+                 const uint16_t* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
+  void gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+                const void* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
+  void round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what);
   // dst[c] += sum over rows r < N of val(r, c), c < ncols, in a fixed order (defined and used in
   // cuda_model_ops.cu only).
   template <class Val>

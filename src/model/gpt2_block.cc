@@ -40,57 +40,125 @@ BlockBuffers::BlockBuffers(const BlockDims& d)
     : acts_mem(block_acts_numel(d)), scratch(block_scratch_numel(d)),
       acts(block_acts_bind(acts_mem.data(), d)) {}
 
+// The widest product's operands: fc_proj's [BT,4C] input beside its [BT,C] output gradient.
+int64_t block_bf16_scratch_numel(const BlockDims& d) { return bf16_scratch_numel(d.B * d.T, 4 * d.C, d.C); }
+
+std::vector<std::pair<int64_t, int64_t>> block_vectors(int C) {
+  const auto sizes = block_tensor_sizes(C);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t at = 0;
+  for (int i = 0; i < 12; i++) {
+    const bool matrix = i == 2 || i == 4 || i == 8 || i == 10;  // qkv, attproj, fc, fcproj weights
+    if (!matrix) out.emplace_back(at, sizes[i]);
+    at += sizes[i];
+  }
+  return out;
+}
+
+namespace {
+
+// One linear layer's weight in either compute: the fp32 matrix, or the bf16 one.
+struct Linear {
+  const float* f32;
+  const uint16_t* bf16;
+  uint16_t* scratch;
+};
+
+// The block's four weight matrices, picked from the unit of the compute in use.
+struct Linears {
+  Linear qkv, attproj, fc, fcproj;
+};
+
+Linears linears(const BlockWeights& w, int C) {
+  if (!w.bf16) {
+    const auto f = block_tensors<const float*>(w.f32, C);
+    return {{f.qkv_w, nullptr, nullptr}, {f.attproj_w, nullptr, nullptr}, {f.fc_w, nullptr, nullptr},
+            {f.fcproj_w, nullptr, nullptr}};
+  }
+  const auto b = block_tensors<const uint16_t*>(w.bf16, C);
+  return {{nullptr, b.qkv_w, w.scratch}, {nullptr, b.attproj_w, w.scratch}, {nullptr, b.fc_w, w.scratch},
+          {nullptr, b.fcproj_w, w.scratch}};
+}
+
+void forward(ModelOps& ops, const Linear& l, float* out, const float* inp, const float* bias, int N, int C, int OC) {
+  if (l.bf16) ops.matmul_forward_bf16(out, inp, l.bf16, bias, N, C, OC, l.scratch);
+  else ops.matmul_forward(out, inp, l.f32, bias, N, C, OC);
+}
+
+void backward(ModelOps& ops, const Linear& l, float* dinp, float* dW, float* dbias, const float* dout,
+              const float* inp, int N, int C, int OC) {
+  if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp, l.bf16, N, C, OC, l.scratch);
+  else ops.matmul_backward(dinp, dW, dbias, dout, inp, l.f32, N, C, OC);
+}
+
+// The vectors, from the fp32 unit or from their packed widened copy (bf16 compute).
+BlockTensors<const float*> vectors(const BlockWeights& w, int C) {
+  if (!w.bf16) return block_tensors<const float*>(w.f32, C);
+  BlockTensors<const float*> t{};
+  const float** order[] = {&t.ln1_w, &t.ln1_b, &t.qkv_b, &t.attproj_b, &t.ln2_w, &t.ln2_b, &t.fc_b, &t.fcproj_b};
+  const float* at = w.f32;
+  int i = 0;
+  for (const auto& [offset, n] : block_vectors(C)) {
+    *order[i++] = at;
+    at += n;
+  }
+  return t;
+}
+
 // Forward up to the GELU output: everything block_backward reads.
-static void forward_saved(ModelOps& ops, const BlockActs& a, const BlockTensors<const float*>& p,
-                          const float* inp, const BlockDims& d) {
+void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, const float* inp, const BlockDims& d) {
+  const auto p = vectors(w, d.C);
+  const Linears m = linears(w, d.C);
   const int BT = d.B * d.T, C = d.C;
   ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
-  ops.matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
+  forward(ops, m.qkv, a.qkv, a.ln1, p.qkv_b, BT, C, 3 * C);
   ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
-  ops.matmul_forward(a.res1, a.atty, p.attproj_w, p.attproj_b, BT, C, C);
+  forward(ops, m.attproj, a.res1, a.atty, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   ops.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
-  ops.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
+  forward(ops, m.fc, a.fc, a.ln2, p.fc_b, BT, C, 4 * C);
   ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
 }
 
-void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const float* params, const float* inp,
+}  // namespace
+
+void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const BlockWeights& w, const float* inp,
                    const BlockDims& d) {
-  const auto p = block_tensors<const float*>(params, d.C);
+  const auto p = vectors(w, d.C);
   const int BT = d.B * d.T, C = d.C;
-  forward_saved(ops, acts, p, inp, d);
-  ops.matmul_forward(out, acts.fc_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+  forward_saved(ops, acts, w, inp, d);
+  forward(ops, linears(w, C).fcproj, out, acts.fc_gelu, p.fcproj_b, BT, 4 * C, C);
   ops.residual_forward(out, out, acts.res1, int64_t{BT} * C);
 }
 
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& a,
-                    const float* params, const float* inp, const BlockDims& d, float* scratch,
-                    bool recompute) {
-  const auto p = block_tensors<const float*>(params, d.C);
+                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute) {
+  const auto p = vectors(w, d.C);
   const auto g = block_tensors<float*>(dparams, d.C);
+  const Linears m = linears(w, d.C);
   const int BT = d.B * d.T, C = d.C;
   const int64_t BTC = int64_t{BT} * C;
-  if (recompute) forward_saved(ops, a, p, inp, d);
+  if (recompute) forward_saved(ops, a, w, inp, d);
   float* buf_a = scratch;            // [BT,4C]: d fc_gelu, then d atty
   float* buf_b = buf_a + 4 * BTC;    // [BT,4C]: d fc, then d qkv
   float* dres1 = buf_b + 4 * BTC;    // [BT,C]
   float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
   // MLP branch. dout reaches res1 directly (residual) and through the MLP.
   ops.zero(buf_a, 4 * BTC);
-  ops.matmul_backward(buf_a, g.fcproj_w, g.fcproj_b, dout, a.fc_gelu, p.fcproj_w, BT, 4 * C, C);
+  backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, a.fc_gelu, BT, 4 * C, C);
   ops.zero(buf_b, 4 * BTC);
   ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC);
   ops.zero(dln, BTC);
-  ops.matmul_backward(dln, g.fc_w, g.fc_b, buf_b, a.ln2, p.fc_w, BT, C, 4 * C);
+  backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, a.ln2, BT, C, 4 * C);
   ops.copy(dres1, dout, BTC);
   ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
   ops.zero(buf_a, BTC);
-  ops.matmul_backward(buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, p.attproj_w, BT, C, C);
+  backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
   ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   ops.zero(dln, BTC);
-  ops.matmul_backward(dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, p.qkv_w, BT, C, 3 * C);
+  backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);
   ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
 }

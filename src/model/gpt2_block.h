@@ -9,7 +9,9 @@
 // BlockActs in forward, and call block_backward with recompute = true: it first re-runs the
 // forward (up to the GELU, all backward needs) from inp into that scratch.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/model_ops.h"
@@ -27,13 +29,17 @@ struct BlockTensors {
   P ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
       fcproj_b;
 };
+// Element counts of the 12 tensors, in unit order.
+inline std::array<int64_t, 12> block_tensor_sizes(int C) {
+  const int64_t c = C;
+  return {c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * 4 * c, 4 * c, 4 * c * c, c};
+}
 template <class P>
 BlockTensors<P> block_tensors(P flat, int C) {
-  const int64_t c = C;
   BlockTensors<P> t;
   P* order[] = {&t.ln1_w, &t.ln1_b, &t.qkv_w, &t.qkv_b, &t.attproj_w, &t.attproj_b,
                 &t.ln2_w, &t.ln2_b, &t.fc_w,  &t.fc_b,  &t.fcproj_w,  &t.fcproj_b};
-  const int64_t sizes[] = {c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * 4 * c, 4 * c, 4 * c * c, c};
+  const auto sizes = block_tensor_sizes(C);
   for (int i = 0; i < 12; i++) {
     *order[i] = flat;
     flat += sizes[i];
@@ -63,16 +69,38 @@ BlockActs block_acts_bind(float* base, const BlockDims& d);  // base: block_acts
 // Floats of scratch block_backward needs.
 int64_t block_scratch_numel(const BlockDims& d);
 
+// The weights a block reads. fp32 compute: `f32` is the flat unit. bf16 compute (gpt2_ops.h):
+// `bf16` is the gathered bf16 unit, whose matrices the products read in place; `f32` then holds
+// only the unit's 8 vectors (LayerNorm weights, biases), widened and packed in unit order (13C
+// floats; block_vectors says where each lies in the unit); `scratch` (block_bf16_scratch_numel
+// elements) takes the activations rounded for each product.
+struct BlockWeights {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;  // null: fp32 compute
+  uint16_t* scratch = nullptr;
+};
+int64_t block_bf16_scratch_numel(const BlockDims& d);
+// Where the vectors of a block unit lie: {offset, numel} in unit order, 8 of them.
+std::vector<std::pair<int64_t, int64_t>> block_vectors(int C);
+
 // out[B,T,C] = block(inp[B,T,C]); fills acts. out must not alias inp or acts.
-void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const float* params, const float* inp,
+void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const BlockWeights& w, const float* inp,
                    const BlockDims& d);
+inline void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const float* params, const float* inp,
+                          const BlockDims& d) {
+  block_forward(ops, out, acts, BlockWeights{params}, inp, d);
+}
 
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); dparams (the block's
 // flat grad buffer) is ACCUMULATED. acts must hold this block's forward state, or any memory
 // of the right size when recompute is true. scratch: block_scratch_numel floats.
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
-                    const float* params, const float* inp, const BlockDims& d, float* scratch,
-                    bool recompute);
+                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute);
+inline void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
+                           const float* params, const float* inp, const BlockDims& d, float* scratch,
+                           bool recompute) {
+  block_backward(ops, dinp, dparams, dout, acts, BlockWeights{params}, inp, d, scratch, recompute);
+}
 
 // Owns one BlockActs and one backward scratch: a convenience for tests and simple callers.
 struct BlockBuffers {

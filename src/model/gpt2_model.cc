@@ -9,8 +9,8 @@ namespace zoe {
 
 using namespace gpt2;
 
-Gpt2Model::Gpt2Model(const Gpt2Shape& shape, bool activation_checkpointing)
-    : s_(shape), ckpt_(activation_checkpointing) {}
+Gpt2Model::Gpt2Model(const Gpt2Shape& shape, bool activation_checkpointing, bool bf16_compute)
+    : s_(shape), ckpt_(activation_checkpointing), bf16_(bf16_compute) {}
 
 std::vector<UnitSpec> Gpt2Model::units() const {
   std::vector<UnitSpec> out;
@@ -59,12 +59,18 @@ Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
   ZOE_ASSIGN_OR_RETURN(scratch_, take(block_scratch_numel(dims_)));
   ZOE_ASSIGN_OR_RETURN(dx_, take(BT * C));
   ZOE_ASSIGN_OR_RETURN(dlnf_, take(BT * C));
-  ZOE_ASSIGN_OR_RETURN(params_, take(largest));
+  // bf16 compute widens only vectors (13C for a block, 2C for ln_f); the matrices stay bf16.
+  ZOE_ASSIGN_OR_RETURN(params_, take(bf16_ ? 13 * C : largest));
   ZOE_ASSIGN_OR_RETURN(grad_, take(largest));
   ZOE_ASSIGN_OR_RETURN(embed_grad_, take(e.unit(0).numel));
   ZOE_ASSIGN_OR_RETURN(loss_, take(1));
   ZOE_ASSIGN_OR_RETURN(float* in, take(BT));  // int32 tokens, 4 bytes each
   ZOE_ASSIGN_OR_RETURN(float* tg, take(BT));
+  if (bf16_) {
+    const int64_t n = std::max(block_bf16_scratch_numel(dims_), bf16_scratch_numel(int(BT), int(C), s_.vocab_size));
+    ZOE_ASSIGN_OR_RETURN(float* sc, take((n + 1) / 2));
+    bf16_scratch_ = reinterpret_cast<uint16_t*>(sc);
+  }
   inputs_ = reinterpret_cast<int32_t*>(in);
   targets_ = reinterpret_cast<int32_t*>(tg);
   return Status::Ok();
@@ -77,6 +83,64 @@ Status Gpt2Model::fetch_f32(Engine& e, int u, float* out) {
   return st.ok() ? rel : st;
 }
 
+Result<const uint16_t*> Gpt2Model::fetch_bf16(Engine& e, int u, bool widen_vectors) {
+  ZOE_ASSIGN_OR_RETURN(ParamView p, e.fetch(u));
+  held_ = u;
+  if (p.dtype != DType::kBF16)
+    return Status::Invalid("bf16 compute fetched unit " + std::to_string(u) + " as " + std::string(dtype_name(p.dtype)));
+  const auto* unit = static_cast<const uint16_t*>(p.data);
+  held_data_ = unit;
+  float* at = params_;
+  for (const auto& [offset, n] : widen_vectors ? block_vectors(s_.n_embd) : decltype(block_vectors(0)){}) {
+    ZOE_RETURN_IF_ERROR(dev_->accumulate(at, DType::kF32, unit + offset, DType::kBF16, n, false));
+    at += n;
+  }
+  return unit;
+}
+
+Status Gpt2Model::release_held(Engine& e) {
+  int u = held_;
+  held_ = -1;
+  held_data_ = nullptr;
+  return u < 0 ? Status::Ok() : e.release(u);
+}
+
+BlockWeights Gpt2Model::block_weights(const uint16_t* unit) const { return {params_, unit, bf16_scratch_}; }
+
+Status Gpt2Model::block_forward(Engine& e, int l) {
+  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+  if (!bf16_) {
+    ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
+    ZOE_SPAN("block " + std::to_string(l), "compute", Bucket::kForward);
+    gpt2::block_forward(dev_->ops(), x_[l + 1], acts, params_, x_[l], dims_);
+    return Status::Ok();
+  }
+  ZOE_ASSIGN_OR_RETURN(const uint16_t* unit, fetch_bf16(e, 1 + l, true));
+  {
+    ZOE_SPAN("block " + std::to_string(l), "compute", Bucket::kForward);
+    gpt2::block_forward(dev_->ops(), x_[l + 1], acts, block_weights(unit), x_[l], dims_);
+  }
+  return release_held(e);
+}
+
+Status Gpt2Model::block_backward(Engine& e, int l) {
+  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+  BlockWeights w{params_};
+  if (bf16_) {
+    ZOE_ASSIGN_OR_RETURN(const uint16_t* unit, fetch_bf16(e, 1 + l, true));
+    w = block_weights(unit);
+  } else {
+    ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
+  }
+  dev_->ops().zero(grad_, e.unit(1 + l).numel);
+  {
+    ZOE_SPAN("block " + std::to_string(l) + " backward", "compute", Bucket::kBackward);
+    gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_);
+  }
+  ZOE_RETURN_IF_ERROR(release_held(e));
+  return e.grads_ready(1 + l, grad_);
+}
+
 Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   if (b.T > s_.n_positions) return Status::Invalid("sequence length exceeds n_positions");
   ZOE_RETURN_IF_ERROR(size_buffers(e, b));
@@ -84,25 +148,34 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
   ZOE_RETURN_IF_ERROR(dev_->upload(inputs_, b.inputs.data(), size_t(BT) * 4));
   ZOE_RETURN_IF_ERROR(dev_->upload(targets_, b.targets.data(), size_t(BT) * 4));
-  ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
-  {
+  if (bf16_) {
+    ZOE_ASSIGN_OR_RETURN(const uint16_t* embed, fetch_bf16(e, 0, false));
+    {
+      ZOE_SPAN("encoder", "compute", Bucket::kForward);
+      ops.encoder_forward_bf16(x_[0], inputs_, embed, embed + int64_t{V} * C, b.B, b.T, C);
+    }
+    ZOE_RETURN_IF_ERROR(release_held(e));
+  } else {
+    ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
     ZOE_SPAN("encoder", "compute", Bucket::kForward);
     ops.encoder_forward(x_[0], inputs_, params_, params_ + int64_t{V} * C, b.B, b.T, C);
   }
-  for (int l = 0; l < L; ++l) {
-    ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
-    ZOE_SPAN("block " + std::to_string(l), "compute", Bucket::kForward);
-    BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
-    block_forward(ops, x_[l + 1], acts, params_, x_[l], dims_);
-  }
+  for (int l = 0; l < L; ++l) ZOE_RETURN_IF_ERROR(block_forward(e, l));
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
   {
     ZOE_SPAN("ln_f", "compute", Bucket::kForward);
     ops.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x_[L], params_, params_ + C, BT, C);
   }
-  ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));  // the tied LM head
-  ZOE_SPAN("lm_head", "compute", Bucket::kForward);
-  ops.lm_head_forward(logits_, lnf_, params_, BT, C, V);
+  // The tied LM head. bf16 compute holds the embedding fetched until the head's backward.
+  if (bf16_) {
+    ZOE_ASSIGN_OR_RETURN(const uint16_t* wte, fetch_bf16(e, 0, false));
+    ZOE_SPAN("lm_head", "compute", Bucket::kForward);
+    ops.lm_head_forward_bf16(logits_, lnf_, wte, BT, C, V, bf16_scratch_);
+  } else {
+    ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
+    ZOE_SPAN("lm_head", "compute", Bucket::kForward);
+    ops.lm_head_forward(logits_, lnf_, params_, BT, C, V);
+  }
   ops.crossentropy(loss_, dscale != 0 ? logits_ : nullptr, logits_, targets_, BT, V, dscale);
   float loss = 0;
   ZOE_RETURN_IF_ERROR(dev_->download(&loss, loss_, sizeof(loss)));
@@ -110,17 +183,23 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
 }
 
 Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss_scale) {
-  BuffersHeld held{this};
+  BuffersHeld held{this, &e};
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;
   ZOE_ASSIGN_OR_RETURN(double loss, forward(e, b, loss_scale / static_cast<float>(BT)));
   ModelOps& ops = dev_->ops();
-  // params_ still holds the embedding (fp32) from the LM head: its backward needs wte.
+  // params_ still holds the embedding (fp32) from the LM head, or (bf16 compute) the unit is
+  // still held: its backward needs wte.
   ops.zero(embed_grad_, e.unit(0).numel);
   ops.zero(dlnf_, int64_t{BT} * C);
   {
     ZOE_SPAN("lm_head backward", "compute", Bucket::kBackward);
-    ops.lm_head_backward(dlnf_, embed_grad_, logits_, lnf_, params_, BT, C, V);
+    if (bf16_) {
+      ops.lm_head_backward_bf16(dlnf_, embed_grad_, logits_, lnf_, held_data_, BT, C, V, bf16_scratch_);
+    } else {
+      ops.lm_head_backward(dlnf_, embed_grad_, logits_, lnf_, params_, BT, C, V);
+    }
   }
+  ZOE_RETURN_IF_ERROR(release_held(e));
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
   ops.zero(grad_, e.unit(L + 1).numel);
   ops.zero(dx_, int64_t{BT} * C);
@@ -129,16 +208,7 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
     ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
   }
   ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_));
-  for (int l = L - 1; l >= 0; --l) {
-    ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
-    ops.zero(grad_, e.unit(1 + l).numel);
-    {
-      ZOE_SPAN("block " + std::to_string(l) + " backward", "compute", Bucket::kBackward);
-      BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
-      block_backward(ops, dx_, grad_, dx_, acts, params_, x_[l], dims_, scratch_, ckpt_);
-    }
-    ZOE_RETURN_IF_ERROR(e.grads_ready(1 + l, grad_));
-  }
+  for (int l = L - 1; l >= 0; --l) ZOE_RETURN_IF_ERROR(block_backward(e, l));
   {
     ZOE_SPAN("encoder backward", "compute", Bucket::kBackward);
     ops.encoder_backward(embed_grad_, embed_grad_ + int64_t{V} * C, dx_, inputs_, b.B, b.T, C);
@@ -148,8 +218,10 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
 }
 
 Result<double> Gpt2Model::eval_loss(Engine& e, const Batch& b) {
-  BuffersHeld held{this};
-  return forward(e, b, 0.0f);
+  BuffersHeld held{this, &e};
+  ZOE_ASSIGN_OR_RETURN(double loss, forward(e, b, 0.0f));
+  ZOE_RETURN_IF_ERROR(release_held(e));  // bf16 compute's LM head unit
+  return loss;
 }
 
 }  // namespace zoe

@@ -2,7 +2,10 @@
 // is wte. Forward fetches each unit, converts it to fp32 on the device and releases it; backward
 // fetches again, hands each unit's gradient (device memory) to the engine and releases. The
 // embedding is fetched twice (token embedding, then the LM head) and its gradient handed over
-// once, after the encoder backward. Activation checkpointing keeps only block inputs and
+// once, after the encoder backward.
+// bf16 compute (bf16 training, zoe.compute_dtype; gpt2_ops.h): the products read each bf16 unit in
+// place, held fetched while its ops run; only a block's vectors and ln_f are widened to fp32, and
+// the LM head's unit stays fetched from the forward's end to its backward. Activation checkpointing keeps only block inputs and
 // recomputes each block in backward. Every buffer is device memory of the engine's device, and
 // every kernel runs through its ops(); the host sees only the loss (one download per micro-step).
 #pragma once
@@ -17,7 +20,8 @@ namespace zoe {
 
 class Gpt2Model final : public Model {
  public:
-  Gpt2Model(const gpt2::Gpt2Shape& shape, bool activation_checkpointing);
+  // bf16_compute: the units are bf16 (bf16 training) and the products run on them in bf16.
+  Gpt2Model(const gpt2::Gpt2Shape& shape, bool activation_checkpointing, bool bf16_compute = false);
   std::string name() const override { return "gpt2"; }
   std::vector<UnitSpec> units() const override;
   void init_unit(int u, uint64_t seed, float* out) const override;
@@ -29,17 +33,32 @@ class Gpt2Model final : public Model {
   // become dlogits * dscale.
   Result<double> forward(Engine& e, const Batch& b, float dscale);
   Status fetch_f32(Engine& e, int u, float* out);
+  // bf16 compute: unit u fetched and held (its bf16 data) until release_held(); a block's
+  // vectors widened into params_ first.
+  Result<const uint16_t*> fetch_bf16(Engine& e, int u, bool widen_vectors);
+  Status release_held(Engine& e);
+  gpt2::BlockWeights block_weights(const uint16_t* unit) const;
+  Status block_forward(Engine& e, int l);
+  Status block_backward(Engine& e, int l);
   Status size_buffers(Engine& e, const Batch& b);  // allocates every buffer below
   Result<float*> take(size_t floats);  // one more device buffer of the current set
   void free_buffers();
-  // Frees the buffers when a micro-step ends, however it ends.
+  // Frees the buffers when a micro-step ends, however it ends, and releases a unit an error left
+  // held (its status is the error's, already on its way).
   struct BuffersHeld {
     Gpt2Model* m;
-    ~BuffersHeld() { m->free_buffers(); }
+    Engine* e;
+    ~BuffersHeld() {
+      (void)m->release_held(*e);
+      m->free_buffers();
+    }
   };
 
   gpt2::Gpt2Shape s_;
   bool ckpt_;
+  bool bf16_;
+  int held_ = -1;  // bf16 compute: the unit fetched and not yet released (-1: none)
+  const uint16_t* held_data_ = nullptr;  // its bf16 data (device memory)
   gpt2::BlockDims dims_{};
   Device* dev_ = nullptr;     // the device the buffers below live on
   std::vector<Buffer> bufs_;  // every buffer below, held for one micro-step
@@ -49,6 +68,7 @@ class Gpt2Model final : public Model {
         *dx_ = nullptr, *dlnf_ = nullptr, *params_ = nullptr, *grad_ = nullptr, *embed_grad_ = nullptr,
         *loss_ = nullptr;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
+  uint16_t* bf16_scratch_ = nullptr;  // bf16 compute: the products' rounded activations
 };
 
 }  // namespace zoe

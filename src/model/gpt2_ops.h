@@ -47,6 +47,26 @@ void lm_head_forward(float* logits, const float* inp, const float* wte, int N, i
 void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp,
                       const float* wte, int N, int C, int V);
 
+// ---- bf16 compute (as torch's CPU autocast): the weights are the gathered bf16 unit, read in
+// place (bf16 bit patterns, no fp32 copy); the fp32 activations a product reads (inp, dout,
+// dlogits) are rounded to bf16 into `scratch` first, and every product accumulates in fp32.
+// Outputs, their dtypes (fp32) and rules are those of the fp32 functions above. scratch holds
+// bf16_scratch_numel(N, C, OC) elements: N*C for a forward, N*(C+OC) for a backward (OC = V for
+// the LM head).
+inline int64_t bf16_scratch_numel(int N, int C, int OC) { return int64_t{N} * (int64_t{C} + OC); }
+void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
+                          int C);
+void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
+                         uint16_t* scratch);
+void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch);
+void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                          uint16_t* scratch);
+void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
+                           int N, int C, int V, uint16_t* scratch);
+// dst[n] = src[n] rounded to bf16 (round to nearest even, as zoe/dtype.h).
+void round_to_bf16(uint16_t* dst, const float* src, int64_t n);
+
 // Causal self-attention on the packed c_attn output.
 //   qkv [B,T,3C]: q, k, v along the last axis, head h at channels [h*hs, (h+1)*hs), hs = C/NH.
 //   out [B,T,C]:  softmax(q k^T / sqrt(hs), causal) v, heads concatenated.

@@ -1,19 +1,38 @@
 // Token + position embedding.
 #include "model/gpt2_ops.h"
 #include "model/gpt2_ops_util.h"
+#include "zoe/dtype.h"
 
 namespace zoe::gpt2 {
 
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C) {
+namespace {
+
+float widen(float x) { return x; }
+float widen(uint16_t x) { return bf16_to_f32(x); }
+
+// W: float or uint16_t (bf16 bit patterns, the sum in fp32 as the fp32 path's).
+template <class W>
+void encoder_rows(float* out, const int32_t* inp, const W* wte, const W* wpe, int B, int T, int C) {
   detail::parallel_range(int64_t{B} * T, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       float* o = out + r * C;
-      const float* te = wte + int64_t{inp[r]} * C;
-      const float* pe = wpe + (r % T) * C;
-      for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+      const W* te = wte + int64_t{inp[r]} * C;
+      const W* pe = wpe + (r % T) * C;
+      for (int c = 0; c < C; c++) o[c] = widen(te[c]) + widen(pe[c]);
     }
   });
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                     int T, int C) {
+  encoder_rows(out, inp, wte, wpe, B, T, C);
+}
+
+void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
+                          int C) {
+  encoder_rows(out, inp, wte, wpe, B, T, C);
 }
 
 // Rows of dwte collide when a token repeats, so the work is split by channel instead: each

@@ -5,6 +5,7 @@
 #include "model/gpt2_ops.h"
 #include "model/gpt2_ops_util.h"
 #include "kernels/gemm.h"
+#include "zoe/dtype.h"
 
 namespace zoe::gpt2 {
 
@@ -30,19 +31,40 @@ void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const
   std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
 }
 
+// The bf16 path of this process: oneDNN where the CPU has bf16 units, else OpenBLAS on widened
+// operands (kernels/gemm.h); a bad ZOE_GEMM_BF16 is reported by make_backend.
+GemmPath bf16_path() {
+  static const GemmPath p = [] {
+    auto r = gemm_path(GemmType::kBF16);
+    return r.ok() ? *r : GemmPath::kOpenBlas;
+  }();
+  return p;
+}
+
+// As sgemm, on bf16 operands (bit patterns), fp32 out.
+void bgemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+           float beta, float* C, int ldc) {
+  Status st = gemm_sliced(bf16_path(), GemmType::kBF16, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C);
+  if (st.ok()) return;
+  static std::once_flag told;
+  std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
+}
+
 constexpr bool kNoTrans = false, kTrans = true;  // op(X) = X, X^T
+
+void seed_bias(float* out, const float* bias, int N, int OC) {
+  detail::parallel_range(N, detail::row_grain(OC), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+      for (int o = 0; o < OC; o++) out[r * OC + o] = bias[o];
+  });
+}
 
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                     int OC) {
   // Seed out with the bias rows and let sgemm add onto them (beta = 1): one pass less over out.
-  if (bias) {
-    detail::parallel_range(N, detail::row_grain(OC), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++)
-        for (int o = 0; o < OC; o++) out[r * OC + o] = bias[o];
-    });
-  }
+  if (bias) seed_bias(out, bias, N, OC);
   sgemm(kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, bias ? 1.f : 0.f, out, OC);
 }
 
@@ -76,6 +98,52 @@ void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const floa
     sgemm(kNoTrans, kNoTrans, N, C, V, dlogits, V, wte, C, 1.f, dinp, C);
   if (dwte)
     sgemm(kTrans, kNoTrans, V, C, N, dlogits, V, inp, C, 1.f, dwte, C);
+}
+
+void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
+  detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; i++) dst[i] = f32_to_bf16(src[i]);
+  });
+}
+
+// The bf16 functions mirror the fp32 ones above operand for operand; only the activations'
+// rounding into scratch comes first. scratch: [0, N*C) the C-wide operand, then the OC-wide one.
+void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
+                         uint16_t* scratch) {
+  round_to_bf16(scratch, inp, int64_t{N} * C);
+  if (bias) seed_bias(out, bias, N, OC);
+  bgemm(kNoTrans, kNoTrans, N, OC, C, scratch, C, W, OC, bias ? 1.f : 0.f, out, OC);
+}
+
+void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
+  uint16_t* inp16 = scratch;
+  uint16_t* dout16 = scratch + int64_t{N} * C;
+  if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC);
+  if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, 1.f, dinp, C);
+  if (dW) {
+    round_to_bf16(inp16, inp, int64_t{N} * C);
+    bgemm(kTrans, kNoTrans, C, OC, N, inp16, C, dout16, OC, 1.f, dW, OC);
+  }
+  if (dbias) bias_backward(dbias, dout, N, OC);  // from fp32 dout: no rounding where no product is
+}
+
+void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                          uint16_t* scratch) {
+  round_to_bf16(scratch, inp, int64_t{N} * C);
+  bgemm(kNoTrans, kTrans, N, V, C, scratch, C, wte, C, 0.f, logits, V);
+}
+
+void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
+                           int N, int C, int V, uint16_t* scratch) {
+  uint16_t* inp16 = scratch;
+  uint16_t* dlogits16 = scratch + int64_t{N} * C;
+  if (dinp || dwte) round_to_bf16(dlogits16, dlogits, int64_t{N} * V);
+  if (dinp) bgemm(kNoTrans, kNoTrans, N, C, V, dlogits16, V, wte, C, 1.f, dinp, C);
+  if (dwte) {
+    round_to_bf16(inp16, inp, int64_t{N} * C);
+    bgemm(kTrans, kNoTrans, V, C, N, dlogits16, V, inp16, C, 1.f, dwte, C);
+  }
 }
 
 }  // namespace zoe::gpt2

@@ -47,6 +47,26 @@ class HostModelOps final : public ModelOps {
                         int C, int V) override {
     gpt2::lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
   }
+  void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
+                            int C) override {
+    gpt2::encoder_forward_bf16(out, inp, wte, wpe, B, T, C);
+  }
+  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
+                           uint16_t* scratch) override {
+    gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC, scratch);
+  }
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
+    gpt2::matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
+  }
+  void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                            uint16_t* scratch) override {
+    gpt2::lm_head_forward_bf16(logits, inp, wte, N, C, V, scratch);
+  }
+  void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
+                             int N, int C, int V, uint16_t* scratch) override {
+    gpt2::lm_head_backward_bf16(dinp, dwte, dlogits, inp, wte, N, C, V, scratch);
+  }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
     gpt2::attention_forward(out, lse, qkv, B, T, C, NH);
   }

@@ -8,12 +8,18 @@
 // runs exactly those functions on host memory (tests, and the CPU device's ops underneath).
 #pragma once
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace zoe {
 
 class ModelOps {
  public:
   virtual ~ModelOps() = default;
+
+  // Seconds each op kind took since the last call (then reset), for benchmarks' breakdowns; ops
+  // that do not time themselves (a GPU's, whose calls only enqueue) give an empty map.
+  virtual std::map<std::string, double> take_op_seconds() { return {}; }
 
   virtual void zero(float* x, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
@@ -33,6 +39,18 @@ class ModelOps {
   virtual void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) = 0;
   virtual void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte,
                                 int N, int C, int V) = 0;
+  // bf16 compute (gpt2_ops.h, "bf16 compute"): weights are bf16 device memory read in place; the
+  // activations a product reads are rounded into scratch (device memory, bf16_scratch_numel).
+  virtual void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe,
+                                    int B, int T, int C) = 0;
+  virtual void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N,
+                                   int C, int OC, uint16_t* scratch) = 0;
+  virtual void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                                    const uint16_t* W, int N, int C, int OC, uint16_t* scratch) = 0;
+  virtual void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
+                                    uint16_t* scratch) = 0;
+  virtual void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp,
+                                     const uint16_t* wte, int N, int C, int V, uint16_t* scratch) = 0;
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
                                   int C, int NH) = 0;

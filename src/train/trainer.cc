@@ -20,6 +20,7 @@
 #include "ckpt/root_lock.h"
 #include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
+#include "kernels/gemm.h"
 #include "model/gpt2_model.h"
 #include "model/mlp_model.h"
 #include "train/backend.h"
@@ -51,12 +52,22 @@ Status validate_for_world(const Config& c, int world) {
 
 namespace {
 
+// zoe.compute_dtype "auto": bf16 products in bf16 training where they run on bf16 units (the
+// CPU's oneDNN path, kernels/gemm.h), else fp32. Not yet on CUDA: its bf16 products are written
+// but have not run on a GPU.
+std::string resolve_compute_dtype(const Config& c) {
+  if (c.compute_dtype != "auto") return c.compute_dtype;
+  if (c.dtype != DType::kBF16 || c.model_type != "gpt2" || c.device == "cuda") return "fp32";
+  auto p = gemm_path(GemmType::kBF16);
+  return p.ok() && *p == GemmPath::kOneDnn ? "bf16" : "fp32";
+}
+
 Result<std::unique_ptr<Model>> make_model(const Config& c) {
   if (c.model_type == "mlp") return std::unique_ptr<Model>(new MlpModel(c.n_layer, c.n_embd, c.seed + 1));
   gpt2::Gpt2Shape s{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
   Status ok = gpt2::validate_shape(s);
   if (!ok.ok()) return Status::Invalid("config key 'zoe.model': " + ok.message());
-  return std::unique_ptr<Model>(new Gpt2Model(s, c.activation_checkpointing));
+  return std::unique_ptr<Model>(new Gpt2Model(s, c.activation_checkpointing, c.compute_dtype == "bf16"));
 }
 
 // Micro-batches per rank in one validation pass.
@@ -101,7 +112,7 @@ class TrainJob {
     ZOE_ASSIGN_OR_RETURN(auto facts, gather_facts(comm_, mine));
     ZOE_RETURN_IF_ERROR(report_.write({{"done", true}, {"final_loss", sum.final_loss},
                                        {"checkpoint", sum.checkpoint.empty() ? nlohmann::json() : nlohmann::json(sum.checkpoint)},
-                                       {"nvme_bytes", nvme_json(facts)}}));
+                                       {"nvme_bytes", nvme_json(facts)}, {"compute_dtype", c_.compute_dtype}}));
     if (!o_.trace_path.empty()) ZOE_RETURN_IF_ERROR(write_trace(comm_, o_.trace_path));
     return sum;
   }
@@ -144,6 +155,7 @@ class TrainJob {
     dev_ = std::move(backend.device);
     tensor_comm_ = std::move(backend.tensor_comm);
     comm_.set_ledger(&dev_->ledger());
+    c_.compute_dtype = resolve_compute_dtype(c_);  // the report's config says what ran
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));

@@ -368,6 +368,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   const uint64_t m = Dl->rows, n = Dl->cols;
   const uint64_t am = o->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = o->ta == CUBLAS_OP_N ? A->cols : A->rows;
   const uint64_t bk = o->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = o->tb == CUBLAS_OP_N ? B->cols : B->rows;
+  // The products zoe asks for: fp32 x fp32 or bf16 x bf16, into fp32 (as cuBLASLt's tables allow).
+  const bool types_ok = A->type == B->type && (A->type == CUDA_R_32F || A->type == CUDA_R_16BF) &&
+                        Cl->type == CUDA_R_32F && Dl->type == CUDA_R_32F &&
+                        (A->type == CUDA_R_32F || o->compute == CUBLAS_COMPUTE_32F);
+  if (!types_ok) {
+    *found = 0;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (am != m || bn != n || ak != bk || Cl->rows != m || Cl->cols != n || requested < 1) {
     *found = 0;
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -394,14 +402,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
       return CUBLAS_STATUS_INVALID_VALUE;
     }
   const float alpha = *static_cast<const float*>(alpha_p), beta = *static_cast<const float*>(beta_p);
-  const auto* Af = static_cast<const float*>(Ap);
-  const auto* Bf = static_cast<const float*>(Bp);
+  // Element x of a matrix of `type` (fp32, or bf16 widened exactly).
+  auto load = [](const void* p, cudaDataType_t type, int64_t x) {
+    if (type == CUDA_R_16BF) {
+      uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      return f;
+    }
+    return static_cast<const float*>(p)[x];
+  };
   const auto* Cf = static_cast<const float*>(Cp);
   auto* Df = static_cast<float*>(Dp);
   const int64_t m = Dl->rows, n = Dl->cols;
   const int64_t k = o->ta == CUBLAS_OP_N ? A->cols : A->rows;
-  auto at = [&](int64_t i, int64_t p) { return o->ta == CUBLAS_OP_N ? Af[p * A->ld + i] : Af[i * A->ld + p]; };
-  auto bt = [&](int64_t p, int64_t j) { return o->tb == CUBLAS_OP_N ? Bf[j * B->ld + p] : Bf[p * B->ld + j]; };
+  auto at = [&](int64_t i, int64_t p) { return load(Ap, A->type, o->ta == CUBLAS_OP_N ? p * A->ld + i : i * A->ld + p); };
+  auto bt = [&](int64_t p, int64_t j) { return load(Bp, B->type, o->tb == CUBLAS_OP_N ? j * B->ld + p : p * B->ld + j); };
   std::vector<float> col(m);
   for (int64_t j = 0; j < n; j++) {
     for (int64_t i = 0; i < m; i++) {

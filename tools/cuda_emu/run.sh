@@ -34,10 +34,12 @@ compile "$root/src/gpu/cuda_model_ops.cu" -x c++ -include cuda_emu.h
 compile "$root/tools/cuda_emu/cuda_emu_runtime.cc"
 compile "$root/tests/cuda_model_ops_gpu_test.cc"
 compile "$root/tests/test_util.cc"
-for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$root"/src/model/gpt2_block.cc; do
+# The CPU reference's GEMMs (kernels/gemm.h) without oneDNN: OpenBLAS and the reference paths.
+for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$root"/src/model/gpt2_block.cc \
+         "$root"/src/kernels/gemm.cc "$root"/src/kernels/gemm_onednn_absent.cc; do
   compile "$f"
 done
-"$CXX" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lpthread
+"$CXX" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lfmt -lpthread
 for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
   echo "== schedule $schedule"
   CUDA_EMU_SCHEDULE=$schedule "$out/cuda_model_ops_emu_test" "$@"

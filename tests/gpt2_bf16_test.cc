@@ -1,0 +1,172 @@
+// bf16 compute (gpt2_ops.h): each product is the fp32 product of its operands rounded to bf16
+// (to fp32 rounding), and a block computed that way stays within bf16's precision of the fp32
+// block on the same (bf16) weights. Each test prints the GEMM path its bf16 products took.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "model/gpt2_block.h"
+#include "model/gpt2_ops.h"
+#include "zoe/dtype.h"
+
+namespace zoe::gpt2 {
+namespace {
+
+using Vf = std::vector<float>;
+using Vh = std::vector<uint16_t>;
+
+Vf rnd(size_t n, uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  Vf v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
+Vh to_bf16(const Vf& v) {
+  Vh h(v.size());
+  for (size_t i = 0; i < v.size(); i++) h[i] = f32_to_bf16(v[i]);
+  return h;
+}
+Vf widen(const Vh& h) {
+  Vf v(h.size());
+  for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+Vf rounded(const Vf& v) { return widen(to_bf16(v)); }
+
+// max |got - want| / max |want|.
+double rel_err(const Vf& got, const Vf& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); i++) {
+    num = std::max(num, std::fabs(double(got[i]) - want[i]));
+    den = std::max(den, std::fabs(double(want[i])));
+  }
+  return num / den;
+}
+
+void say_path() {
+  auto p = gemm_path(GemmType::kBF16);
+  std::printf("bf16 products: %s (oneDNN finds %s)\n", p.ok() ? gemm_path_name(*p) : "?", gemm_onednn_isa().c_str());
+}
+
+constexpr double kSameProduct = 2e-6;  // another summation order of the same fp32 products
+constexpr double kBf16 = 2e-2;         // bf16 (8 significant bits) against fp32
+
+// matmul (w_t false) or the LM head (w_t true, W is [OC, C]).
+void check_linear(int N, int C, int OC, bool w_t) {
+  say_path();
+  const Vf x = rnd(size_t(N) * C, 1), dout = rnd(size_t(N) * OC, 2), bias = rnd(OC, 3);
+  const Vh W = to_bf16(rnd(size_t(C) * OC, 4, 0.2f));
+  const Vf Wf = widen(W), xr = rounded(x), doutr = rounded(dout);
+  Vh scratch(bf16_scratch_numel(N, C, OC), 0xffff);  // NaN patterns: every read element is written first
+  // Forward.
+  Vf out(size_t(N) * OC), want(out.size()), exact(out.size());
+  if (w_t) {
+    lm_head_forward_bf16(out.data(), x.data(), W.data(), N, C, OC, scratch.data());
+    lm_head_forward(want.data(), xr.data(), Wf.data(), N, C, OC);
+    lm_head_forward(exact.data(), x.data(), Wf.data(), N, C, OC);
+  } else {
+    matmul_forward_bf16(out.data(), x.data(), W.data(), bias.data(), N, C, OC, scratch.data());
+    matmul_forward(want.data(), xr.data(), Wf.data(), bias.data(), N, C, OC);
+    matmul_forward(exact.data(), x.data(), Wf.data(), bias.data(), N, C, OC);
+  }
+  EXPECT_LT(rel_err(out, want), kSameProduct);
+  EXPECT_LT(rel_err(out, exact), kBf16);
+  // Backward, accumulating onto a start.
+  const Vf dx0 = rnd(size_t(N) * C, 5), dW0 = rnd(size_t(C) * OC, 6), db0 = rnd(OC, 7);
+  Vf dx = dx0, dW = dW0, db = db0, dx_want = dx0, dW_want = dW0, db_want = db0;
+  if (w_t) {
+    lm_head_backward_bf16(dx.data(), dW.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+    lm_head_backward(dx_want.data(), dW_want.data(), doutr.data(), xr.data(), Wf.data(), N, C, OC);
+  } else {
+    matmul_backward_bf16(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+    matmul_backward(dx_want.data(), dW_want.data(), nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC);
+    matmul_backward(nullptr, nullptr, db_want.data(), dout.data(), x.data(), Wf.data(), N, C, OC);  // fp32 dout
+  }
+  EXPECT_LT(rel_err(dx, dx_want), kSameProduct);
+  EXPECT_LT(rel_err(dW, dW_want), kSameProduct);
+  EXPECT_EQ(db, db_want);
+  // A null output is skipped; dW alone still rounds its operands.
+  Vf dW2 = dW0;
+  if (w_t) lm_head_backward_bf16(nullptr, dW2.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+  else matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+  EXPECT_EQ(dW2, dW);
+}
+
+TEST(Bf16Compute, MatmulIsTheFp32ProductOfItsRoundedOperands) {
+  check_linear(37, 48, 96, false);
+  check_linear(300, 64, 520, false);  // several 256-wide slices
+}
+
+TEST(Bf16Compute, LmHeadIsTheFp32ProductOfItsRoundedOperands) {
+  check_linear(21, 32, 300, true);
+}
+
+TEST(Bf16Compute, EncoderAddsTheWidenedRows) {
+  const int B = 2, T = 5, C = 8, V = 11;
+  const Vh wte = to_bf16(rnd(size_t(V) * C, 10)), wpe = to_bf16(rnd(size_t(T) * C, 11));
+  std::vector<int32_t> inp = {3, 0, 10, 3, 7, 1, 1, 9, 2, 5};
+  Vf out(size_t(B) * T * C), want(out.size());
+  encoder_forward_bf16(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  encoder_forward(want.data(), inp.data(), widen(wte).data(), widen(wpe).data(), B, T, C);
+  EXPECT_EQ(out, want);
+}
+
+TEST(Bf16Compute, BlockVectorsAreTheUnitsNonMatrixTensors) {
+  const int C = 8;
+  const auto v = block_vectors(C);
+  ASSERT_EQ(v.size(), 8u);
+  int64_t total = 0;
+  for (auto [off, n] : v) total += n;
+  EXPECT_EQ(total, 13 * C);
+  const Vf flat(block_numel(C));
+  const auto t = block_tensors(flat.data(), C);
+  const float* want[] = {t.ln1_w, t.ln1_b, t.qkv_b, t.attproj_b, t.ln2_w, t.ln2_b, t.fc_b, t.fcproj_b};
+  for (int i = 0; i < 8; i++) EXPECT_EQ(v[i].first, want[i] - flat.data()) << i;
+}
+
+// A block on bf16 weights: bf16 compute against fp32 compute on the same weights widened.
+TEST(Bf16Compute, BlockIsTheFp32BlockToBf16Precision) {
+  say_path();
+  const BlockDims d{2, 17, 32, 4};
+  const int64_t BTC = int64_t{d.B} * d.T * d.C, P = block_numel(d.C);
+  Vf params = rnd(P, 20, 0.2f);
+  for (int64_t i = 0; i < d.C; i++) params[i] = 1.f + params[i];  // ln1_w near 1
+  const Vh unit = to_bf16(params);
+  const Vf unit_f = widen(unit), inp = rnd(BTC, 21, 2.f), dout = rnd(BTC, 22);
+  Vf packed;
+  for (auto [off, n] : block_vectors(d.C)) packed.insert(packed.end(), unit_f.begin() + off, unit_f.begin() + off + n);
+  Vh scratch(block_bf16_scratch_numel(d), 0xffff);
+  const BlockWeights w{packed.data(), unit.data(), scratch.data()};
+
+  BlockBuffers b16(d), b32(d);
+  Vf out(BTC), want(BTC);
+  block_forward(host_model_ops(), out.data(), b16.acts, w, inp.data(), d);
+  block_forward(host_model_ops(), want.data(), b32.acts, unit_f.data(), inp.data(), d);
+  EXPECT_LT(rel_err(out, want), kBf16);
+  EXPECT_GT(rel_err(out, want), 0.0) << "the bf16 products rounded nothing";
+
+  Vf dinp(BTC), g(P, 0.f), dinp_want(BTC), g_want(P, 0.f);
+  block_backward(host_model_ops(), dinp.data(), g.data(), dout.data(), b16.acts, w, inp.data(), d,
+                 b16.scratch.data(), false);
+  block_backward(host_model_ops(), dinp_want.data(), g_want.data(), dout.data(), b32.acts, unit_f.data(),
+                 inp.data(), d, b32.scratch.data(), false);
+  EXPECT_LT(rel_err(dinp, dinp_want), kBf16);
+  EXPECT_LT(rel_err(g, g_want), kBf16);
+
+  // Recompute (activation checkpointing) gives bitwise the kept activations' gradients.
+  Vf dinp2(BTC), g2(P, 0.f);
+  std::fill(b32.acts_mem.begin(), b32.acts_mem.end(), NAN);
+  block_backward(host_model_ops(), dinp2.data(), g2.data(), dout.data(), b32.acts, w, inp.data(), d,
+                 b32.scratch.data(), true);
+  EXPECT_EQ(dinp2, dinp);
+  EXPECT_EQ(g2, g);
+}
+
+}  // namespace
+}  // namespace zoe::gpt2
