@@ -90,6 +90,14 @@ class Device {
   virtual Status wait(Event e) = 0;                  // the host waits
   virtual Status wait_on(Stream waiter, Event e) = 0;  // later work on `waiter` waits for e
   virtual Status synchronize() = 0;                  // every stream drained
+  // Later work on every stream of this device waits for what `stream` (a native stream of this
+  // device's runtime: a cudaStream_t of its GPU) has queued so far, so that a framework's kernels
+  // that still read or write a buffer are done before the engine reuses it. The CPU device has
+  // nothing to wait for: a framework's CPU ops are done when they return.
+  virtual Status wait_external(void* stream) {
+    (void)stream;
+    return Status::Ok();
+  }
 
   // Kernels the engine itself runs, on the compute stream (the model's are in ops()).
   // dst[i] = (accumulate ? dst[i] : 0) + src[i], summed in fp32, stored as dst_dtype.

@@ -98,6 +98,12 @@ ZOE_API zoe_status zoe_load_safetensors(zoe_engine* e, const char* path);
 ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
 ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
 
+/* zoe's later device work waits for what `stream` (a cudaStream_t of zoe's GPU) has queued so far:
+ * call it before zoe_release and before handing gradients over when a framework's kernels on that
+ * stream may still read a unit's buffer or write a gradient (an event, not a host wait). Nothing to
+ * wait for on the CPU device (any value is accepted there). */
+ZOE_API zoe_status zoe_wait_stream(zoe_engine* e, void* stream);
+
 /* Gradients of the loss multiplied by zoe_loss_scale(), any float dtype and strides, in host memory
  * or (CUDA device) in the GPU's memory. zoe_grad_param stages one parameter's gradient;
  * zoe_grads_ready hands over unit u's gradient for this micro-step: `grad` is the whole unit

@@ -92,6 +92,10 @@ class Engine {
     return to_capsule(t);
   }
   void release(int u) { call([&](zoe_engine* e) { return zoe_release(e, u); }); }
+  // stream: a cudaStream_t as an integer (torch.cuda.Stream.cuda_stream).
+  void wait_stream(uintptr_t stream) {
+    call([&](zoe_engine* e) { return zoe_wait_stream(e, reinterpret_cast<void*>(stream)); });
+  }
   void grad_param(const std::string& name, const py::object& cap) {
     const DLTensor* t = borrow(cap, "grad_param");
     call([&](zoe_engine* e) { return zoe_grad_param(e, name.c_str(), t); });
@@ -174,6 +178,7 @@ PYBIND11_MODULE(_zoe, m) {
       .def("load_safetensors", [](Engine& x, const std::string& p) { x.call_path(zoe_load_safetensors, p); })
       .def("fetch", &Engine::fetch)
       .def("release", &Engine::release)
+      .def("wait_stream", &Engine::wait_stream)
       .def("grad_param", &Engine::grad_param)
       .def("grads_ready", &Engine::grads_ready)
       .def("step", &Engine::step)

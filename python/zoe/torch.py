@@ -25,6 +25,10 @@ its gradient goes over when the whole backward ends. Queries of shape and the li
 collective, so every rank must make the same reads in the same order, as it makes the same
 forwards. register_external_parameter(module, param) makes `param` part of `module`'s fetches instead,
 as DeepSpeed's function of that name does.
+
+On a GPU, zoe's streams wait for torch's current stream (an event, zoe_wait_stream) before each
+release and each gradient hand-over, since a kernel torch queued may still read the weights or
+write the gradient (tests/python/stream_waits.py).
 """
 import contextlib
 import types
@@ -173,6 +177,18 @@ _VIEW_ATTRIBUTES = {"T", "mT", "H", "mH", "real", "imag"}
 _SHAPE_ATTRIBUTES = {"shape", "ndim", "data"}
 
 
+# zoe's streams wait for torch's before zoe reuses a unit's buffer (zoe_release) or reads a
+# gradient (hand-over): torch queues kernels on its current stream, and one that still reads the
+# weights or writes the gradient may not have run yet. An event, not a host wait. Module-level so
+# that a test can stand in for torch's stream on a machine without a GPU.
+def _on_gpu(t):
+    return t.is_cuda
+
+
+def _torch_stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _when_to_fetch(func):
     if isinstance(getattr(func, "__self__", None), types.GetSetDescriptorType):  # an attribute
         name = func.__self__.__name__
@@ -257,8 +273,14 @@ class _Wrapper:
             for ps in unit.params:
                 ps.param.data = ps.empty
             del _live[_storage_ptr(unit.flat)]
+            self._after_torch(unit.flat)
             unit.flat = None
             self.engine.release(u)
+
+    def _after_torch(self, t):
+        """zoe's later work waits for torch's kernels queued so far on t's device (see _on_gpu)."""
+        if _on_gpu(t):
+            self.engine.wait_stream(_torch_stream(t.device))
 
     # --- forwards in progress ---
     def enter(self, units):
@@ -382,8 +404,7 @@ class _Wrapper:
             g = ps.param.grad
             if g is None:
                 continue
-            if g.is_cuda:
-                torch.cuda.current_stream(g.device).synchronize()
+            self._after_torch(g)
             self.engine.grad_param(ps.name, _dlpack.to_dlpack(g))
             ps.param.grad = None
             handed = True

@@ -201,6 +201,11 @@ Result<DLManagedTensor*> CEngine::fetch(int u) {
   return &t->managed;
 }
 
+Status CEngine::wait_stream(void* stream) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_wait_stream"));
+  return backend_.device->wait_external(stream);
+}
+
 Status CEngine::release(int u) {
   ZOE_RETURN_IF_ERROR(check_unit("zoe_release", u));
   if (state_[u].fetched == 0)

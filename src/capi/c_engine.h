@@ -45,6 +45,7 @@ class CEngine {
   Status load_safetensors(const std::string& path);
   Result<DLManagedTensor*> fetch(int u);
   Status release(int u);
+  Status wait_stream(void* stream);
   Status grad_param(const std::string& name, const DLTensor* grad);
   Status grads_ready(int u, const DLTensor* grad);
   Result<StepResult> step(double lr);

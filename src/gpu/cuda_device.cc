@@ -285,6 +285,19 @@ Status CudaDevice::wait_on(Stream waiter, Event e) {
   return check(cudaStreamWaitEvent(stream(waiter), ev, 0), "cudaStreamWaitEvent");
 }
 
+// One event per call: recorded on the framework's stream, waited on by each of ours, destroyed
+// at once (CUDA releases it when the waits no longer need it).
+Status CudaDevice::wait_external(void* stream) {
+  ZOE_RETURN_IF_ERROR(make_current());
+  cudaEvent_t ev = nullptr;
+  ZOE_RETURN_IF_ERROR(check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+  Status st = check(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)), "cudaEventRecord on the caller's stream");
+  for (int s = 0; s < kNumStreams && st.ok(); ++s)
+    st = check(cudaStreamWaitEvent(streams_[s], ev, 0), "cudaStreamWaitEvent on the caller's stream");
+  Status destroyed = check(cudaEventDestroy(ev), "cudaEventDestroy");
+  return st.ok() ? destroyed : st;
+}
+
 Status CudaDevice::synchronize() {
   ZOE_RETURN_IF_ERROR(make_current());
   for (int s = 0; s < kNumStreams; ++s)

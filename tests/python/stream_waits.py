@@ -1,0 +1,101 @@
+"""On a GPU, zoe's streams must wait for torch's before zoe reuses a unit's buffer (release) or
+reads a gradient (hand-over): torch's kernels may still be queued. Here a stand-in plays torch's
+stream (zoe.torch._torch_stream, _on_gpu) and a recorder sits between the adapter and the engine:
+every release and every gradient hand-over must come right after a wait on torch's stream, and
+the training result must be unchanged. zoe_wait_stream itself runs on the CPU device (nothing to
+wait for there) and refuses an engine that is not started."""
+import sys
+
+import torch
+
+import zoe
+import zoe.torch
+
+STREAM = 0x5eed  # the stand-in's stream handle
+
+
+class Recorder:
+    """The engine, with the calls that order against torch's stream logged."""
+
+    def __init__(self, engine):
+        self.engine, self.log = engine, []
+
+    def __getattr__(self, name):
+        f = getattr(self.engine, name)
+        if name not in ("wait_stream", "release", "grad_param", "grads_ready"):
+            return f
+
+        def logged(*args):
+            self.log.append((name, args[0], args[1] if len(args) > 1 else None))
+            return f(*args)
+        return logged
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+
+
+def train(on_gpu):
+    zoe.torch._on_gpu = lambda t: on_gpu
+    zoe.torch._torch_stream = lambda device: STREAM
+    e = zoe.Engine({"zero_optimization": {"stage": 3}})
+    rec = Recorder(e)
+    m = model()
+    zoe.torch.wrap(m, rec)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    m(x).square().sum().backward()
+    norm = e.step(1e-3)["grad_norm"]
+    e.close()
+    return rec.log, norm
+
+
+def check(log):
+    """Problems: a release or gradient hand-over not right after a wait on the stand-in stream."""
+    bad, releases, grads = [], 0, 0
+    for i, (name, arg, grad) in enumerate(log):
+        if name == "wait_stream" and arg != STREAM:
+            bad.append(f"call {i}: waited on stream {arg:#x}, not torch's {STREAM:#x}")
+        # grads_ready with a tensor is the zeros of an unused unit, made in host memory.
+        if name not in ("release", "grad_param"):
+            continue
+        releases += name == "release"
+        grads += name == "grad_param"
+        if i == 0 or log[i - 1][0] != "wait_stream":
+            bad.append(f"call {i}: {name}({arg}) without a wait on torch's stream right before it")
+    return bad, releases, grads
+
+
+def main():
+    ok = True
+    e = zoe.Engine({"zero_optimization": {"stage": 3}})
+    try:
+        e.wait_stream(STREAM)
+        print("FAIL: zoe_wait_stream before zoe_start did not raise")
+        ok = False
+    except zoe.Error as err:
+        print(f"zoe_wait_stream before zoe_start: {err}")
+    e.close()
+
+    log, norm = train(on_gpu=True)
+    bad, releases, grads = check(log)
+    for b in bad:
+        print("FAIL:", b)
+    ok = ok and not bad and releases > 0 and grads > 0
+    print(f"{releases} releases and {grads} gradient hand-overs, {len(bad)} of them without a wait on torch's "
+          "stream right before")
+
+    cpu_log, cpu_norm = train(on_gpu=False)
+    waits = sum(1 for c in cpu_log if c[0] == "wait_stream")
+    if waits:
+        print(f"FAIL: {waits} waits on a stream for tensors in host memory")
+        ok = False
+    if norm != cpu_norm:
+        print(f"FAIL: the waits changed the result: gradient norm {norm} vs {cpu_norm}")
+        ok = False
+    print(("PASS" if ok else "FAIL") + f": gradient norm {norm:.7f} either way")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
