@@ -110,7 +110,9 @@ ZOE_API zoe_status zoe_wait_stream(zoe_engine* e, void* stream);
  * (numel elements), or NULL for what zoe_grad_param staged (a parameter without one counts as
  * zeros). Every rank hands over the same units in a step (zeros where it has no gradient): at
  * stages 2-3 the hand-over is collective, and zoe_step fails on every rank, dropping the step's
- * gradients, when a unit was handed over on some ranks only. */
+ * gradients, when a unit was handed over on some ranks only. Both return once `grad` has been read:
+ * the caller may free or reuse its memory at once (call zoe_wait_stream first when kernels on a
+ * stream of the caller's may still be writing it). */
 ZOE_API zoe_status zoe_grad_param(zoe_engine* e, const char* name, const DLTensor* grad);
 ZOE_API zoe_status zoe_grads_ready(zoe_engine* e, int unit, const DLTensor* grad);
 

@@ -232,7 +232,11 @@ Status CEngine::put_grad(const DLTensor& g, float* dst, int64_t n, const std::st
   if (!dl_compact(g) || g.dtype.bits == 64)
     return Status::Unsupported(what + ": a gradient in GPU memory must be compact float32/bfloat16/float16");
   ZOE_ASSIGN_OR_RETURN(DType dt, weight_dtype(g.dtype, what));
-  return dev.accumulate(dst, DType::kF32, static_cast<const char*>(g.data) + g.byte_offset, dt, n, false);
+  ZOE_RETURN_IF_ERROR(dev.accumulate(dst, DType::kF32, static_cast<const char*>(g.data) + g.byte_offset, dt, n, false));
+  // The copy is queued on zoe's stream, and the caller may free the gradient as soon as this
+  // returns (torch's allocator then hands its memory to the next kernel on torch's stream): the
+  // call returns once the copy has read it, as zoe_fetch returns once the gather has written.
+  return dev.wait(dev.record(Stream::kCompute));
 }
 
 Status CEngine::grad_param(const std::string& name, const DLTensor* grad) {
