@@ -9,8 +9,9 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/adam_consts.h"
 #include "gpu/adam_cuda.h"
+#include "gpu/cuda_kernel_util.cuh"
+#include "kernels/adam_consts.h"
 
 namespace zoe::gpu {
 namespace {
@@ -192,7 +193,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 Status launch(const LaunchArgs& a, int max_blocks, cudaStream_t stream, unsigned long long* nonfinite) {
   if (a.count == 0) return Status::Ok();
   const uint64_t blocks = a.total_tiles < uint64_t(max_blocks) ? a.total_tiles : uint64_t(max_blocks);
-  adam_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, nonfinite);
+  ZOE_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, adam_kernel)(a, nonfinite);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status::Runtime(std::string("adam_step_cuda: launch failed: ") + cudaGetErrorString(e));
   return Status::Ok();

@@ -1,6 +1,6 @@
-// A CPU emulation of the little CUDA the model kernels use, to run cuda_model_ops.cu and its test
-// on a machine without a GPU (tools/cuda_emu/run.sh). Force-included (g++ -include) before the
-// .cu, which is then compiled as C++.
+// A CPU emulation of the little CUDA the model and Adam kernels use, to run cuda_model_ops.cu,
+// adam_cuda.cu and their tests on a machine without a GPU (tools/cuda_emu/run.sh). Force-included
+// (g++ -include) before the .cu, which is then compiled as C++.
 //
 // Blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread,
 // switched only at __syncthreads and warp shuffles, so shared memory can be plain statics.
@@ -18,6 +18,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 
 #include <cuda_runtime.h>
 
@@ -45,6 +46,8 @@ Dims& dims();
 void syncthreads();
 // Exchanges v with lane (lane ^ offset) of the warp; both must call.
 double shfl_xor(double v, int offset);
+// The value of lane (lane + offset), or v itself where that is past the warp's last lane.
+double shfl_down(double v, int offset);
 float* dynamic_smem();
 // Runs body() once per thread of every block of the grid.
 void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
@@ -84,6 +87,38 @@ Bound<K> bind(dim3 grid, dim3 block, size_t smem, K* kernel) {
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int offset) {
   return static_cast<T>(::emu::shfl_xor(static_cast<double>(v), offset));
+}
+template <class T>
+inline T __shfl_down_sync(unsigned, T v, int offset) {
+  return static_cast<T>(::emu::shfl_down(static_cast<double>(v), offset));
+}
+
+// Blocks run one thread at a time: an atomic is a plain read-modify-write.
+template <class T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+
+// IEEE round-to-nearest arithmetic: the host's (x86-64 SSE, no contraction under -std=c++20).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+using std::isfinite;  // device code calls them unqualified
+using std::isnan;
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 #define ZOE_DYNAMIC_SMEM(name) float* name = ::emu::dynamic_smem()

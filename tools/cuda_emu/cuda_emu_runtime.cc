@@ -151,6 +151,18 @@ double shfl_xor(double v, int offset) {
   return r;
 }
 
+double shfl_down(double v, int offset) {
+  const int me = g_current;
+  const int partner = (me & 31) + offset < 32 ? me + offset : me;
+  g_slots[me] = v;
+  yield(kAtWarpBarrier);
+  if (partner >= static_cast<int>(g_fibers.size()) || g_fibers[partner].state == kDone)
+    die("shuffle with a lane that has exited or does not exist");
+  const double r = g_slots[partner];
+  yield(kAtWarpBarrier);
+  return r;
+}
+
 float* dynamic_smem() { return g_smem.data(); }
 
 void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
@@ -232,6 +244,20 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+// A small GPU: two multiprocessors, one resident block each, so grid-stride loops take turns.
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int) {
+  if (attr != cudaDevAttrMultiProcessorCount) return g_last = cudaErrorInvalidValue;
+  *v = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t, unsigned) {
+  *n = 1;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 227 * 1024) return g_last = cudaErrorInvalidValue;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs tests/cuda_model_ops_gpu_test.cc (its small cases) on the CPU: src/gpu/cuda_model_ops.cu is
-# compiled as C++ against the emulation in this folder (cuda_emu.h: fiber-scheduled blocks, a naive
-# cuBLASLt) and compared with the fp32 CPU reference, as on a GPU. For working on the kernels
+# Runs tests/cuda_model_ops_gpu_test.cc (its small cases) and tests/adam_cuda_gpu_test.cc on the CPU:
+# src/gpu/cuda_model_ops.cu and adam_cuda.cu are compiled as C++ against the emulation in this
+# folder (cuda_emu.h: fiber-scheduled blocks, a naive cuBLASLt) and compared with the CPU
+# reference (the Adam kernel bitwise), as on a GPU. For working on the kernels
 # without a GPU; it is no substitute for the gpu-labelled test on a real one (see cuda_emu.h for
 # what it cannot check).
 #   tools/cuda_emu/run.sh [gtest args...]
@@ -30,17 +31,36 @@ compile() {  # compile <source> [extra flags...]: rebuilds the object when the s
   objs+=("$obj")
 }
 
-compile "$root/src/gpu/cuda_model_ops.cu" -x c++ -include cuda_emu.h
+# .cu files: CUDA's vector loads (float4 over float arrays) alias as on the GPU.
+cu=(-x c++ -include cuda_emu.h -fno-strict-aliasing)
 compile "$root/tools/cuda_emu/cuda_emu_runtime.cc"
-compile "$root/tests/cuda_model_ops_gpu_test.cc"
 compile "$root/tests/test_util.cc"
-# The CPU reference's GEMMs (kernels/gemm.h) without oneDNN: OpenBLAS and the reference paths.
+common=("${objs[@]}")
+
+# 1. The model ops against the CPU reference (whose GEMMs are kernels/gemm.h without oneDNN).
+objs=()
+compile "$root/src/gpu/cuda_model_ops.cu" "${cu[@]}"
+compile "$root/tests/cuda_model_ops_gpu_test.cc"
 for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$root"/src/model/gpt2_block.cc \
          "$root"/src/kernels/gemm.cc "$root"/src/kernels/gemm_onednn_absent.cc; do
   compile "$f"
 done
-"$CXX" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lfmt -lpthread
+"$CXX" "${common[@]}" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lfmt \
+  -lpthread
+
+# 2. The fused Adam kernel bitwise against the CPU's scalar Adam.
+objs=()
+compile "$root/src/gpu/adam_cuda.cu" "${cu[@]}"
+compile "$root/tests/adam_cuda_gpu_test.cc"
+compile "$root/src/kernels/adam_scalar.cc"
+compile "$root/src/kernels/adam_avx2.cc" -mavx2 -mfma -mf16c
+compile "$root/src/kernels/adam_avx512.cc" -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c
+compile "$root/src/kernels/isa.cc"
+compile "$root/src/kernels/parallel_chunks.cc"
+"$CXX" "${common[@]}" "${objs[@]}" -o "$out/adam_cuda_emu_test" -lgtest_main -lgtest -ltbb -lfmt -lpthread
+
 for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
   echo "== schedule $schedule"
   CUDA_EMU_SCHEDULE=$schedule "$out/cuda_model_ops_emu_test" "$@"
+  CUDA_EMU_SCHEDULE=$schedule "$out/adam_cuda_emu_test" "$@"
 done
