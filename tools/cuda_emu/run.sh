@@ -20,15 +20,25 @@ flags=(-std=c++20 -O2 -g -Wall -Wextra -Wno-unused-parameter -I"$root/include" -
        -DZOE_HAVE_CUDA=1 -DZOE_CUDA_EMU=1 -DZOE_BINARY=\"zoe\" -Wno-clobbered -Wno-psabi)
 
 objs=()
+jobs_max=$(nproc)
+rm -f "$out/.failed"
 compile() {  # compile <source> [extra flags...]: rebuilds the object when the source or a header changed
   local src=$1; shift
   local obj="$out/$(echo "${src#$root/}" | tr / _).o"
   if [[ ! -f $obj || -n $(find "$root/src" "$root/tests" "$root/tools/cuda_emu" -newer "$obj" \
         \( -name '*.h' -o -name '*.cuh' -o -name '*.cc' -o -name '*.cu' \) -print -quit) ]]; then
     echo "compile ${src#$root/}"
-    "$CXX" "${flags[@]}" "$@" -c "$src" -o "$obj"
+    while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
+    ( "$CXX" "${flags[@]}" "$@" -c "$src" -o "$obj" || touch "$out/.failed" ) &
   fi
   objs+=("$obj")
+}
+compiled() {  # waits for the compiles in flight; stops when one failed
+  wait
+  if [[ -f $out/.failed ]]; then
+    echo "tools/cuda_emu/run.sh: a compile failed (see above)" >&2
+    exit 1
+  fi
 }
 
 # .cu files: CUDA's vector loads (float4 over float arrays) alias as on the GPU.
@@ -45,6 +55,7 @@ for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$r
          "$root"/src/kernels/gemm.cc "$root"/src/kernels/gemm_onednn_absent.cc; do
   compile "$f"
 done
+compiled
 "$CXX" "${common[@]}" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lfmt \
   -lpthread
 
@@ -57,6 +68,7 @@ compile "$root/src/kernels/adam_avx2.cc" -mavx2 -mfma -mf16c
 compile "$root/src/kernels/adam_avx512.cc" -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c
 compile "$root/src/kernels/isa.cc"
 compile "$root/src/kernels/parallel_chunks.cc"
+compiled
 "$CXX" "${common[@]}" "${objs[@]}" -o "$out/adam_cuda_emu_test" -lgtest_main -lgtest -ltbb -lfmt -lpthread
 
 for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
