@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "gpu/cuda_kernel_util.cuh"
 #include "gpu/device_kernels.h"
 #include "gpu/dtype_bits.h"
 
@@ -56,8 +57,8 @@ Status launched(const char* what) {
 
 template <uint8_t D, uint8_t S>
 void launch_accumulate(void* dst, const void* src, uint64_t n, bool acc, unsigned grid, cudaStream_t s) {
-  if (acc) accumulate_kernel<D, S, true><<<grid, kThreads, 0, s>>>(dst, src, n);
-  else accumulate_kernel<D, S, false><<<grid, kThreads, 0, s>>>(dst, src, n);
+  if (acc) ZOE_LAUNCH(grid, kThreads, 0, s, accumulate_kernel<D, S, true>)(dst, src, n);
+  else ZOE_LAUNCH(grid, kThreads, 0, s, accumulate_kernel<D, S, false>)(dst, src, n);
 }
 template <uint8_t D>
 void launch_accumulate(uint8_t st, void* dst, const void* src, uint64_t n, bool acc, unsigned grid, cudaStream_t s) {
@@ -187,9 +188,9 @@ Status sum_chunks_cuda(void* out, const void* chunks, int n, size_t count, DType
   if (!out || !chunks) return Status::Invalid("sum_chunks: null pointer");
   const unsigned grid = grid_for(count, max_blocks);
   switch (uint8_t(dtype)) {
-    case kF32: sum_chunks_kernel<kF32><<<grid, kThreads, 0, stream>>>(out, chunks, n, count); break;
-    case kBF16: sum_chunks_kernel<kBF16><<<grid, kThreads, 0, stream>>>(out, chunks, n, count); break;
-    default: sum_chunks_kernel<kF16><<<grid, kThreads, 0, stream>>>(out, chunks, n, count); break;
+    case kF32: ZOE_LAUNCH(grid, kThreads, 0, stream, sum_chunks_kernel<kF32>)(out, chunks, n, count); break;
+    case kBF16: ZOE_LAUNCH(grid, kThreads, 0, stream, sum_chunks_kernel<kBF16>)(out, chunks, n, count); break;
+    default: ZOE_LAUNCH(grid, kThreads, 0, stream, sum_chunks_kernel<kF16>)(out, chunks, n, count); break;
   }
   return launched("sum_chunks");
 }
@@ -217,7 +218,7 @@ Status sum_squares_cuda(const ArrayView* spans, size_t count, double* partials, 
   auto flush = [&]() -> Status {
     if (a.count == 0) return Status::Ok();
     const unsigned grid = static_cast<unsigned>(a.total_blocks < cap ? a.total_blocks : cap);
-    squares_partials_kernel<<<grid, kThreads, 0, stream>>>(a, partials);
+    ZOE_LAUNCH(grid, kThreads, 0, stream, squares_partials_kernel)(a, partials);
     ZOE_RETURN_IF_ERROR(launched("sum_squares"));
     a.partial_base += a.total_blocks;
     a.total_blocks = 0;
@@ -231,7 +232,7 @@ Status sum_squares_cuda(const ArrayView* spans, size_t count, double* partials, 
     a.total_blocks += (spans[i].n + kSumSquaresBlock - 1) / kSumSquaresBlock;
   }
   ZOE_RETURN_IF_ERROR(flush());
-  squares_total_kernel<<<1, kTotalThreads, 0, stream>>>(partials, total, out);
+  ZOE_LAUNCH(1, kTotalThreads, 0, stream, squares_total_kernel)(partials, total, out);
   return launched("sum_squares (total)");
 }
 

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include "gpu/cuda_kernel_util.cuh"
 #include "gpu/gpu_info.h"
 
 namespace zoe::gpu {
@@ -32,7 +33,7 @@ bool smoke_kernel(std::string* why) {
     if (why) *why = "cudaMalloc failed";
     return false;
   }
-  smoke<<<1, 1>>>(d);
+  ZOE_LAUNCH(1, 1, 0, 0, smoke)(d);
   cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
   cudaFree(d);
   if (e != cudaSuccess || h != 42) {

@@ -1,15 +1,16 @@
-// A CPU emulation of the little CUDA the model and Adam kernels use, to run cuda_model_ops.cu,
-// adam_cuda.cu and their tests on a machine without a GPU (tools/cuda_emu/run.sh). Force-included
-// (g++ -include) before the .cu, which is then compiled as C++.
+// A CPU emulation of the CUDA src/gpu uses (the model, Adam and engine kernels, CudaDevice's runtime
+// calls), to run them and their tests on a machine without a GPU (tools/cuda_emu/run.sh).
+// Force-included (g++ -include) before a .cu, which is then compiled as C++.
 //
 // Blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread,
 // switched only at __syncthreads and warp shuffles, so shared memory can be plain statics.
 // What it checks beyond the arithmetic: a barrier or shuffle that not every live thread (lane)
 // reaches aborts with a message, as does a shuffle whose partner lane has exited; dynamic shared
 // memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up.
-// What it cannot check: real races (fibers never run concurrently), timing, register / shared
-// memory limits, the real cuBLASLt (cuda_emu_runtime.cc has a naive column-major GEMM that checks
-// the layouts and the alignments promised to the heuristic).
+// What it cannot check: real races (fibers never run concurrently), stream ordering (every runtime
+// call has finished when it returns), device memory closed to the host (it is host memory), timing,
+// register / shared memory limits, the real cuBLASLt (cuda_emu_runtime.cc has a naive column-major
+// GEMM that checks the layouts and the alignments promised to the heuristic).
 #pragma once
 #define ZOE_CUDA_EMU 1
 
@@ -107,6 +108,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 using std::isfinite;  // device code calls them unqualified
 using std::isnan;

@@ -1,5 +1,6 @@
-// The emulation behind cuda_emu.h: fiber-scheduled blocks, the CUDA runtime calls the ops and
-// their test make (memory is host memory), a naive cuBLASLt, and a fake GPU for list_gpus.
+// The emulation behind cuda_emu.h: fiber-scheduled blocks, the CUDA runtime calls src/gpu and its
+// tests make, synchronous (memory is host memory; streams and events are tokens), a naive
+// cuBLASLt, and one emulated GPU for gpu_info.cu.
 #include "cuda_emu.h"  // first: it defines the CUDA qualifiers before the CUDA headers do
 
 #include <cublasLt.h>
@@ -18,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_info.h"
 
 namespace emu {
 namespace {
@@ -244,6 +244,52 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// ---- the runtime a CudaDevice uses, synchronous: every call has finished when it returns ----
+// (streams and events are tokens; pinned and registered host memory is plain host memory.)
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = reinterpret_cast<cudaEvent_t>(new char);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<char*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+// One emulated GPU (gpu_info.cu's list_gpus reads it): an sm_90 with 16 GiB.
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d != 0) return g_last = cudaErrorInvalidDevice;
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "cuda_emu (CPU emulation)");
+  p->totalGlobalMem = size_t{1} << 34;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : (g_last = cudaErrorInvalidDevice); }
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
+  return *p ? cudaSuccess : (g_last = cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void*, size_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
+  *d = h;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDevice(int* d) {
   *d = 0;
   return cudaSuccess;
@@ -266,9 +312,6 @@ cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute attr, int v
 
 }  // extern "C"
 
-namespace zoe::gpu {
-std::vector<GpuInfo> list_gpus(std::string*) { return {{0, "cuda_emu (CPU emulation)", size_t{1} << 34, 9, 0}}; }
-}  // namespace zoe::gpu
 
 // ---- cuBLASLt: a naive fp32 GEMM behind the same calls ---------------------------------------------
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs tests/cuda_model_ops_gpu_test.cc (its small cases) and tests/adam_cuda_gpu_test.cc on the CPU:
-# src/gpu/cuda_model_ops.cu and adam_cuda.cu are compiled as C++ against the emulation in this
-# folder (cuda_emu.h: fiber-scheduled blocks, a naive cuBLASLt) and compared with the CPU
-# reference (the Adam kernel bitwise), as on a GPU. For working on the kernels
+# Runs tests/cuda_model_ops_gpu_test.cc (its small cases), adam_cuda_gpu_test.cc and
+# cuda_device_gpu_test.cc (but its stream-ordering cases) on the CPU: src/gpu's .cu files are
+# compiled as C++ against the emulation in this folder (cuda_emu.h: fiber-scheduled blocks, a
+# synchronous runtime, a naive cuBLASLt) and CudaDevice, its allocator and kernels run on it,
+# compared with the CPU reference (Adam and the engine's kernels bitwise), as on a GPU. For working on the kernels
 # without a GPU; it is no substitute for the gpu-labelled test on a real one (see cuda_emu.h for
 # what it cannot check).
 #   tools/cuda_emu/run.sh [gtest args...]
@@ -43,7 +44,9 @@ compiled() {  # waits for the compiles in flight; stops when one failed
 
 # .cu files: CUDA's vector loads (float4 over float arrays) alias as on the GPU.
 cu=(-x c++ -include cuda_emu.h -fno-strict-aliasing)
+adam_cpu=("$root/src/kernels/adam_scalar.cc" "$root/src/kernels/isa.cc" "$root/src/kernels/parallel_chunks.cc")
 compile "$root/tools/cuda_emu/cuda_emu_runtime.cc"
+compile "$root/src/gpu/gpu_info.cu" "${cu[@]}"
 compile "$root/tests/test_util.cc"
 common=("${objs[@]}")
 
@@ -63,16 +66,33 @@ compiled
 objs=()
 compile "$root/src/gpu/adam_cuda.cu" "${cu[@]}"
 compile "$root/tests/adam_cuda_gpu_test.cc"
-compile "$root/src/kernels/adam_scalar.cc"
+for f in "${adam_cpu[@]}"; do compile "$f"; done
 compile "$root/src/kernels/adam_avx2.cc" -mavx2 -mfma -mf16c
 compile "$root/src/kernels/adam_avx512.cc" -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c
-compile "$root/src/kernels/isa.cc"
-compile "$root/src/kernels/parallel_chunks.cc"
 compiled
+adam_objs=("${objs[0]}" "${objs[@]:2}")  # the CUDA and CPU Adams (every ISA), not the test
 "$CXX" "${common[@]}" "${objs[@]}" -o "$out/adam_cuda_emu_test" -lgtest_main -lgtest -ltbb -lfmt -lpthread
+
+# 3. CudaDevice (copies, events, the engine's kernels, Adam over ranges, budgets) against the CPU's
+# results, on a synchronous runtime: each call has finished when it returns.
+objs=()
+compile "$root/tests/cuda_device_gpu_test.cc"
+for f in "$root"/src/gpu/cuda_device.cc "$root"/src/gpu/caching_allocator.cc "$root"/src/common/ledger.cc \
+         "$root"/src/comm/sum_chunks.cc; do
+  compile "$f"
+done
+compile "$root/src/gpu/device_kernels.cu" "${cu[@]}"
+compile "$root/src/gpu/cuda_model_ops.cu" "${cu[@]}"
+compiled
+"$CXX" "${common[@]}" "${objs[@]}" "${adam_objs[@]}" -o "$out/cuda_device_emu_test" -lgtest_main -lgtest -ltbb \
+  -lopenblas -lfmt -lpthread
 
 for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
   echo "== schedule $schedule"
   CUDA_EMU_SCHEDULE=$schedule "$out/cuda_model_ops_emu_test" "$@"
   CUDA_EMU_SCHEDULE=$schedule "$out/adam_cuda_emu_test" "$@"
+  # Ordering tests prove nothing where each call has finished when it returns (and their long
+  # kernels take a minute here): left to a GPU until the emulated streams are asynchronous.
+  CUDA_EMU_SCHEDULE=$schedule "$out/cuda_device_emu_test" \
+    --gtest_filter=-CudaDeviceTest.WaitOnOrdersStreams:CudaDeviceTest.UploadAndDownloadWaitForTheComputeStream "$@"
 done
