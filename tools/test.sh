@@ -18,11 +18,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "test.sh: Release build + tests took $((SECONDS - start)) s"
 # The CUDA model kernels (src/gpu/cuda_model_ops.cu, fp32 and bf16) and Adam kernel on the CPU through
 # tools/cuda_emu: no GPU is needed, only CUDA's headers. One thread schedule (random) keeps it near
-# a minute; `tools/cuda_emu/run.sh` alone runs all three.
+# a minute; `tools/cuda_emu/run.sh` alone runs all three. It ends with src/gpu's line coverage.
 if [ $# -eq 0 ]; then
   if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
     emu_start=$SECONDS
-    CUDA_EMU_SCHEDULE=random tools/cuda_emu/run.sh
+    CUDA_EMU_SCHEDULE=random CUDA_EMU_COVERAGE=1 tools/cuda_emu/run.sh
     echo "test.sh: the CUDA kernels under tools/cuda_emu took $((SECONDS - emu_start)) s"
   else
     echo "test.sh: SKIP tools/cuda_emu (no CUDA headers at ${CUDA_HOME:-/usr/local/cuda})"

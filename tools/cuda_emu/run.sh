@@ -2,23 +2,31 @@
 # Runs tests/cuda_model_ops_gpu_test.cc (its small cases), adam_cuda_gpu_test.cc and
 # cuda_device_gpu_test.cc (but its stream-ordering cases) on the CPU: src/gpu's .cu files are
 # compiled as C++ against the emulation in this folder (cuda_emu.h: fiber-scheduled blocks, a
-# synchronous runtime, a naive cuBLASLt) and CudaDevice, its allocator and kernels run on it,
-# compared with the CPU reference (Adam and the engine's kernels bitwise), as on a GPU. For working on the kernels
-# without a GPU; it is no substitute for the gpu-labelled test on a real one (see cuda_emu.h for
-# what it cannot check).
+# synchronous runtime, a naive cuBLASLt), and CudaDevice, its allocator and its kernels run on it
+# against the CPU reference (Adam and the engine's kernels bitwise), as on a GPU. No substitute for
+# the gpu-labelled tests on a real GPU (cuda_emu.h says what it cannot check).
 #   tools/cuda_emu/run.sh [gtest args...]
-# Objects go to $CUDA_EMU_BUILD (default /tmp/zoe-cuda-emu). The tests run once per thread schedule
-# of the emulation (CUDA_EMU_SCHEDULE: ascending, alternating, random; all three unless it is set),
+# CUDA_EMU_COVERAGE=1 prints the line coverage of src/gpu after the runs (gcov). Objects go to
+# $CUDA_EMU_BUILD (default /tmp/zoe-cuda-emu, or -cov). The tests run once per thread schedule of
+# the emulation (CUDA_EMU_SCHEDULE: ascending, alternating, random; all three unless it is set),
 # since each schedule exposes different missing barriers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-out=${CUDA_EMU_BUILD:-/tmp/zoe-cuda-emu}
+# Objects with and without coverage live apart (an object is rebuilt for its sources, not its flags).
+out=${CUDA_EMU_BUILD:-/tmp/zoe-cuda-emu$([[ ${CUDA_EMU_COVERAGE:-0} == 1 ]] && echo -cov)}
 mkdir -p "$out"
 CXX=${CXX:-g++}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 flags=(-std=c++20 -O2 -g -Wall -Wextra -Wno-unused-parameter -I"$root/include" -I"$root/src" -I"$root/tests"
        -I"$root/tools/cuda_emu" -I"$cuda/include" $(pkg-config --cflags openblas)
        -DZOE_HAVE_CUDA=1 -DZOE_CUDA_EMU=1 -DZOE_BINARY=\"zoe\" -Wno-clobbered -Wno-psabi)
+
+link=()
+if [[ ${CUDA_EMU_COVERAGE:-0} == 1 ]]; then  # line coverage of src/gpu, printed after the runs
+  flags+=(--coverage)
+  link+=(--coverage)
+  find "$out" -name '*.gcda' -delete
+fi
 
 objs=()
 jobs_max=$(nproc)
@@ -59,7 +67,7 @@ for f in "$root"/src/model/host_model_ops.cc "$root"/src/model/gpt2_ops_*.cc "$r
   compile "$f"
 done
 compiled
-"$CXX" "${common[@]}" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" -lgtest_main -lgtest -ltbb -lopenblas -lfmt \
+"$CXX" "${common[@]}" "${objs[@]}" -o "$out/cuda_model_ops_emu_test" "${link[@]}" -lgtest_main -lgtest -ltbb -lopenblas -lfmt \
   -lpthread
 
 # 2. The fused Adam kernel bitwise against the CPU's scalar Adam.
@@ -71,7 +79,7 @@ compile "$root/src/kernels/adam_avx2.cc" -mavx2 -mfma -mf16c
 compile "$root/src/kernels/adam_avx512.cc" -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c
 compiled
 adam_objs=("${objs[0]}" "${objs[@]:2}")  # the CUDA and CPU Adams (every ISA), not the test
-"$CXX" "${common[@]}" "${objs[@]}" -o "$out/adam_cuda_emu_test" -lgtest_main -lgtest -ltbb -lfmt -lpthread
+"$CXX" "${common[@]}" "${objs[@]}" -o "$out/adam_cuda_emu_test" "${link[@]}" -lgtest_main -lgtest -ltbb -lfmt -lpthread
 
 # 3. CudaDevice (copies, events, the engine's kernels, Adam over ranges, budgets) against the CPU's
 # results, on a synchronous runtime: each call has finished when it returns.
@@ -84,7 +92,7 @@ done
 compile "$root/src/gpu/device_kernels.cu" "${cu[@]}"
 compile "$root/src/gpu/cuda_model_ops.cu" "${cu[@]}"
 compiled
-"$CXX" "${common[@]}" "${objs[@]}" "${adam_objs[@]}" -o "$out/cuda_device_emu_test" -lgtest_main -lgtest -ltbb \
+"$CXX" "${common[@]}" "${objs[@]}" "${adam_objs[@]}" -o "$out/cuda_device_emu_test" "${link[@]}" -lgtest_main -lgtest -ltbb \
   -lopenblas -lfmt -lpthread
 
 for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
@@ -96,3 +104,22 @@ for schedule in ${CUDA_EMU_SCHEDULE:-ascending alternating random}; do
   CUDA_EMU_SCHEDULE=$schedule "$out/cuda_device_emu_test" \
     --gtest_filter=-CudaDeviceTest.WaitOnOrdersStreams:CudaDeviceTest.UploadAndDownloadWaitForTheComputeStream "$@"
 done
+
+if [[ ${CUDA_EMU_COVERAGE:-0} == 1 ]]; then
+  echo "== line coverage of src/gpu under the emulation (gcov; a header counts once, at its best object)"
+  (cd "$out" && for o in src_gpu_*.o; do gcov -n -o "$o" "$root/src/gpu/$(basename "${o#src_gpu_}" .o)"; done) |
+    python3 -c '
+import re, sys
+best = {}
+for name, pct, n in re.findall(r"File .(.*?).\nLines executed:([0-9.]+)% of (\d+)", sys.stdin.read()):
+    if "/src/gpu/" in name:
+        f = name.split("/src/gpu/")[1]
+        hit = round(float(pct) * int(n) / 100)
+        if f not in best or hit > best[f][0]:
+            best[f] = (hit, int(n))
+for f, (hit, n) in sorted(best.items()):
+    print(f"{f:28s} {hit:5d} of {n:5d} lines  {100 * hit / max(n, 1):5.1f} %")
+hit = sum(h for h, _ in best.values()); n = sum(n for _, n in best.values())
+print("%-28s %5d of %5d lines  %5.1f %%  (not built here: nccl_comm.cc)" % ("total", hit, n, 100 * hit / max(n, 1)))
+'
+fi
