@@ -6,11 +6,13 @@
 // switched only at __syncthreads and warp shuffles, so shared memory can be plain statics.
 // What it checks beyond the arithmetic: a barrier or shuffle that not every live thread (lane)
 // reaches aborts with a message, as does a shuffle whose partner lane has exited; dynamic shared
-// memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up.
+// memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up;
+// cudaMalloc'd memory is closed to host code (PROT_NONE) outside kernels, copies and GEMMs, and a
+// touch names the allocation; a cudaMemcpy kind that does not match where its pointers are aborts.
 // What it cannot check: real races (fibers never run concurrently), stream ordering (every runtime
-// call has finished when it returns), device memory closed to the host (it is host memory), timing,
-// register / shared memory limits, the real cuBLASLt (cuda_emu_runtime.cc has a naive column-major
-// GEMM that checks the layouts and the alignments promised to the heuristic).
+// call has finished when it returns), timing, register / shared memory limits, the real cuBLASLt
+// (cuda_emu_runtime.cc has a naive column-major GEMM that checks the layouts and the alignments
+// promised to the heuristic).
 #pragma once
 #define ZOE_CUDA_EMU 1
 

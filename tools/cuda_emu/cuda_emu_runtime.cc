@@ -5,6 +5,8 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -165,7 +167,15 @@ double shfl_down(double v, int offset) {
 
 float* dynamic_smem() { return g_smem.data(); }
 
+// Device memory is closed to host code (PROT_NONE) except while a kernel, a copy or a GEMM runs:
+// host code that reads or writes it faults, and the handler names the allocation.
+struct DeviceAccess {
+  DeviceAccess();
+  ~DeviceAccess();
+};
+
 void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  DeviceAccess open;
   const int nthreads = static_cast<int>(block.x * block.y * block.z);
   if (nthreads <= 0 || nthreads > 1024) die("bad block size " + std::to_string(nthreads));
   if (grid.y > 65535 || grid.z > 65535) die("grid y/z above 65535");
@@ -194,39 +204,117 @@ void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void
 
 namespace {
 cudaError_t g_last = cudaSuccess;
-std::map<void*, size_t> g_allocs;
+struct Alloc {
+  size_t bytes, mapped;
+};
+std::map<char*, Alloc> g_allocs;  // device memory: base -> sizes
+int g_open = 0;                   // DeviceAccess depth
+
+void protect_all(int prot) {
+  for (auto& [p, a] : g_allocs)
+    if (mprotect(p, a.mapped, prot) != 0) emu::die("mprotect of device memory failed");
+}
+
+// The allocation holding p, or null.
+const std::pair<char* const, Alloc>* device_alloc(const void* p) {
+  auto* c = static_cast<const char*>(p);
+  auto it = g_allocs.upper_bound(const_cast<char*>(c));
+  if (it == g_allocs.begin()) return nullptr;
+  --it;
+  return c < it->first + it->second.mapped ? &*it : nullptr;
+}
+
+void on_segv(int, siginfo_t* si, void*) {
+  if (auto* a = device_alloc(si->si_addr)) {
+    char msg[200];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "cuda_emu: host code touched device memory at %p (byte %zu of a cudaMalloc of %zu)\n",
+                                si->si_addr, static_cast<size_t>(static_cast<char*>(si->si_addr) - a->first),
+                                a->second.bytes);
+    (void)!write(2, msg, n);
+  }
+  signal(SIGSEGV, SIG_DFL);  // the fault repeats and ends the process with its usual report
+}
+
+[[maybe_unused]] const bool g_segv_handler = [] {
+  struct sigaction sa{};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, nullptr);
+  return true;
+}();
+
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    default: return "cudaMemcpyDefault";
+  }
+}
+
+// A copy's kind must say where its pointers are (cudaMemcpyDefault: anywhere).
+void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyDefault && bytes > 0) {
+    const bool d = device_alloc(dst) != nullptr, s = device_alloc(src) != nullptr;
+    const bool want_d = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const bool want_s = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (d != want_d || s != want_s)
+      emu::die(std::string(kind_name(kind)) + " copies from " + (s ? "device" : "host") + " memory to " +
+               (d ? "device" : "host") + " memory");
+  }
+  emu::DeviceAccess open;
+  std::memmove(dst, src, bytes);
+}
 }  // namespace
+
+namespace emu {
+DeviceAccess::DeviceAccess() {
+  if (g_open++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+DeviceAccess::~DeviceAccess() {
+  if (--g_open == 0) protect_all(PROT_NONE);
+}
+}  // namespace emu
 
 extern "C" {
 
+// Whole pages (so that they can be closed), NaN-filled: reading what was never written shows up.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  const size_t n = (bytes + sizeof(float) - 1) / sizeof(float) + 64;
-  float* f = static_cast<float*>(std::aligned_alloc(256, (n * sizeof(float) + 255) / 256 * 256));
-  if (!f) return g_last = cudaErrorMemoryAllocation;
-  for (size_t i = 0; i < n; i++) f[i] = std::numeric_limits<float>::quiet_NaN();
-  g_allocs[f] = bytes;
-  *p = f;
+  const size_t mapped = (bytes + 256 + 4095) / 4096 * 4096;
+  void* m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return g_last = cudaErrorMemoryAllocation;
+  auto* f = static_cast<float*>(m);
+  for (size_t i = 0; i < mapped / sizeof(float); i++) f[i] = std::numeric_limits<float>::quiet_NaN();
+  if (g_open == 0 && mprotect(m, mapped, PROT_NONE) != 0) emu::die("mprotect of device memory failed");
+  g_allocs[static_cast<char*>(m)] = Alloc{bytes, mapped};
+  *p = m;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  if (!g_allocs.erase(p)) return g_last = cudaErrorInvalidValue;
-  std::free(p);
+  auto it = g_allocs.find(static_cast<char*>(p));
+  if (it == g_allocs.end()) return g_last = cudaErrorInvalidValue;
+  munmap(it->first, it->second.mapped);
+  g_allocs.erase(it);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  std::memmove(dst, src, bytes);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  copy(dst, src, bytes, kind);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-  std::memmove(dst, src, bytes);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  copy(dst, src, bytes, kind);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int v, size_t bytes) {
+  emu::DeviceAccess open;
   std::memset(dst, v, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t) {
+  emu::DeviceAccess open;
   std::memset(dst, v, bytes);
   return cudaSuccess;
 }
@@ -460,6 +548,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                               cublasLtMatrixLayout_t a, const void* Bp, cublasLtMatrixLayout_t b, const void* beta_p,
                               const void* Cp, cublasLtMatrixLayout_t c, void* Dp, cublasLtMatrixLayout_t d,
                               const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+  emu::DeviceAccess open;
   const auto* o = data<DescData>(op);
   const auto *A = data<LayoutData>(a), *B = data<LayoutData>(b), *Cl = data<LayoutData>(c), *Dl = data<LayoutData>(d);
   const auto* al = data<AlgoData>(const_cast<cublasLtMatmulAlgo_t*>(algo))->align;

@@ -13,7 +13,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 # Objects with and without coverage live apart (an object is rebuilt for its sources, not its flags).
-out=${CUDA_EMU_BUILD:-/tmp/zoe-cuda-emu$([[ ${CUDA_EMU_COVERAGE:-0} == 1 ]] && echo -cov)}
+suffix=""
+[[ ${CUDA_EMU_COVERAGE:-0} == 1 ]] && suffix=-cov
+out=${CUDA_EMU_BUILD:-/tmp/zoe-cuda-emu$suffix}
 mkdir -p "$out"
 CXX=${CXX:-g++}
 cuda=${CUDA_HOME:-/usr/local/cuda}
