@@ -7,6 +7,7 @@
 #include "common/version.h"
 #include "kernels/adam.h"
 #include "kernels/gemm.h"
+#include "train/trainer.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/gpu_info.h"
 #endif
@@ -25,8 +26,10 @@ int info_command() {
     fmt::print("gemm {}: {}\n", gemm_type_name(t),
                p.ok() ? fmt::format("{} (oneDNN finds {})", gemm_path_name(*p), gemm_onednn_isa()) : p.status().message());
   }
-  auto bf16 = gemm_path(GemmType::kBF16);
-  const bool units = bf16.ok() && *bf16 == GemmPath::kOneDnn;
+  Config bf16_job;  // the default device (cpu), GPT-2, bf16 weights, zoe.compute_dtype auto
+  bf16_job.model_type = "gpt2";
+  bf16_job.dtype = DType::kBF16;
+  const bool units = resolve_compute_dtype(bf16_job) == "bf16";
   fmt::print("bf16 training computes in: {} (zoe.compute_dtype auto on the cpu device; {})\n", units ? "bf16" : "fp32",
              units ? "bf16 products on this CPU's bf16 units" : "no bf16 units here: bf16 products would be fp32 ones on widened operands");
 #ifdef ZOE_HAVE_CUDA

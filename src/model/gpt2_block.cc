@@ -43,13 +43,13 @@ BlockBuffers::BlockBuffers(const BlockDims& d)
 // The widest product's operands: fc_proj's [BT,4C] input beside its [BT,C] output gradient.
 int64_t block_bf16_scratch_numel(const BlockDims& d) { return bf16_scratch_numel(d.B * d.T, 4 * d.C, d.C); }
 
-std::vector<std::pair<int64_t, int64_t>> block_vectors(int C) {
+std::array<std::pair<int64_t, int64_t>, 8> block_vectors(int C) {
   const auto sizes = block_tensor_sizes(C);
-  std::vector<std::pair<int64_t, int64_t>> out;
+  std::array<std::pair<int64_t, int64_t>, 8> out;
   int64_t at = 0;
-  for (int i = 0; i < 12; i++) {
+  for (int i = 0, k = 0; i < 12; i++) {
     const bool matrix = i == 2 || i == 4 || i == 8 || i == 10;  // qkv, attproj, fc, fcproj weights
-    if (!matrix) out.emplace_back(at, sizes[i]);
+    if (!matrix) out[k++] = {at, sizes[i]};
     at += sizes[i];
   }
   return out;

@@ -81,7 +81,7 @@ struct BlockWeights {
 };
 int64_t block_bf16_scratch_numel(const BlockDims& d);
 // Where the vectors of a block unit lie: {offset, numel} in unit order, 8 of them.
-std::vector<std::pair<int64_t, int64_t>> block_vectors(int C);
+std::array<std::pair<int64_t, int64_t>, 8> block_vectors(int C);
 
 // out[B,T,C] = block(inp[B,T,C]); fills acts. out must not alias inp or acts.
 void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const BlockWeights& w, const float* inp,

@@ -90,8 +90,9 @@ Result<const uint16_t*> Gpt2Model::fetch_bf16(Engine& e, int u, bool widen_vecto
     return Status::Invalid("bf16 compute fetched unit " + std::to_string(u) + " as " + std::string(dtype_name(p.dtype)));
   const auto* unit = static_cast<const uint16_t*>(p.data);
   held_data_ = unit;
+  if (!widen_vectors) return unit;
   float* at = params_;
-  for (const auto& [offset, n] : widen_vectors ? block_vectors(s_.n_embd) : decltype(block_vectors(0)){}) {
+  for (const auto& [offset, n] : block_vectors(s_.n_embd)) {
     ZOE_RETURN_IF_ERROR(dev_->accumulate(at, DType::kF32, unit + offset, DType::kBF16, n, false));
     at += n;
   }

@@ -11,43 +11,41 @@ namespace zoe::gpt2 {
 
 namespace {
 
-// The fp32 path of this process (kernels/gemm.h). A bad ZOE_GEMM_F32 is reported where the
-// device is made (make_backend); here it falls back to OpenBLAS.
-GemmPath f32_path() {
-  static const GemmPath p = [] {
-    auto r = gemm_path(GemmType::kF32);
+// The path this process takes for t (kernels/gemm.h: bf16 through oneDNN where the CPU has bf16
+// units, else OpenBLAS on widened operands). A bad ZOE_GEMM_F32 / ZOE_GEMM_BF16 is reported where
+// the device is made (make_backend); here it falls back to OpenBLAS.
+GemmPath path(GemmType t) {
+  auto pick = [](GemmType t) {
+    auto r = gemm_path(t);
     return r.ok() ? *r : GemmPath::kOpenBlas;
-  }();
-  return p;
+  };
+  if (t == GemmType::kF32) {
+    static const GemmPath f32 = pick(t);
+    return f32;
+  }
+  static const GemmPath bf16 = pick(t);
+  return bf16;
 }
 
 // A product in slices over oneTBB's workers (kernels/gemm.h); a path that fails (oneDNN out of
 // memory) has left its slices to OpenBLAS, which says so once.
-void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
-           float* C, int ldc) {
-  Status st = gemm_sliced(f32_path(), GemmType::kF32, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C);
+void product(GemmType t, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
+             float beta, float* C, int ldc) {
+  Status st = gemm_sliced(path(t), t, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C);
   if (st.ok()) return;
   static std::once_flag told;
   std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
 }
 
-// The bf16 path of this process: oneDNN where the CPU has bf16 units, else OpenBLAS on widened
-// operands (kernels/gemm.h); a bad ZOE_GEMM_BF16 is reported by make_backend.
-GemmPath bf16_path() {
-  static const GemmPath p = [] {
-    auto r = gemm_path(GemmType::kBF16);
-    return r.ok() ? *r : GemmPath::kOpenBlas;
-  }();
-  return p;
+void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
+           float* C, int ldc) {
+  product(GemmType::kF32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 // As sgemm, on bf16 operands (bit patterns), fp32 out.
 void bgemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
            float beta, float* C, int ldc) {
-  Status st = gemm_sliced(bf16_path(), GemmType::kBF16, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C);
-  if (st.ok()) return;
-  static std::once_flag told;
-  std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
+  product(GemmType::kBF16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 constexpr bool kNoTrans = false, kTrans = true;  // op(X) = X, X^T

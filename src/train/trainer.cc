@@ -50,8 +50,6 @@ Status validate_for_world(const Config& c, int world) {
   return Status::Ok();
 }
 
-namespace {
-
 // zoe.compute_dtype "auto": bf16 products in bf16 training where they run on bf16 units (the
 // CPU's oneDNN path, kernels/gemm.h), else fp32. Not yet on CUDA: its bf16 products are written
 // but have not run on a GPU.
@@ -61,6 +59,8 @@ std::string resolve_compute_dtype(const Config& c) {
   auto p = gemm_path(GemmType::kBF16);
   return p.ok() && *p == GemmPath::kOneDnn ? "bf16" : "fp32";
 }
+
+namespace {
 
 Result<std::unique_ptr<Model>> make_model(const Config& c) {
   if (c.model_type == "mlp") return std::unique_ptr<Model>(new MlpModel(c.n_layer, c.n_embd, c.seed + 1));
@@ -155,7 +155,7 @@ class TrainJob {
     dev_ = std::move(backend.device);
     tensor_comm_ = std::move(backend.tensor_comm);
     comm_.set_ledger(&dev_->ledger());
-    c_.compute_dtype = resolve_compute_dtype(c_);  // the report's config says what ran
+    c_.compute_dtype = resolve_compute_dtype(c_);  // the report's done line says what ran
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));

@@ -25,6 +25,8 @@ struct TrainSummary {
 
 // Checks that the configuration can run on this world (batch sizes, devices, offload tiers).
 Status validate_for_world(const Config& c, int world);
+// zoe.compute_dtype as it runs: "fp32" or "bf16" ("auto" resolved for c's dtype, model and device).
+std::string resolve_compute_dtype(const Config& c);
 
 Result<TrainSummary> run_training(const Config& c, Comm& comm, const TrainOptions& o);
 
