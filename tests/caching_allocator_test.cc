@@ -263,6 +263,31 @@ TEST(CachingAllocator, FragmentedCacheIsReportedWhenItCannotServe) {
   EXPECT_EQ(raw.malloc_sizes.size(), 1u);
 }
 
+// Under a budget smaller than a segment every block is a segment of its own size. Such a block is
+// reused whole, never split: a piece left in it would strand budget that no release can return
+// (found by the engine's quarter-budget test on the emulated GPU: a reduction buffer failed with
+// its bytes scattered over pieces of gather buffers' segments).
+TEST(CachingAllocator, ASegmentCutToARequestIsReusedWholeNeverSplit) {
+  FakeRaw raw;
+  CachingAllocator a(40 * KiB, raw.fns());
+  auto big = a.allocate(16 * KiB, Kind::kComm);  // a 2 MiB segment is over budget: 16 KiB of its own
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  EXPECT_EQ(raw.malloc_sizes.back(), 16 * KiB);
+  ASSERT_TRUE(a.release(big.value()));
+  auto small = a.allocate(8 * KiB, Kind::kGather);  // takes the cached block whole
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small.value(), big.value());
+  EXPECT_EQ(a.stats().in_use, 16 * KiB) << "the block was split";
+  // The rest of the budget is 24 KiB: a second 16 KiB request gets a segment of its own, and a
+  // third, after the first block is back, the idle segment (released, not stranded in pieces).
+  auto second = a.allocate(16 * KiB, Kind::kComm);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  ASSERT_TRUE(a.release(small.value()));
+  auto third = a.allocate(20 * KiB, Kind::kComm);
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_EQ(a.stats().segments, 2u);
+}
+
 TEST(CachingAllocator, RawFailureReleasesTheCacheAndRetries) {
   FakeRaw raw;
   raw.capacity = 4 * MiB;  // the "GPU" is smaller than the budget

@@ -1,6 +1,7 @@
 #include "engine_harness.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -8,8 +9,29 @@
 
 #include "sched/zero_engine.h"
 #include "test_util.h"
+#include "train/backend.h"
 
 namespace zoe::test {
+
+std::string test_device_name() {
+  const char* e = std::getenv("ZOE_TEST_DEVICE");
+  return e && *e ? e : "cpu-strict";
+}
+
+bool comm_thread_for(const Comm& control) { return !(test_device_name() == "cuda" && control.size() > 1); }
+
+Result<TestDevice> make_test_device(size_t device_budget, size_t host_budget, Comm& control) {
+  Config c;
+  c.device = test_device_name();
+  c.device_memory_budget = device_budget;
+  c.host_memory_budget = host_budget;
+  ZOE_ASSIGN_OR_RETURN(Backend b, make_backend(c, control));
+  TestDevice t;
+  t.device = std::move(b.device);
+  t.tensor_comm = std::move(b.tensor_comm);
+  t.comm = t.tensor_comm ? t.tensor_comm.get() : &control;
+  return t;
+}
 
 Result<MlpRun> run_mlp(const Config& c, Comm& comm, int steps, bool flush_each_step) {
   MlpModel model(c.n_layer, c.n_embd, 99);
@@ -27,9 +49,11 @@ Result<std::vector<float>> all_params(Engine& e) {
   return all;
 }
 
-Result<MlpRun> run_model(const Config& c, Comm& comm, int steps, Model& model, BatchSource& source,
+Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model, BatchSource& source,
                          bool flush_each_step) {
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
+  ZOE_ASSIGN_OR_RETURN(TestDevice td, make_test_device(c.device_memory_budget, c.host_memory_budget, control));
+  Device& dev = *td.device;
+  Comm& comm = *td.comm;
   // Communication staging is booked in this run's ledger, and unbooked before the ledger goes.
   comm.set_ledger(&dev.ledger());
   struct Unbook {
@@ -132,8 +156,8 @@ std::string check_nvme_matches_memory(Comm& comm) {
                                       st.loads_ahead, st.fetched_loading, st.fetched_kept);
           // Several ranks: loads from host memory are issued whole, so their gathers start one
           // fetch ahead on the communication thread.
-          if (stage == 3 && sched == "tight" && comm.size() > 1 && home.device == OffloadDevice::kCpu &&
-              st.gathered_ahead == 0)
+          if (stage == 3 && sched == "tight" && comm.size() > 1 && comm_thread_for(comm) &&
+              home.device == OffloadDevice::kCpu && st.gathered_ahead == 0)
             return what + ", scheduler tight: no all-gather started ahead of its fetch";
         }
         uint64_t total_mem = 0, total_nv = 0;
@@ -168,9 +192,11 @@ std::string check_nvme_matches_memory(Comm& comm) {
   return "";
 }
 
-Result<std::vector<float>> run_orders(const Config& c, Comm& comm, const std::vector<std::vector<int>>& orders,
+Result<std::vector<float>> run_orders(const Config& c, Comm& control, const std::vector<std::vector<int>>& orders,
                                       ZeroEngine::SchedStats* stats, bool flush_each_step) {
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
+  ZOE_ASSIGN_OR_RETURN(TestDevice td, make_test_device(c.device_memory_budget, c.host_memory_budget, control));
+  Device& dev = *td.device;
+  Comm& comm = *td.comm;
   MlpModel model(c.n_layer, c.n_embd, 99);
   ZeroEngine engine(c, dev, comm, model.units());
   ZOE_RETURN_IF_ERROR(engine.allocate());
@@ -219,7 +245,11 @@ std::string check_quarter_budget(Comm& comm) {
   // A unit in flight is whole (gathered weights, fp32 gradient, reduction buffer: 8 bytes per
   // element of the unit) while the footprint is 16 bytes per element of the shard: 32 units
   // leave room beside it for a few kept and prefetched ones at N = 4.
-  Config c = mlp_config(3, DType::kBF16, 32, 24);
+  // On cuda, wider units and a seventh instead of an eighth: the caching allocator's 512-byte
+  // blocks would add a third to the MLP's 1202-byte ones, and sum_squares keeps its partials in
+  // device memory; an eighth then leaves no room beyond what is in flight.
+  const bool cuda = test_device_name() == "cuda";
+  Config c = mlp_config(3, DType::kBF16, 32, cuda ? 64 : 24);
   auto mem = run_mlp(c, comm, 4);
   if (!mem.ok()) return mem.status().message();
   uint64_t footprint = 0;  // stage 3's persistent bytes on this rank, every tier
@@ -230,18 +260,20 @@ std::string check_quarter_budget(Comm& comm) {
   for (int tight = 0; tight < 3; ++tight) {
     OffloadDevice home = tight == 0 ? OffloadDevice::kCpu : OffloadDevice::kNvme;
     Config q = home == OffloadDevice::kNvme ? with_nvme_offload(c, dir, 1.0) : c;
-    q.device_memory_budget = footprint / (tight == 2 ? 8 : 4);
+    q.device_memory_budget = footprint / (tight == 2 ? (cuda ? 7 : 8) : 4);
     q.offload_param.device = q.offload_optimizer.device = home;
-    std::string what = home == OffloadDevice::kNvme ? (tight == 2 ? "nvme, an eighth" : "nvme") : "host";
+    std::string what = home == OffloadDevice::kNvme ? (tight == 2 ? "nvme, an eighth (cuda: a seventh)" : "nvme") : "host";
     auto run = run_mlp(q, comm, 4, /*flush_each_step=*/true);  // the loads ahead start at the step's end
     if (!run.ok()) return what + " budget " + std::to_string(q.device_memory_budget) + ": " + run.status().message();
     uint64_t peak = run->ledger.peak[static_cast<int>(Tier::kDevice)];
     if (peak > q.device_memory_budget)
       return fmt::format("{}: device peak {} exceeds the budget {}", what, peak, q.device_memory_budget);
     if (run->params != mem->params) return what + ": weights differ from the run with everything on the device";
-    if (run->sched.loads_ahead == 0 || run->sched.fetched_kept == 0)
-      return what + ": the scheduler did nothing within the budget (test too tight)";
-    if (run->sched.reductions_async == 0)
+    // (On cuda at several ranks NCCL's staging takes device memory that keeping units needs.)
+    if (run->sched.loads_ahead == 0 || (run->sched.fetched_kept == 0 && comm_thread_for(comm)))
+      return what + fmt::format(": the scheduler did nothing within the budget (test too tight): {} loads ahead, {} kept",
+                                run->sched.loads_ahead, run->sched.fetched_kept);
+    if (run->sched.reductions_async == 0 && comm_thread_for(comm))
       return what + ": no gradient reduction ran on the communication thread within the budget";
     if (tight == 2 && run->sched.staged_ahead == 0)
       return what + ": no chunk was read ahead into pinned memory while the device had no room";
@@ -264,7 +296,8 @@ std::string check_overlapped_reductions(Comm& comm) {
         if (!off.ok()) return what + ", at the hand-over: " + off.status().message();
         if (!on.ok()) return what + ", overlapped: " + on.status().message();
         if (off->sched.reductions_async != 0) return what + ": overlap_comm false still used the thread";
-        if (on->sched.reductions_async == 0) return what + ": no reduction ran on the communication thread";
+        if (on->sched.reductions_async == 0 && comm_thread_for(comm))
+          return what + ": no reduction ran on the communication thread";
         // The norms see every micro-step's gradient, where clipping and Adam's scale invariance
         // could hide one lost.
         if (on->params != off->params || on->grad_norms != off->grad_norms) return what + ": weights differ";

@@ -25,6 +25,22 @@ struct MlpRun {
   ZeroEngine::SchedStats sched;   // what stage 3's scheduler did
 };
 
+// The device the engine tests run on: ZOE_TEST_DEVICE names it ("cpu-strict" when unset; "cuda"
+// runs them on the CUDA backend, which the *_emu tests do under tools/cuda_emu), with the
+// communicator its tensor traffic takes: NCCL beside `control` on cuda at several ranks, else
+// `control` itself.
+struct TestDevice {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Comm> tensor_comm;
+  Comm* comm = nullptr;
+};
+std::string test_device_name();
+// Whether the engine has a communication thread beside `control`: not on cuda at several ranks,
+// where NCCL carries the tensors and an NcclComm cannot be duplicated (reductions and gathers
+// then run at the hand-over and the fetch).
+bool comm_thread_for(const Comm& control);
+Result<TestDevice> make_test_device(size_t device_budget, size_t host_budget, Comm& control);
+
 inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36) {
   Config c;
   c.stage = stage;

@@ -1,5 +1,6 @@
 // Small helpers shared by the tests.
 #pragma once
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -7,8 +8,9 @@
 
 namespace zoe::test {
 
-// The zoe binary under test, and mpirun as root on a 2-core machine (prefix "-np N <cmd>").
-inline const std::string kZoe = ZOE_BINARY;
+// The zoe binary under test (ZOE_TEST_BINARY when set: zoe_emu for the *_emu tests), and mpirun
+// as root on a 2-core machine (prefix "-np N <cmd>").
+inline const std::string kZoe = std::getenv("ZOE_TEST_BINARY") ? std::getenv("ZOE_TEST_BINARY") : ZOE_BINARY;
 inline const std::string kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# README command 2 (and CI): install, build, run the whole test suite (unit, mpi, python, slow; gpu
-# tests skip with a message where no GPU is present), the CUDA model kernels under the CPU
-# emulation (tools/cuda_emu, skipped when ctest arguments pick tests), then the sanitizer passes
+# README command 2 (and CI): install, build, run the whole test suite (unit, mpi, python, slow,
+# emu: src/gpu and the engine on the CPU emulation of CUDA; gpu tests skip with a message where no
+# GPU is present), src/gpu's coverage under emu (skipped when ctest arguments pick tests), then the sanitizer passes
 # (tools/test-sanitize.sh: unit, mpi and fuzz tests under AddressSanitizer + UBSan; then
 # tools/test-tsan.sh: the engine's threads under ThreadSanitizer; ZOE_SKIP_SANITIZE=1 skips both).
 # Arguments go to both ctest runs (e.g. -R config).
@@ -14,19 +14,15 @@ tools/gpu-check.sh --prepare || echo "note: tools/gpu-check.sh --prepare failed;
 start=$SECONDS
 tools/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Old coverage counts go: the report below is this run's.
+find build/CMakeFiles/zoe_gpu_emu.dir -name '*.gcda' -delete 2>/dev/null || true
 (cd build && ctest --output-on-failure -j 2 --timeout 900 "$@")
 echo "test.sh: Release build + tests took $((SECONDS - start)) s"
-# The CUDA model kernels (src/gpu/cuda_model_ops.cu, fp32 and bf16) and Adam kernel on the CPU through
-# tools/cuda_emu: no GPU is needed, only CUDA's headers. One thread schedule (random) keeps it near
-# a minute; `tools/cuda_emu/run.sh` alone runs all three. It ends with src/gpu's line coverage.
-if [ $# -eq 0 ]; then
-  if [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ]; then
-    emu_start=$SECONDS
-    CUDA_EMU_SCHEDULE=random CUDA_EMU_COVERAGE=1 tools/cuda_emu/run.sh
-    echo "test.sh: the CUDA kernels under tools/cuda_emu took $((SECONDS - emu_start)) s"
-  else
-    echo "test.sh: SKIP tools/cuda_emu (no CUDA headers at ${CUDA_HOME:-/usr/local/cuda})"
-  fi
+# src/gpu's line coverage under the emu-labelled tests that ctest just ran (src/gpu on the CPU
+# emulation of CUDA, tools/cuda_emu; built wherever nvcc is, as here and in CI).
+if [ $# -eq 0 ] && [ -d build/CMakeFiles/zoe_gpu_emu.dir ]; then
+  echo "test.sh: line coverage of src/gpu under tools/cuda_emu:"
+  tools/cuda_emu/coverage.sh build
 fi
 if [ "${ZOE_SKIP_SANITIZE:-0}" != 1 ]; then
   tools/test-sanitize.sh "$@"

@@ -70,6 +70,9 @@ class Device {
   // kDevice is device memory, kHost pinned host memory (async copies, kernels may read it).
   virtual Result<Buffer> alloc(size_t bytes, Tier tier, Kind kind) = 0;
   virtual void free(Buffer& b) = 0;
+  // Bytes of `tier`'s budget that the blocks in use take beyond what the ledger books (their
+  // rounding): the scheduler counts them as used. 0 where that rounding is negligible.
+  virtual uint64_t unbooked_bytes(Tier tier) const { return 0; }
   // Host memory allocated elsewhere (the NVMe tier's pinned pool) becomes usable like kHost
   // buffers until unregistered.
   virtual Status register_host(void* p, size_t bytes) = 0;

@@ -9,6 +9,13 @@
 
 #include "common/round_up.h"
 
+#ifdef ZOE_CUDA_EMU  // tools/cuda_emu: kernel arguments stand for their block in its race checks
+extern "C" void cuda_emu_note_block(const void* p, size_t bytes, int in_use);
+#define ZOE_NOTE_BLOCK(p, bytes, in_use) cuda_emu_note_block(p, bytes, in_use)
+#else
+#define ZOE_NOTE_BLOCK(p, bytes, in_use) ((void)0)
+#endif
+
 namespace zoe::gpu {
 
 CachingAllocator::CachingAllocator(size_t budget, RawMemory raw, Ledger* ledger, Tier tier, std::string what,
@@ -46,6 +53,7 @@ Result<void*> CachingAllocator::allocate(size_t bytes, Kind kind) {
   in_use_ += b->size;
   requested_ += bytes;
   if (ledger_) ledger_->add(tier_, kind, bytes);
+  ZOE_NOTE_BLOCK(b->ptr, bytes, 1);
   return static_cast<void*>(b->ptr);
 }
 
@@ -54,6 +62,7 @@ bool CachingAllocator::release(void* p) {
   auto it = live_.find(p);
   if (it == live_.end()) return false;
   Block* b = it->second;
+  ZOE_NOTE_BLOCK(b->ptr, 0, 0);
   live_.erase(it);
   in_use_ -= b->size;
   requested_ -= b->requested;
@@ -111,7 +120,7 @@ CachingAllocator::Block* CachingAllocator::find_free(size_t need, bool small) {
 CachingAllocator::Block* CachingAllocator::take(Block* b, size_t need) {
   pool(b->small).erase(b);
   const size_t rest = b->size - need;
-  if (b->small ? rest >= kAlign : rest > kSmallLimit) {
+  if (!b->whole && (b->small ? rest >= kAlign : rest > kSmallLimit)) {
     Block* r = new Block;
     r->ptr = b->ptr + need;
     r->size = rest;
@@ -152,6 +161,7 @@ Result<CachingAllocator::Block*> CachingAllocator::new_segment(size_t bytes, siz
       b->ptr = base;
       b->size = size;
       b->small = small;
+      b->whole = size < preferred;
       segments_[base] = Segment{size, b};
       reserved_ += size;
       pool(small).insert(b);

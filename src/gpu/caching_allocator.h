@@ -11,7 +11,8 @@
 // to serve another request (small pool: 512 bytes, else over 1 MiB).
 //
 // The budget caps what is reserved from the raw allocator (blocks in use plus the cache). When a
-// new segment would pass it, a smaller segment of just the request's size is tried, then every
+// new segment would pass it, a smaller segment of just the request's size is tried (its block is
+// reused whole, never split: pieces stranded in such segments fragmented tight budgets), then every
 // segment with nothing in use is returned and the reservation retried; only then does the
 // request fail, with Status::OutOfMemory naming the request, the bytes in use and cached and the
 // config key of the budget. A failing raw malloc (the GPU itself is full) also releases the cache
@@ -88,6 +89,7 @@ class CachingAllocator {
     Kind kind = Kind::kStaging;
     bool in_use = false;
     bool small = false;    // the pool of its segment
+    bool whole = false;    // the one block of a segment cut to a request's size: never split
     Block* prev = nullptr; // neighbours within the segment, by address
     Block* next = nullptr;
   };

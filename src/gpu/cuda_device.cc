@@ -163,6 +163,12 @@ void CudaDevice::free(Buffer& b) {
   b = Buffer{};
 }
 
+uint64_t CudaDevice::unbooked_bytes(Tier tier) const {
+  if (tier != Tier::kDevice && tier != Tier::kHost) return 0;
+  const gpu::CachingAllocator::Stats s = (tier == Tier::kDevice ? device_mem_ : host_mem_)->stats();
+  return s.in_use - s.requested;
+}
+
 Status CudaDevice::register_host(void* p, size_t bytes) {
   if (!p || bytes == 0) return Status::Invalid("register_host: empty range");
   ZOE_RETURN_IF_ERROR(make_current());
@@ -330,7 +336,7 @@ Status CudaDevice::sum_squares(const ArrayView* spans, size_t count, double* out
       partials_ = nullptr;
       partials_cap_ = 0;
     }
-    uint64_t cap = 4096;
+    uint64_t cap = 64;  // doubled to fit: a small budget loses no 32 KiB to a few partials
     while (cap < need) cap *= 2;
     ZOE_ASSIGN_OR_RETURN(partials_, device_mem_->allocate(cap * sizeof(double), Kind::kStaging));
     partials_cap_ = cap;

@@ -53,6 +53,8 @@ class CudaDevice final : public Device {
 
   Result<Buffer> alloc(size_t bytes, Tier tier, Kind kind) override;
   void free(Buffer& b) override;
+  // The rounding of the blocks in use (512 bytes, against the CPU arena's 64).
+  uint64_t unbooked_bytes(Tier tier) const override;
   Status register_host(void* p, size_t bytes) override;
   void unregister_host(void* p) override;
 

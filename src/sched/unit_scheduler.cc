@@ -18,7 +18,7 @@ UnitScheduler::Stats UnitScheduler::stats() const {
 uint64_t UnitScheduler::device_free() const { return free_in(dev_.ledger().snapshot()); }
 
 uint64_t UnitScheduler::free_in(const LedgerSnapshot& l) const {
-  uint64_t used = 0;
+  uint64_t used = dev_.unbooked_bytes(Tier::kDevice);
   for (uint64_t b : l.bytes[static_cast<int>(Tier::kDevice)]) used += b;
   return budget_ > used ? budget_ - used : 0;
 }

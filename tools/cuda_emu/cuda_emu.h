@@ -4,15 +4,21 @@
 //
 // Blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread,
 // switched only at __syncthreads and warp shuffles, so shared memory can be plain statics.
-// What it checks beyond the arithmetic: a barrier or shuffle that not every live thread (lane)
-// reaches aborts with a message, as does a shuffle whose partner lane has exited; dynamic shared
-// memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up;
+// Streams are asynchronous: each is a worker thread that runs its queue in order, later than the
+// host enqueued it (CUDA_EMU_DELAY=<max microseconds> adds a random delay before each operation);
+// events, stream waits and the synchronize calls order them as CUDA does; one operation executes
+// at a time. What it checks beyond the arithmetic: a barrier or shuffle that not every live thread
+// (lane) reaches aborts with a message, as does a shuffle whose partner lane has exited; dynamic
+// shared memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up;
 // cudaMalloc'd memory is closed to host code (PROT_NONE) outside kernels, copies and GEMMs, and a
-// touch names the allocation; a cudaMemcpy kind that does not match where its pointers are aborts.
-// What it cannot check: real races (fibers never run concurrently), stream ordering (every runtime
-// call has finished when it returns), timing, register / shared memory limits, the real cuBLASLt
-// (cuda_emu_runtime.cc has a naive column-major GEMM that checks the layouts and the alignments
-// promised to the heuristic).
+// touch names the allocation; a cudaMemcpy kind that does not match where its pointers are aborts;
+// an operation that starts while work of another stream that was queued before it, and uses the
+// same memory (one of them writing), has not run is a race (a missing event wait, or memory handed
+// on before its last user finished) and aborts naming both; freeing memory queued work still uses
+// aborts. What it cannot check: races between operations that happen to run in a safe order
+// (CUDA_EMU_DELAY varies it), host code touching device memory while an operation runs, timing,
+// register / shared memory limits, the real cuBLASLt (cuda_emu_cublaslt.cc has a naive
+// column-major GEMM that checks the layouts and the alignments promised to the heuristic).
 #pragma once
 #define ZOE_CUDA_EMU 1
 
@@ -28,8 +34,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #undef __shared__
 #define __shared__ static
@@ -55,13 +64,43 @@ float* dynamic_smem();
 // Runs body() once per thread of every block of the grid.
 void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
+// Memory an operation reads or writes: [p, p + bytes).
+struct Range {
+  const char* p;
+  size_t bytes;
+  bool write;
+};
+// A kernel's pointer arguments: const pointees are read, the others written (the block or
+// allocation each points into; see cuda_emu_internal.h).
+Range block_of(const void* p, bool write);
+// A struct argument may hold pointers the emulation cannot see: the kernel gets all device
+// memory open ({nullptr, 0}: no race check).
+template <class P>
+void note_argument(std::vector<Range>& uses, const P& v) {
+  if constexpr (std::is_pointer_v<P>) {
+    if (v) uses.push_back(block_of(v, !std::is_const_v<std::remove_pointer_t<P>>));
+  } else if constexpr (std::is_class_v<P>) {
+    uses.push_back(Range{nullptr, 0, false});
+  }
+}
+// Queues a kernel's run on its stream (cuda_emu_streams.cc).
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, std::vector<Range> uses,
+            std::function<void()> run);
+
 struct Launch {
   dim3 grid, block;
   size_t smem;
+  cudaStream_t stream;
+  const char* name;
   template <class... P, class... A>
   void operator()(void (*kernel)(P...), A&&... args) const {
-    std::tuple<P...> bound(static_cast<P>(args)...);
-    run_grid(grid, block, smem, [&] { std::apply(kernel, bound); });
+    // By value, as CUDA copies the arguments at launch.
+    std::tuple<std::decay_t<P>...> bound(static_cast<P>(args)...);
+    std::vector<Range> uses;
+    std::apply([&](const auto&... v) { (note_argument(uses, v), ...); }, bound);
+    const Launch l = *this;
+    launch(grid, block, smem, stream, name, std::move(uses),
+           [l, kernel, bound] { run_grid(l.grid, l.block, l.smem, [&] { std::apply(kernel, bound); }); });
   }
 };
 
@@ -75,8 +114,8 @@ struct Bound {
   }
 };
 template <class K>
-Bound<K> bind(dim3 grid, dim3 block, size_t smem, K* kernel) {
-  return {{grid, block, smem}, kernel};
+Bound<K> bind(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, K* kernel) {
+  return {{grid, block, smem, stream, name}, kernel};
 }
 
 }  // namespace emu
@@ -127,4 +166,14 @@ inline float __uint_as_float(unsigned u) {
 }
 
 #define ZOE_DYNAMIC_SMEM(name) float* name = ::emu::dynamic_smem()
-#define ZOE_LAUNCH(grid, block, smem, stream, ...) ::emu::bind(dim3(grid), dim3(block), (smem), __VA_ARGS__)
+#define ZOE_LAUNCH(grid, block, smem, stream, ...) \
+  ::emu::bind(dim3(grid), dim3(block), (smem), (stream), #__VA_ARGS__, __VA_ARGS__)
+
+// Hooks for code built against the emulation (extern "C": callable from plain .cc files).
+extern "C" {
+// An allocator's block [p, p + bytes) is in use (in_use 1) or back in its cache (0): kernel
+// arguments then stand for the block, not the whole cudaMalloc.
+void cuda_emu_note_block(const void* p, size_t bytes, int in_use);
+// Async copies so far that involved pageable host memory (synchronous, as on CUDA, and slow there).
+unsigned long long cuda_emu_pageable_copies(void);
+}

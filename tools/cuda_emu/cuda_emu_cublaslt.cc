@@ -1,0 +1,215 @@
+// cuBLASLt behind the same calls: a naive column-major GEMM (fp32, or bf16 widened exactly, into
+// fp32) that checks that the layouts make a product and that the pointers keep the alignments
+// promised to the heuristic; a matmul is queued on its stream like a kernel.
+#include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+struct DescData {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+};
+struct LayoutData {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct PrefData {
+  uint64_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+struct AlgoData {
+  uint32_t align[4];
+};
+static_assert(sizeof(DescData) <= sizeof(cublasLtMatmulDescOpaque_t));
+static_assert(sizeof(LayoutData) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+static_assert(sizeof(PrefData) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
+static_assert(sizeof(AlgoData) <= sizeof(cublasLtMatmulAlgo_t));
+
+template <class D, class O>
+D* data(O* o) {
+  return reinterpret_cast<D*>(o);
+}
+int g_handle;
+
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al) al >>= 1;
+  return al;
+}
+
+// The elements a matrix of `l` spans, in bytes.
+size_t span_bytes(const LayoutData& l) {
+  const size_t elem = l.type == CUDA_R_16BF ? 2 : 4;
+  return l.cols == 0 ? 0 : ((l.cols - 1) * static_cast<size_t>(l.ld) + l.rows) * elem;
+}
+
+// D = alpha op(A) op(B) + beta C, column-major, on the worker (descriptors copied at the call).
+void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, float alpha, float beta, const void* Ap,
+          const void* Bp, const void* Cp, void* Dp) {
+  // Element x of a matrix of `type` (fp32, or bf16 widened exactly).
+  auto load = [](const void* p, cudaDataType_t type, int64_t x) {
+    if (type == CUDA_R_16BF) {
+      uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      return f;
+    }
+    return static_cast<const float*>(p)[x];
+  };
+  const auto* Cf = static_cast<const float*>(Cp);
+  auto* Df = static_cast<float*>(Dp);
+  const int64_t m = Dl.rows, n = Dl.cols;
+  const int64_t k = o.ta == CUBLAS_OP_N ? A.cols : A.rows;
+  auto at = [&](int64_t i, int64_t p) { return load(Ap, A.type, o.ta == CUBLAS_OP_N ? p * A.ld + i : i * A.ld + p); };
+  auto bt = [&](int64_t p, int64_t j) { return load(Bp, B.type, o.tb == CUBLAS_OP_N ? j * B.ld + p : p * B.ld + j); };
+  std::vector<float> col(m);
+  for (int64_t j = 0; j < n; j++) {
+    for (int64_t i = 0; i < m; i++) {
+      float acc = 0.f;
+      for (int64_t p = 0; p < k; p++) acc += at(i, p) * bt(p, j);
+      col[i] = alpha * acc + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
+    }
+    for (int64_t i = 0; i < m; i++) Df[j * Dl.ld + i] = col[i];
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = reinterpret_cast<cublasLtHandle_t>(&g_handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+const char* cublasLtGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMU"; }
+const char* cublasLtGetStatusString(cublasStatus_t) { return "emulated cuBLASLt error"; }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  *d = new cublasLtMatmulDescOpaque_t{};
+  auto* x = data<DescData>(*d);
+  *x = DescData{compute, scale};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+  auto* x = data<DescData>(d);
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSA || attr == CUBLASLT_MATMUL_DESC_TRANSB) {
+    if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &x->ta : &x->tb, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  if (ld < static_cast<int64_t>(rows)) return CUBLAS_STATUS_INVALID_VALUE;
+  *l = new cublasLtMatrixLayoutOpaque_t{};
+  *data<LayoutData>(*l) = LayoutData{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = new cublasLtMatmulPreferenceOpaque_t{};
+  *data<PrefData>(*p) = PrefData{};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+  auto* x = data<PrefData>(p);
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      if (size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&x->workspace, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&x->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+// Checks that the layouts make a product: op(A) m x k, op(B) k x n, C = D m x n.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results, int* found) {
+  const auto* o = data<DescData>(op);
+  const auto *A = data<LayoutData>(a), *B = data<LayoutData>(b), *Cl = data<LayoutData>(c), *Dl = data<LayoutData>(d);
+  if (o->compute != CUBLAS_COMPUTE_32F && o->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t m = Dl->rows, n = Dl->cols;
+  const uint64_t am = o->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = o->ta == CUBLAS_OP_N ? A->cols : A->rows;
+  const uint64_t bk = o->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = o->tb == CUBLAS_OP_N ? B->cols : B->rows;
+  // The products zoe asks for: fp32 x fp32 or bf16 x bf16, into fp32 (as cuBLASLt's tables allow).
+  const bool types_ok = A->type == B->type && (A->type == CUDA_R_32F || A->type == CUDA_R_16BF) &&
+                        Cl->type == CUDA_R_32F && Dl->type == CUDA_R_32F &&
+                        (A->type == CUDA_R_32F || o->compute == CUBLAS_COMPUTE_32F);
+  if (!types_ok) {
+    *found = 0;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (am != m || bn != n || ak != bk || Cl->rows != m || Cl->cols != n || requested < 1) {
+    *found = 0;
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  std::memset(results, 0, sizeof *results);
+  std::memcpy(data<AlgoData>(&results->algo)->align, data<PrefData>(pref)->align, sizeof(uint32_t) * 4);
+  results->state = CUBLAS_STATUS_SUCCESS;
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha_p, const void* Ap,
+                              cublasLtMatrixLayout_t a, const void* Bp, cublasLtMatrixLayout_t b, const void* beta_p,
+                              const void* Cp, cublasLtMatrixLayout_t c, void* Dp, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t stream) {
+  const DescData o = *data<DescData>(op);
+  const LayoutData A = *data<LayoutData>(a), B = *data<LayoutData>(b), Cl = *data<LayoutData>(c),
+                   Dl = *data<LayoutData>(d);
+  const auto* al = data<AlgoData>(const_cast<cublasLtMatmulAlgo_t*>(algo))->align;
+  const void* ptrs[4] = {Ap, Bp, Cp, Dp};
+  for (int i = 0; i < 4; i++)
+    if (alignment(ptrs[i]) < al[i]) {
+      std::fprintf(stderr, "cuda_emu: matrix %c is %u-byte aligned, the plan promised %u\n", "ABCD"[i],
+                   alignment(ptrs[i]), al[i]);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  // The scalars are read now (host pointer mode), the matrices when the matmul runs.
+  const float alpha = *static_cast<const float*>(alpha_p), beta = *static_cast<const float*>(beta_p);
+  std::vector<emu::Range> uses = {{static_cast<const char*>(Ap), span_bytes(A), false},
+                                  {static_cast<const char*>(Bp), span_bytes(B), false},
+                                  {static_cast<const char*>(Dp), span_bytes(Dl), true}};
+  if (beta != 0.f) uses.push_back({static_cast<const char*>(Cp), span_bytes(Cl), false});
+  emu::enqueue(stream, "cublasLtMatmul", std::move(uses),
+               [=] { gemm(o, A, B, Cl, Dl, alpha, beta, Ap, Bp, Cp, Dp); });
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // extern "C"

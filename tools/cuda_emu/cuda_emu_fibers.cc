@@ -1,0 +1,227 @@
+// The fiber scheduler behind cuda_emu.h's kernels: the blocks of a grid run one after another,
+// the threads of a block are fibers switched only at __syncthreads and warp shuffles. Runs on a
+// stream's worker, one grid at a time (cuda_emu_streams.cc holds the lock).
+//
+// Fibers switch through a few instructions (emu_switch below: the callee-saved registers and the
+// stack pointer), not swapcontext, whose signal-mask system call per switch took most of the
+// emulated engine's time. x86-64 System V only, as this project is.
+#include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+void die(const std::string& m) {
+  std::fprintf(stderr, "cuda_emu: %s\n", m.c_str());
+  std::abort();
+}
+
+namespace {
+
+enum State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
+// Saves the callee-saved registers on the current stack, stores its pointer in *from, and resumes
+// the stack `to` (saved the same way, or prepared by start_fiber).
+extern "C" void emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+
+struct Fiber {
+  void* sp = nullptr;  // its saved stack pointer while switched out
+  std::vector<char> stack;
+  State state = kRunnable;
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+Dims g_dims;
+std::vector<Fiber> g_fibers;
+int g_current = -1;
+void* g_sched = nullptr;  // the scheduler's saved stack pointer
+const std::function<void()>* g_body = nullptr;
+std::vector<double> g_slots;  // one shuffle slot per thread
+std::vector<float> g_smem;
+// CUDA_EMU_SCHEDULE: ascending, alternating (ascending / descending phases, the last ready warp
+// first), random (the default).
+const int g_schedule = [] {
+  const char* e = std::getenv("CUDA_EMU_SCHEDULE");
+  const std::string s = e ? e : "random";
+  if (s != "ascending" && s != "alternating" && s != "random")
+    die("CUDA_EMU_SCHEDULE must be ascending, alternating or random, not \"" + s + "\"");
+  return s == "alternating" ? 1 : s == "random" ? 2 : 0;
+}();
+std::mt19937 g_rng(12345);
+
+// Where a fiber starts (emu_switch returns into it); it never returns, a done fiber is left.
+[[noreturn]] void fiber_entry() {
+  (*g_body)();
+  Fiber& f = g_fibers[g_current];
+  f.state = kDone;
+  emu_switch(&f.sp, g_sched);
+  die("a finished fiber was resumed");
+}
+
+// A fresh stack for f whose first switch enters fiber_entry as if called (16-byte aligned frame).
+void start_fiber(Fiber& f) {
+  auto top = reinterpret_cast<uintptr_t>(f.stack.data() + f.stack.size()) & ~uintptr_t{15};
+  auto* sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                                     // fiber_entry's return address (never used)
+  *--sp = reinterpret_cast<void*>(&fiber_entry);       // emu_switch's ret goes here
+  for (int i = 0; i < 6; i++) *--sp = nullptr;         // rbp rbx r12 r13 r14 r15
+  f.sp = sp;
+}
+
+void yield(State s) {
+  Fiber& f = g_fibers[g_current];
+  f.state = s;
+  emu_switch(&f.sp, g_sched);
+}
+
+uint3 thread_of(int t, dim3 block) {
+  uint3 u;
+  u.x = t % block.x;
+  u.y = (t / block.x) % block.y;
+  u.z = t / (block.x * block.y);
+  return u;
+}
+
+void run_block(int nthreads) {
+  for (int t = 0; t < nthreads; t++) {
+    Fiber& f = g_fibers[t];
+    f.state = kRunnable;
+    start_fiber(f);
+  }
+  const int nwarps = (nthreads + 31) / 32;
+  std::vector<int> order(nthreads);
+  for (int t = 0; t < nthreads; t++) order[t] = t;
+  for (;;) {
+    // Between two barriers threads run one after another in this order; a schedule other than
+    // ascending exposes reads of shared memory that lack a barrier after the write.
+    if (g_schedule == 1) std::reverse(order.begin(), order.end());
+    if (g_schedule == 2) std::shuffle(order.begin(), order.end(), g_rng);
+    for (int t : order) {
+      if (g_fibers[t].state != kRunnable) continue;
+      g_current = t;
+      g_dims.thread_idx = thread_of(t, g_dims.block);
+      emu_switch(&g_sched, g_fibers[t].sp);
+    }
+    int live = 0, at_block = 0;
+    for (int t = 0; t < nthreads; t++) {
+      live += g_fibers[t].state != kDone;
+      at_block += g_fibers[t].state == kAtBlockBarrier;
+    }
+    if (live == 0) return;
+    // A warp whose live lanes all wait at a shuffle goes on. One such warp at a time, and it runs
+    // alone until it blocks again: warps drift apart as far as they legally can (to the next
+    // __syncthreads), which exposes shared memory read from another warp without a barrier.
+    std::vector<int> ready;
+    for (int w = 0; w < nwarps; w++) {
+      int wl = 0, ww = 0;
+      for (int t = w * 32; t < std::min(nthreads, w * 32 + 32); t++) {
+        wl += g_fibers[t].state != kDone;
+        ww += g_fibers[t].state == kAtWarpBarrier;
+      }
+      if (ww > 0 && ww == wl) ready.push_back(w);
+    }
+    if (!ready.empty()) {
+      const int w = g_schedule == 2 ? ready[g_rng() % ready.size()] : g_schedule == 1 ? ready.back() : ready.front();
+      for (int t = w * 32; t < std::min(nthreads, w * 32 + 32); t++)
+        if (g_fibers[t].state == kAtWarpBarrier) g_fibers[t].state = kRunnable;
+      continue;
+    }
+    if (at_block == live) {
+      for (int t = 0; t < nthreads; t++)
+        if (g_fibers[t].state == kAtBlockBarrier) g_fibers[t].state = kRunnable;
+      continue;
+    }
+    die("deadlock: threads of block (" + std::to_string(g_dims.block_idx.x) + "," +
+        std::to_string(g_dims.block_idx.y) + ") wait at different barriers (" + std::to_string(at_block) +
+        " of " + std::to_string(live) + " live threads at __syncthreads; the rest at a shuffle whose warp is split)");
+  }
+}
+
+}  // namespace
+
+Dims& dims() { return g_dims; }
+
+void syncthreads() { yield(kAtBlockBarrier); }
+
+double shfl_xor(double v, int offset) {
+  const int me = g_current;
+  const int partner = (me & ~31) | ((me & 31) ^ offset);
+  g_slots[me] = v;
+  yield(kAtWarpBarrier);
+  if (partner >= static_cast<int>(g_fibers.size()) || g_fibers[partner].state == kDone)
+    die("shuffle with a lane that has exited or does not exist");
+  const double r = g_slots[partner];
+  yield(kAtWarpBarrier);  // nobody overwrites a slot before its partner has read it
+  return r;
+}
+
+double shfl_down(double v, int offset) {
+  const int me = g_current;
+  const int partner = (me & 31) + offset < 32 ? me + offset : me;
+  g_slots[me] = v;
+  yield(kAtWarpBarrier);
+  if (partner >= static_cast<int>(g_fibers.size()) || g_fibers[partner].state == kDone)
+    die("shuffle with a lane that has exited or does not exist");
+  const double r = g_slots[partner];
+  yield(kAtWarpBarrier);
+  return r;
+}
+
+float* dynamic_smem() { return g_smem.data(); }
+
+// Device memory is closed to host code (PROT_NONE) except while a kernel, a copy or a GEMM runs:
+// host code that reads or writes it faults, and the handler names the allocation.
+void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  const int nthreads = static_cast<int>(block.x * block.y * block.z);
+  if (nthreads <= 0 || nthreads > 1024) die("bad block size " + std::to_string(nthreads));
+  if (grid.y > 65535 || grid.z > 65535) die("grid y/z above 65535");
+  if (smem_bytes > 227 * 1024) die("dynamic shared memory above 227 KiB: " + std::to_string(smem_bytes));
+  if (g_fibers.size() < static_cast<size_t>(nthreads)) {
+    g_fibers.resize(nthreads);
+    for (Fiber& f : g_fibers) f.stack.resize(kStackBytes);
+  }
+  g_slots.assign(nthreads, 0.0);
+  g_dims.grid = grid;
+  g_dims.block = block;
+  g_body = &body;
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        g_dims.block_idx = uint3{x, y, z};
+        g_smem.assign(smem_bytes / sizeof(float) + 1, std::numeric_limits<float>::quiet_NaN());
+        run_block(nthreads);
+      }
+  g_body = nullptr;
+}
+
+}  // namespace emu

@@ -1,0 +1,53 @@
+// What the emulation's own files share (not seen by the code under test): the memory registry
+// (cuda_emu_memory.cc), the stream workers (cuda_emu_streams.cc) and the fiber scheduler
+// (cuda_emu_fibers.cc).
+#pragma once
+#include "cuda_emu.h"  // first: it defines the CUDA qualifiers before the CUDA headers do
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+[[noreturn]] void die(const std::string& m);
+// Sets the calling thread's last error (cudaGetLastError) to e and returns it.
+cudaError_t fail(cudaError_t e);
+
+// --- memory (cuda_emu_memory.cc) ---
+enum class Where { kDevice, kPinned, kPageable };
+// Where p lives: cudaMalloc'd, pinned (cudaHostAlloc, cudaHostRegister), or plain host memory.
+Where where(const void* p);
+// The memory a kernel argument p stands for: its allocator block (cuda_emu_note_block), else its
+// whole cudaMalloc / pinned allocation; bytes 0 where p is none of those (not checked).
+Range block_of(const void* p, bool write);
+// "a cudaMalloc of N bytes (byte K)" and the like, for messages.
+std::string describe(const void* p);
+// An operation's use of "every allocation" (a kernel with an argument the emulation cannot see
+// into, such as a struct of pointers); never part of a race check.
+inline constexpr Range kAllMemory{nullptr, 0, false};
+// Opens (PROT_READ|WRITE) the cudaMalloc allocations `uses` touch (all of them with kAllMemory)
+// around an operation, and closes them (PROT_NONE) after it.
+std::vector<char*> open_device_memory(const std::vector<Range>& uses);
+void close_device_memory(const std::vector<char*>& opened, bool all);
+
+// --- streams (cuda_emu_streams.cc) ---
+// Queues run() on stream s (0: the legacy default stream); `uses` are what it reads and writes,
+// checked against the other streams' queued work now. exclusive: run() runs alone with device
+// memory open; else it runs beside other operations and calls exclusive() to touch memory (an
+// operation that blocks on other processes, such as an emulated NCCL call, must not hold up this
+// process's other streams, as it would not on a GPU).
+void enqueue(cudaStream_t s, std::string what, std::vector<Range> uses, std::function<void()> run,
+             bool exclusive = true);
+// Runs fn alone with the memory `uses` names open (all device memory when uses is null).
+void exclusive(const std::function<void()>& fn, const std::vector<Range>* uses = nullptr);
+// Blocks until everything queued on s so far has run.
+void drain(cudaStream_t s);
+// Reports (and aborts) when an operation queued and not yet run uses [p, p + bytes): `what`
+// names the call that wants the memory gone.
+void check_unused(const char* what, const void* p, size_t bytes);
+
+}  // namespace emu

@@ -1,0 +1,476 @@
+// Asynchronous streams: each stream is a worker thread that runs its queue in order, after the
+// host enqueued it (CUDA_EMU_DELAY=<max microseconds>: a random sleep before each operation).
+// Events are (stream, count of operations queued at the record); a stream wait is a queue entry
+// that blocks its worker until that count has run. One operation executes at a time (the fiber
+// scheduler and the memory protection are process-wide), with device memory open.
+//
+// The legacy default stream (0) is modelled: its work waits for all earlier work of blocking
+// streams (cudaStreamCreate), and theirs for its. Non-blocking streams do not sync with it.
+//
+// Races are found when work is queued, whatever order the workers then run it in: each stream
+// carries a vector clock (how far into every stream its next operation is ordered: program
+// order, stream waits on events, the legacy stream's syncs, and what the host has synchronized
+// with), and the memory each queued operation read or wrote is kept until the host has
+// synchronized past it. A new operation that uses memory an unordered operation of another
+// stream used, one of them writing, is a race: a missing event wait, or memory handed to new
+// work before its last user finished. Freeing memory that such work uses is reported the same way.
+#include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace emu {
+struct Op;
+}
+
+namespace emu {
+using Clock = std::vector<uint64_t>;  // per stream id: operations known to have been queued before
+}
+
+struct CUstream_st {
+  int id = 0;
+  emu::Clock vc;  // what the next operation queued here is ordered after
+  bool blocking = true;  // syncs with the legacy default stream
+  std::deque<std::shared_ptr<emu::Op>> queue;
+  uint64_t queued = 0, done = 0;  // operations ever queued / run
+  bool stop = false;
+  std::thread worker;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;  // null: never recorded
+  uint64_t count = 0;             // stream->queued at the record
+  emu::Clock vc;                  // stream->vc at the record
+};
+
+namespace emu {
+
+struct Op {
+  CUstream_st* stream = nullptr;
+  std::string what;
+  std::vector<Range> uses;
+  std::function<void()> run;
+  bool exclusive = true;  // run alone with device memory open (else run calls exclusive() itself)
+  CUstream_st* wait_stream = nullptr;  // a stream wait: until wait_stream->done >= wait_count
+  uint64_t wait_count = 0;
+};
+
+namespace {
+
+// Never destroyed: workers are still waiting on them while the process exits.
+std::mutex& g_mu = *new std::mutex;  // queues, counters, pending, streams
+std::condition_variable& g_cv = *new std::condition_variable;
+std::mutex& g_exec = *new std::mutex;  // held while an operation executes
+std::vector<CUstream_st*>& g_streams = *new std::vector<CUstream_st*>;
+// A queued operation's use of memory, kept until the host has synchronized past it.
+struct Access {
+  Range r;
+  int stream;
+  uint64_t index;  // the operation's position in its stream
+  std::shared_ptr<const std::string> what;
+};
+std::deque<Access>& g_history = *new std::deque<Access>;
+constexpr size_t kHistoryCap = size_t{1} << 16;  // the oldest go first past it (races among them missed)
+Clock& g_host = *new Clock;  // what host code has synchronized with
+unsigned long long g_pageable = 0;
+thread_local cudaError_t t_last = cudaSuccess;
+
+const unsigned g_delay_us = [] {
+  const char* e = std::getenv("CUDA_EMU_DELAY");
+  return e ? static_cast<unsigned>(std::strtoul(e, nullptr, 10)) : 0u;
+}();
+
+std::string stream_name(const CUstream_st* s) { return s->id == 0 ? "the legacy stream" : "stream " + std::to_string(s->id); }
+
+bool overlap(const Range& a, const Range& b) {
+  return a.bytes && b.bytes && (a.write || b.write) && a.p < b.p + b.bytes && b.p < a.p + a.bytes;
+}
+void merge(Clock& into, const Clock& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); i++) into[i] = std::max(into[i], from[i]);
+}
+bool ordered(const Clock& vc, int stream, uint64_t index) {
+  return static_cast<size_t>(stream) < vc.size() && vc[stream] >= index;
+}
+CUstream_st* stream_by_id(int id) { return g_streams[id]; }
+
+// Under g_mu: op, just numbered on its stream, against the memory unordered work used.
+void check_races(const Op& op, uint64_t index) {
+  const CUstream_st* s = op.stream;
+  for (const Access& h : g_history) {
+    if (h.stream == s->id || ordered(s->vc, h.stream, h.index)) continue;
+    for (const Range& a : op.uses)
+      if (overlap(a, h.r))
+        die("race on " + describe(std::max(a.p, h.r.p)) + ": " + op.what + " on " + stream_name(s) +
+            (a.write ? " writes it" : " reads it") + ", and " + *h.what + " on " + stream_name(stream_by_id(h.stream)) +
+            (h.r.write ? " writes it" : " reads it") +
+            " with no event ordering them: a missing stream wait, or memory given to new work before its last "
+            "user finished");
+  }
+  auto what = std::make_shared<const std::string>(op.what);
+  for (const Range& a : op.uses)
+    if (a.bytes) g_history.push_back(Access{a, s->id, index, what});
+  while (g_history.size() > kHistoryCap) g_history.pop_front();
+}
+
+// Under g_mu: the host knows everything vc covers has run; later work is ordered after it.
+void host_knows(const Clock& vc) {
+  merge(g_host, vc);
+  std::erase_if(g_history, [](const Access& h) { return ordered(g_host, h.stream, h.index); });
+}
+
+}  // namespace
+void exclusive(const std::function<void()>& fn, const std::vector<Range>* uses);
+namespace {
+
+void execute(Op& op) {
+  if (op.wait_stream) {
+    std::unique_lock<std::mutex> lock(g_mu);
+    g_cv.wait(lock, [&] { return op.wait_stream->done >= op.wait_count; });
+    return;
+  }
+  if (op.exclusive) exclusive(op.run, &op.uses);
+  else op.run();
+}
+
+void work(CUstream_st* s) {
+  std::mt19937 rng(static_cast<unsigned>(s->id) * 7919u + 17u);
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::unique_lock<std::mutex> lock(g_mu);
+      g_cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
+      if (s->queue.empty()) return;
+      op = s->queue.front();
+    }
+    if (g_delay_us) std::this_thread::sleep_for(std::chrono::microseconds(rng() % g_delay_us));
+    execute(*op);
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      s->queue.pop_front();
+      s->done++;
+    }
+    g_cv.notify_all();
+  }
+}
+
+CUstream_st* new_stream(bool blocking) {
+  auto* s = new CUstream_st;
+  std::lock_guard<std::mutex> lock(g_mu);
+  s->id = static_cast<int>(g_streams.size());
+  s->blocking = blocking;
+  g_streams.push_back(s);
+  s->worker = std::thread(work, s);
+  return s;
+}
+
+CUstream_st* legacy() {
+  static CUstream_st* s = new_stream(false);  // g_streams[0]; syncs by the rules in push()
+  return s;
+}
+
+CUstream_st* of(cudaStream_t s) { return s && s != cudaStreamLegacy ? s : legacy(); }
+
+// Under g_mu: queues op on s, ordered after what the host knows, and checks its memory.
+void push(CUstream_st* s, std::shared_ptr<Op> op) {
+  op->stream = s;
+  merge(s->vc, g_host);
+  s->queued++;
+  if (s->vc.size() <= static_cast<size_t>(s->id)) s->vc.resize(s->id + 1, 0);
+  check_races(*op, s->queued);
+  s->vc[s->id] = s->queued;
+  s->queue.push_back(std::move(op));
+}
+// Under g_mu: s goes on once `count` operations of `on` have run (vc: on's clock then).
+void push_wait(CUstream_st* s, CUstream_st* on, uint64_t count, const Clock& vc) {
+  if (on == s) return;
+  merge(s->vc, vc);
+  if (on->done >= count) return;
+  auto w = std::make_shared<Op>();
+  w->what = "a wait for " + stream_name(on);
+  w->wait_stream = on;
+  w->wait_count = count;
+  push(s, std::move(w));
+}
+
+// Blocks until `count` operations of s have run; the host then knows vc.
+void wait_for(CUstream_st* s, uint64_t count, const Clock& vc) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  g_cv.wait(lock, [&] { return s->done >= count; });
+  host_knows(vc);
+}
+
+}  // namespace
+
+cudaError_t fail(cudaError_t e) { return t_last = e; }
+
+void exclusive(const std::function<void()>& fn, const std::vector<Range>* uses) {
+  static const std::vector<Range> all = {kAllMemory};
+  const std::vector<Range>& u = uses ? *uses : all;
+  bool every = false;
+  for (const Range& r : u) every |= r.p == nullptr;
+  std::lock_guard<std::mutex> exec(g_exec);
+  const std::vector<char*> opened = open_device_memory(u);
+  fn();
+  close_device_memory(opened, every);
+}
+
+void enqueue(cudaStream_t stream, std::string what, std::vector<Range> uses, std::function<void()> run,
+             bool exclusive) {
+  CUstream_st* s = of(stream);
+  auto op = std::make_shared<Op>();
+  op->what = std::move(what);
+  op->uses = std::move(uses);
+  op->run = std::move(run);
+  op->exclusive = exclusive;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (s->id == 0) {
+      for (CUstream_st* b : g_streams)
+        if (b->blocking) push_wait(s, b, b->queued, b->vc);
+    } else if (s->blocking) {
+      push_wait(s, g_streams[0], g_streams[0]->queued, g_streams[0]->vc);
+    }
+    push(s, std::move(op));
+  }
+  g_cv.notify_all();
+}
+
+void drain(cudaStream_t stream) {
+  CUstream_st* s = of(stream);
+  uint64_t count;
+  Clock vc;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    count = s->queued;
+    vc = s->vc;
+  }
+  wait_for(s, count, vc);
+}
+
+void check_unused(const char* what, const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Range freed{static_cast<const char*>(p), bytes, true};
+  for (const Access& h : g_history)
+    if (overlap(freed, h.r))
+      die(std::string(what) + " of " + describe(p) + " while " + *h.what + " on " + stream_name(stream_by_id(h.stream)) +
+          ", which the host has not synchronized with, uses it");
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, std::vector<Range> uses,
+            std::function<void()> run) {
+  const unsigned threads = block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024) die(std::string(name) + ": bad block size " + std::to_string(threads));
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) die(std::string(name) + ": empty grid");
+  if (grid.y > 65535 || grid.z > 65535) die(std::string(name) + ": grid y/z above 65535");
+  if (smem > 227 * 1024) die(std::string(name) + ": dynamic shared memory above 227 KiB: " + std::to_string(smem));
+  enqueue(stream, std::string("kernel ") + name, std::move(uses), std::move(run));
+}
+
+}  // namespace emu
+
+namespace {
+
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    default: return "cudaMemcpyDefault";
+  }
+}
+
+// Queues a copy after checking that its kind says where its pointers are (cudaMemcpyDefault:
+// anywhere). True when the copy involves pageable host memory.
+bool queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, const char* call) {
+  const emu::Where wd = emu::where(dst), ws = emu::where(src);
+  if (kind != cudaMemcpyDefault && bytes > 0) {
+    const bool d = wd == emu::Where::kDevice, sd = ws == emu::Where::kDevice;
+    const bool want_d = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const bool want_s = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (d != want_d || sd != want_s)
+      emu::die(std::string(kind_name(kind)) + " copies from " + (sd ? "device" : "host") + " memory to " +
+               (d ? "device" : "host") + " memory");
+  }
+  emu::enqueue(s, std::string(call) + " of " + std::to_string(bytes) + " bytes",
+               {{static_cast<const char*>(dst), bytes, true}, {static_cast<const char*>(src), bytes, false}},
+               [=] { std::memmove(dst, src, bytes); });
+  return wd == emu::Where::kPageable || ws == emu::Where::kPageable;
+}
+
+}  // namespace
+
+extern "C" {
+
+unsigned long long cuda_emu_pageable_copies(void) {
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  return emu::g_pageable;
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = emu::t_last;
+  emu::t_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return emu::t_last; }
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
+
+// --- copies: synchronous ones on the legacy stream, waited for ---
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  queue_copy(dst, src, bytes, kind, nullptr, "cudaMemcpy");
+  emu::drain(nullptr);
+  return cudaSuccess;
+}
+// From or to pageable memory CUDA stages the copy and returns when it is done: counted, since a
+// GPU does that slowly.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync")) {
+    {
+      std::lock_guard<std::mutex> lock(emu::g_mu);
+      emu::g_pageable++;
+    }
+    emu::drain(s);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int v, size_t bytes) {
+  emu::enqueue(nullptr, "cudaMemset", {{static_cast<const char*>(dst), bytes, true}},
+               [=] { std::memset(dst, v, bytes); });
+  emu::drain(nullptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t s) {
+  emu::enqueue(s, "cudaMemsetAsync", {{static_cast<const char*>(dst), bytes, true}},
+               [=] { std::memset(dst, v, bytes); });
+  return cudaSuccess;
+}
+
+// --- streams and events ---
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  emu::legacy();  // the legacy stream exists first (id 0)
+  *s = emu::new_stream(true);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  emu::legacy();
+  *s = emu::new_stream(!(flags & cudaStreamNonBlocking));
+  return cudaSuccess;
+}
+// Waits for the queue, then ends the worker; the stream itself stays allocated, since events
+// and other streams' waits may still name it.
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s || s == cudaStreamLegacy) return emu::fail(cudaErrorInvalidResourceHandle);
+  emu::drain(s);
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    s->stop = true;
+    s->blocking = false;
+  }
+  emu::g_cv.notify_all();
+  s->worker.join();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu::drain(s);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  std::vector<CUstream_st*> all;
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    all = emu::g_streams;
+  }
+  for (CUstream_st* s : all) emu::drain(s);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* st = emu::of(s);
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  e->stream = st;
+  e->count = st->queued;
+  e->vc = st->vc;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* s;
+  uint64_t count;
+  emu::Clock vc;
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    s = e->stream;
+    count = e->count;
+    vc = e->vc;
+  }
+  if (s) emu::wait_for(s, count, vc);  // never recorded: nothing to wait for, as on CUDA
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* st = emu::of(s);
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    if (e->stream) emu::push_wait(st, e->stream, e->count, e->vc);  // the record as of now, as on CUDA
+  }
+  emu::g_cv.notify_all();
+  return cudaSuccess;
+}
+
+// --- one emulated GPU (gpu_info.cu's list_gpus reads it): an sm_90 with 16 GiB ---
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d != 0) return emu::fail(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "cuda_emu (CPU emulation)");
+  p->totalGlobalMem = size_t{1} << 34;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : emu::fail(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+// A small GPU: two multiprocessors, one resident block each, so grid-stride loops take turns.
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int) {
+  if (attr != cudaDevAttrMultiProcessorCount) return emu::fail(cudaErrorInvalidValue);
+  *v = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t, unsigned) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 227 * 1024) return emu::fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
+}  // extern "C"
