@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 // fp32 so that "bitwise" is meaningful; a small MLP.
 const std::string kBase =
-    " train --quiet --set zoe.device=cpu-strict --set zoe.model.type=mlp --set bf16.enabled=false --set zoe.model.n_layer=3 --set zoe.model.n_embd=48"
+    " train --quiet --set zoe.device=" + test_device_name() + " --set zoe.model.type=mlp --set bf16.enabled=false --set zoe.model.n_layer=3 --set zoe.model.n_embd=48"
     " --set train_micro_batch_size_per_gpu=4 --set zoe.checkpoint.dir='\"\"'";  // none unless a test sets one
 
 std::string run_ok(const std::string& cmd) {

@@ -339,6 +339,29 @@ TEST_F(CudaDeviceTest, UploadAndDownloadWaitForTheComputeStream) {
   EXPECT_EQ(std::memcmp(got.data(), threes.data(), n * 4), 0) << "upload did not wait for compute";
 }
 
+#ifdef ZOE_CUDA_EMU
+extern "C" unsigned long long cuda_emu_pageable_copies(void);
+
+// The emulation treats an async copy from pageable memory as CUDA does (it has finished when the
+// call returns) and counts it; one from pinned memory stays asynchronous and is not counted.
+TEST_F(CudaDeviceTest, EmulationCountsPageableCopies) {
+  const size_t n = 4096;
+  auto* d = static_cast<float*>(alloc(n * 4));
+  Buffer pinned = buffer(n * 4, Tier::kHost);
+  ASSERT_TRUE(d && pinned);
+  std::vector<float> pageable(n, 5.0f);
+  const unsigned long long before = cuda_emu_pageable_copies();
+  ASSERT_TRUE(dev_->copy(d, pageable.data(), n * 4, Stream::kH2D).ok());
+  EXPECT_EQ(cuda_emu_pageable_copies(), before + 1);
+  pageable.assign(n, -1.0f);  // no wait: the copy had read it already
+  for (size_t i = 0; i < n; ++i) pinned.as<float>()[i] = 7.0f;
+  ASSERT_TRUE(dev_->copy(pinned.data, d, n * 4, Stream::kH2D).ok());
+  EXPECT_EQ(cuda_emu_pageable_copies(), before + 1);
+  ASSERT_TRUE(dev_->synchronize().ok());
+  for (size_t i = 0; i < n; i += 511) ASSERT_EQ(pinned.as<float>()[i], 5.0f) << i;
+}
+#endif
+
 TEST_F(CudaDeviceTest, Events) {
   EXPECT_TRUE(dev_->wait(Event{}).ok());  // nothing recorded: nothing to wait for
   EXPECT_TRUE(dev_->wait_on(Stream::kComm, Event{}).ok());

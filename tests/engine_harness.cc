@@ -13,11 +13,6 @@
 
 namespace zoe::test {
 
-std::string test_device_name() {
-  const char* e = std::getenv("ZOE_TEST_DEVICE");
-  return e && *e ? e : "cpu-strict";
-}
-
 bool comm_thread_for(const Comm& control) { return !(test_device_name() == "cuda" && control.size() > 1); }
 
 Result<TestDevice> make_test_device(size_t device_budget, size_t host_budget, Comm& control) {

@@ -10,6 +10,7 @@
 #include "sched/zero_engine.h"
 #include "train/batch_source.h"
 #include "zoe/engine.h"
+#include "test_util.h"
 
 namespace zoe::test {
 
@@ -25,8 +26,7 @@ struct MlpRun {
   ZeroEngine::SchedStats sched;   // what stage 3's scheduler did
 };
 
-// The device the engine tests run on: ZOE_TEST_DEVICE names it ("cpu-strict" when unset; "cuda"
-// runs them on the CUDA backend, which the *_emu tests do under tools/cuda_emu), with the
+// The device the engine tests run on (test_util.h's test_device_name(): ZOE_TEST_DEVICE), with the
 // communicator its tensor traffic takes: NCCL beside `control` on cuda at several ranks, else
 // `control` itself.
 struct TestDevice {
@@ -34,7 +34,6 @@ struct TestDevice {
   std::unique_ptr<Comm> tensor_comm;
   Comm* comm = nullptr;
 };
-std::string test_device_name();
 // Whether the engine has a communication thread beside `control`: not on cuda at several ranks,
 // where NCCL carries the tensors and an NcclComm cannot be duplicated (reductions and gathers
 // then run at the hand-over and the fetch).

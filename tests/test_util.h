@@ -11,6 +11,12 @@ namespace zoe::test {
 // The zoe binary under test (ZOE_TEST_BINARY when set: zoe_emu for the *_emu tests), and mpirun
 // as root on a 2-core machine (prefix "-np N <cmd>").
 inline const std::string kZoe = std::getenv("ZOE_TEST_BINARY") ? std::getenv("ZOE_TEST_BINARY") : ZOE_BINARY;
+// The device the tests run the engine on: ZOE_TEST_DEVICE ("cpu-strict" when unset; the *_emu
+// tests set "cuda", which tools/cuda_emu emulates).
+inline std::string test_device_name() {
+  const char* e = std::getenv("ZOE_TEST_DEVICE");
+  return e && *e ? e : "cpu-strict";
+}
 inline const std::string kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 

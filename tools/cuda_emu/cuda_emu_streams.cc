@@ -16,6 +16,8 @@
 // work before its last user finished. Freeing memory that such work uses is reported the same way.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
+#include <execinfo.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -84,6 +86,14 @@ std::deque<Access>& g_history = *new std::deque<Access>;
 constexpr size_t kHistoryCap = size_t{1} << 16;  // the oldest go first past it (races among them missed)
 Clock& g_host = *new Clock;  // what host code has synchronized with
 unsigned long long g_pageable = 0;
+// Said at exit: on a GPU each of them stalls the host while the driver stages the bytes.
+[[maybe_unused]] const int g_pageable_report = std::atexit([] {
+  if (g_pageable > 0)
+    std::fprintf(stderr,
+                 "cuda_emu: %llu async copies involved pageable host memory (synchronous, and slow on a GPU; "
+                 "CUDA_EMU_PAGEABLE_TRACE=1 names their callers)\n",
+                 g_pageable);
+});
 thread_local cudaError_t t_last = cudaSuccess;
 
 const unsigned g_delay_us = [] {
@@ -341,6 +351,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     {
       std::lock_guard<std::mutex> lock(emu::g_mu);
       emu::g_pageable++;
+    }
+    if (std::getenv("CUDA_EMU_PAGEABLE_TRACE")) {  // who makes them (a debugging aid)
+      void* frames[8];
+      backtrace_symbols_fd(frames, backtrace(frames, 8), 2);
     }
     emu::drain(s);
   }
