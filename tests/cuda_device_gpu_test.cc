@@ -362,6 +362,31 @@ TEST_F(CudaDeviceTest, EmulationCountsPageableCopies) {
 }
 #endif
 
+// A framework's stream (torch's current stream for zoe.torch) writes a buffer; after
+// wait_external, work on every zoe stream sees the write (on the emulation a missing wait is also
+// a race report).
+TEST_F(CudaDeviceTest, WaitExternalOrdersEveryStreamAfterTheCallersStream) {
+  const size_t n = kOrderingElems;
+  auto* a = static_cast<float*>(alloc(n * 4));
+  Buffer pinned = buffer(n * 4, Tier::kHost);
+  ASSERT_TRUE(a && pinned);
+  ASSERT_TRUE(dev_->zero(a, n * 4).ok());
+  ASSERT_TRUE(dev_->synchronize().ok());
+  cudaStream_t theirs = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&theirs, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a, 0x3f, n * 4, theirs), cudaSuccess);  // 0x3f3f3f3f: 0.747...
+  ASSERT_TRUE(dev_->wait_external(theirs).ok());
+  ASSERT_TRUE(dev_->copy(pinned.data, a, n * 4, Stream::kD2H).ok());
+  ASSERT_TRUE(dev_->wait(dev_->record(Stream::kD2H)).ok());
+  uint32_t bits = 0;
+  for (size_t i = 0; i < n; i += 1021) {
+    std::memcpy(&bits, pinned.as<float>() + i, 4);
+    ASSERT_EQ(bits, 0x3f3f3f3fu) << "d2h ran before the caller's stream, " << i;
+  }
+  ASSERT_EQ(cudaStreamSynchronize(theirs), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(theirs), cudaSuccess);
+}
+
 TEST_F(CudaDeviceTest, Events) {
   EXPECT_TRUE(dev_->wait(Event{}).ok());  // nothing recorded: nothing to wait for
   EXPECT_TRUE(dev_->wait_on(Stream::kComm, Event{}).ok());
