@@ -20,8 +20,8 @@ constexpr int64_t kD = 4;
 const DLDataType kF32{kDLFloat, 32, 1};
 
 zoe_engine* one_unit(const std::string& zoe_keys) {
-  std::string config = "{\"zero_optimization\": {\"stage\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
-                       "{\"lr\": 0.01}}, \"zoe\": {" + zoe_keys + "}}";
+  std::string config = zoe::test::on_test_device("{\"zero_optimization\": {\"stage\": 1}, \"optimizer\": {\"type\": \"AdamW\", "
+                                      "\"params\": {\"lr\": 0.01}}, \"zoe\": {" + zoe_keys + "}}");
   zoe_engine* e = nullptr;
   EXPECT_EQ(zoe_engine_new(config.c_str(), &e), ZOE_OK) << zoe_last_error();
   int64_t w[2] = {kD, kD};

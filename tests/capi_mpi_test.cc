@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "dl_read.h"
+#include "test_util.h"
 #include "zoe/zoe.h"
 
 namespace {
@@ -15,8 +17,8 @@ constexpr int64_t kN = 10;  // elements per unit: not a multiple of the rank cou
 const DLDataType kF32{kDLFloat, 32, 1};
 
 zoe_engine* make_engine(int stage) {
-  std::string cfg = "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-                    "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}}";
+  std::string cfg = zoe::test::on_test_device("{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+                                   "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}}");
   zoe_engine* e = nullptr;
   EXPECT_EQ(zoe_engine_new(cfg.c_str(), &e), ZOE_OK) << zoe_last_error();
   int64_t shape[1] = {kN};
@@ -43,8 +45,7 @@ std::vector<float> weights(zoe_engine* e, int u) {
   DLManagedTensor* t = nullptr;
   EXPECT_EQ(zoe_fetch(e, u, &t), ZOE_OK) << zoe_last_error();
   if (!t) return {};
-  const float* p = static_cast<const float*>(t->dl_tensor.data);
-  std::vector<float> v(p, p + kN);
+  std::vector<float> v = zoe::test::read_floats(t->dl_tensor, kN);
   t->deleter(t);
   EXPECT_EQ(zoe_release(e, u), ZOE_OK);
   return v;
@@ -116,7 +117,11 @@ TEST(CApiMpi, RanksFetchingDifferentUnitsFailTogether) {
 // MPI is started here (the C API then finds it started and leaves it to us).
 int main(int argc, char** argv) {
   int provided = 0;
+#ifdef ZOE_CUDA_EMU  // the emulated NCCL calls MPI from the streams' threads
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+#else
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+#endif
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "dl_read.h"
+#include "test_util.h"
 #include "zoe/zoe.h"
 
 namespace {
@@ -29,8 +31,8 @@ DLTensor host_tensor(void* data, std::vector<int64_t>& shape, DLDataType dt = kF
 }
 
 std::string config(int stage) {
-  return "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}}";
+  return zoe::test::on_test_device("{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+                        "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}}");
 }
 
 // Two units "a" and "b", each w [4,4] + bias [4].
@@ -59,8 +61,7 @@ std::vector<float> fetch_copy(zoe_engine* e, int u) {
   DLManagedTensor* t = nullptr;
   EXPECT_EQ(zoe_fetch(e, u, &t), ZOE_OK) << zoe_last_error();
   if (!t) return {};
-  const float* p = static_cast<const float*>(t->dl_tensor.data);
-  std::vector<float> v(p, p + t->dl_tensor.shape[0]);
+  std::vector<float> v = zoe::test::read_floats(t->dl_tensor, t->dl_tensor.shape[0]);
   t->deleter(t);
   EXPECT_EQ(zoe_release(e, u), ZOE_OK);
   return v;
@@ -266,8 +267,8 @@ TEST(CApi, CloseFlushesAndNullIsANoOp) {
 zoe_engine* engine_whose_update_fails(const std::filesystem::path& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const std::string cfg = "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
-                          "\"nvme_path\": \"" + dir.string() + "\"}}, \"optimizer\": {\"type\": \"AdamW\"}}";
+  const std::string cfg = zoe::test::on_test_device("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": "
+                                         "\"nvme\", \"nvme_path\": \"" + dir.string() + "\"}}, \"optimizer\": {\"type\": \"AdamW\"}}");
   zoe_engine* e = nullptr;
   EXPECT_EQ(zoe_engine_new(cfg.c_str(), &e), ZOE_OK) << zoe_last_error();
   int64_t w[2] = {kD, kD}, b[1] = {kD};

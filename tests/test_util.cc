@@ -9,6 +9,8 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include <nlohmann/json.hpp>
+
 namespace zoe::test {
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
@@ -44,6 +46,14 @@ int run_command(const std::string& cmd, std::string* out) {
     if (out) out->append(buf.data(), n);
   int st = pclose(f);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::string on_test_device(const std::string& config_json) {
+  const char* d = std::getenv("ZOE_TEST_DEVICE");
+  if (!d || !*d) return config_json;
+  nlohmann::json j = nlohmann::json::parse(config_json);
+  j["zoe"]["device"] = d;
+  return j.dump();
 }
 
 }  // namespace zoe::test

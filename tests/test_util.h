@@ -17,6 +17,9 @@ inline std::string test_device_name() {
   const char* e = std::getenv("ZOE_TEST_DEVICE");
   return e && *e ? e : "cpu-strict";
 }
+// A JSON config with zoe.device set to ZOE_TEST_DEVICE where that is set (the C API's tests keep
+// the config's own device otherwise). Defined in test_util.cc.
+std::string on_test_device(const std::string& config_json);
 inline const std::string kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
