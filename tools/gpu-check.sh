@@ -335,7 +335,7 @@ step_unpack() { unpack_deps "$DEPS_ROOT"; }
 step_configure() {
   # shellcheck disable=SC2046  # the helpers print several words on purpose
   cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") \
-    -DZOE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
+    -DZOE_CUDA=ON -DZOE_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
 }
 
 # zoe and the gpu tests only: the rest of the suite is CI's, and building it here costs minutes.
