@@ -70,17 +70,20 @@ struct Range {
   size_t bytes;
   bool write;
 };
+// An operation's use of "every allocation" (a kernel with an argument the emulation cannot see
+// into, such as a struct of pointers); never part of a race check.
+inline constexpr Range kAllMemory{nullptr, 0, false};
 // A kernel's pointer arguments: const pointees are read, the others written (the block or
 // allocation each points into; see cuda_emu_internal.h).
 Range block_of(const void* p, bool write);
 // A struct argument may hold pointers the emulation cannot see: the kernel gets all device
-// memory open ({nullptr, 0}: no race check).
+// memory open (kAllMemory: no race check).
 template <class P>
 void note_argument(std::vector<Range>& uses, const P& v) {
   if constexpr (std::is_pointer_v<P>) {
     if (v) uses.push_back(block_of(v, !std::is_const_v<std::remove_pointer_t<P>>));
   } else if constexpr (std::is_class_v<P>) {
-    uses.push_back(Range{nullptr, 0, false});
+    uses.push_back(kAllMemory);
   }
 }
 // Queues a kernel's run on its stream (cuda_emu_streams.cc).

@@ -26,9 +26,6 @@ Where where(const void* p);
 Range block_of(const void* p, bool write);
 // "a cudaMalloc of N bytes (byte K)" and the like, for messages.
 std::string describe(const void* p);
-// An operation's use of "every allocation" (a kernel with an argument the emulation cannot see
-// into, such as a struct of pointers); never part of a race check.
-inline constexpr Range kAllMemory{nullptr, 0, false};
 // Opens (PROT_READ|WRITE) the cudaMalloc allocations `uses` touch (all of them with kAllMemory)
 // around an operation, and closes them (PROT_NONE) after it.
 std::vector<char*> open_device_memory(const std::vector<Range>& uses);
