@@ -5,6 +5,9 @@
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
 # against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
 # directory first (1 MiB blocks, depth 32, as the job's aio settings), reads then writes.
+# The update runs after the backward with clipping at 1.0; OOC_UPDATE_IN_BACKWARD=1 runs it during
+# the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and writes,
+# as soon as its gradient is final), without clipping.
 # The learning rate warms up linearly from 2e-6 (WarmupLR, 1000 steps to 1e-4), so the three
 # losses fall; the script says whether they did. Wide deep models on 64 tokens a step rise under
 # a larger first lr, in PyTorch as in zoe (bench/history.md): 14 layers at width 2560 went
@@ -23,6 +26,8 @@ dir=${1:-out/ooc}
 shift || true
 L=${OOC_LAYERS:-40} D=${OOC_EMBD:-2560} H=${OOC_HEADS:-32} V=${OOC_VOCAB:-50257} T=${OOC_SEQ:-64}
 mkdir -p "$dir"
+if [ "${OOC_UPDATE_IN_BACKWARD:-0}" = 1 ]; then clip=0 in_backward=true; else clip=1.0 in_backward=false; fi
+echo "update: $([ $in_backward = true ] && echo "during the backward (zoe.update_in_backward), no clipping" || echo "after the backward, clipping at 1.0")"
 params=$(( V * D + 1024 * D + L * (12 * D * D + 13 * D) + 2 * D ))
 state=$(( 16 * params ))
 on_disk=$(( 14 * params ))  # bf16 params + fp32 master, exp_avg, exp_avg_sq
@@ -39,7 +44,7 @@ cat > "$dir/config.json" <<EOF
 {
   "train_micro_batch_size_per_gpu": 1,
   "bf16": {"enabled": true},
-  "gradient_clipping": 1.0,
+  "gradient_clipping": $clip,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
   "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 2e-6, "warmup_max_lr": 1e-4,
     "warmup_num_steps": 1000, "warmup_type": "linear"}},
@@ -50,7 +55,7 @@ cat > "$dir/config.json" <<EOF
   "zoe": {"device": "cpu", "device_memory_budget": "4GiB", "host_memory_budget": "9GiB",
     "model": {"type": "gpt2", "n_layer": $L, "n_head": $H, "n_embd": $D, "vocab_size": $V, "n_positions": 1024},
     "data": {"train": "data/corpus.txt", "format": "bytes", "seq_len": $T},
-    "steps": 3}
+    "steps": 3, "update_in_backward": $in_backward}
 }
 EOF
 # The disk's rates in this directory, now: what each step's bound is made of.

@@ -36,6 +36,7 @@ class CaptureEngine final : public Engine {
   Status release(int) override { return Status::Ok(); }
   Status grads_ready(int u, const float* g) override { return dev_.download(grads_[u].data(), g, units_[u].numel * 4); }
   Result<StepResult> step(double) override { return StepResult{}; }
+  Status update_during_backward(double) override { return Status::Ok(); }
   Result<StepResult> flush() override { return StepResult{}; }
   void require_matching_grads(bool) override {}
   void set_activation_bytes(uint64_t) override {}

@@ -124,6 +124,20 @@ TEST(Config, Bf16ComputeNeedsBf16WeightsAndGpt2) {
   }
 }
 
+TEST(Config, UpdateInBackwardNeedsNoClippingAndNoFp16) {
+  auto r = parse_config(R"({"gradient_clipping": 0, "bf16": {"enabled": true}, "zoe": {"update_in_backward": true}})",
+                        {}, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->update_in_backward);
+  EXPECT_FALSE(parse_config("{}", {}, "t")->update_in_backward);
+  for (const char* bad : {R"({"gradient_clipping": 1.0, "zoe": {"update_in_backward": true}})",
+                          R"({"gradient_clipping": 0, "fp16": {"enabled": true}, "zoe": {"update_in_backward": true}})",
+                          R"({"zoe": {"update_in_backward": 1}})"}) {
+    Status s = parse_error(bad);
+    EXPECT_NE(s.message().find("zoe.update_in_backward"), std::string::npos) << bad << ": " << s.message();
+  }
+}
+
 TEST(Config, OffloadRatioIsAFraction) {
   auto r = parse_config(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})", {}, "t");
   ASSERT_TRUE(r.ok()) << r.status().message();

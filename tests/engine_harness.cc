@@ -67,6 +67,7 @@ Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model
     double loss = 0;
     for (int m = 0; m < c.grad_accum; ++m) {
       ZOE_ASSIGN_OR_RETURN(Batch b, source.next());
+      if (m == c.grad_accum - 1) ZOE_RETURN_IF_ERROR(engine.update_during_backward(c.lr));  // zoe.update_in_backward
       ZOE_ASSIGN_OR_RETURN(double l, model.train_micro_step(engine, b, static_cast<float>(engine.loss_scale())));
       loss += l;
     }
@@ -309,6 +310,43 @@ std::string check_overlapped_reductions(Comm& comm) {
           return what + ": the gradient shard is not in host memory with the optimizer offloaded";
         if (host->params != off->params || host->grad_norms != off->grad_norms)
           return what + ": weights differ with the gradients in host memory";
+      }
+  return "";
+}
+
+std::string check_update_in_backward(Comm& comm) {
+  std::string dir = make_temp_dir("update-in-backward");
+  for (int stage = 0; stage <= 3; ++stage)
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (int accum : {1, 2}) {
+        if (accum == 1 && comm.size() > 1) continue;  // one rank runs it; more ranks need not again
+        Config c = mlp_config(stage, dt);
+        c.grad_accum = accum;
+        c.grad_clip = 0;  // what update_in_backward requires
+        std::vector<std::pair<std::string, Config>> homes = {{"in memory", c}};
+        if (stage >= 2) {  // gradients final in the backward: units are released there
+          Config host = c;
+          host.offload_optimizer.device = OffloadDevice::kCpu;
+          if (stage == 3) host.offload_param.device = OffloadDevice::kCpu;
+          homes.push_back({"in host memory", host});
+          homes.push_back({"half on NVMe", with_nvme_offload(c, dir, 0.5)});
+          homes.push_back({"on NVMe", with_nvme_offload(c, dir, 1.0)});
+        }
+        for (auto& [home, h] : homes) {
+          std::string what = fmt::format("stage {} {} accumulation {}, state {}", stage, dtype_name(dt), accum, home);
+          auto after = run_mlp(h, comm, 4);
+          h.update_in_backward = true;
+          auto during = run_mlp(h, comm, 4);
+          if (!after.ok()) return what + ", update after the backward: " + after.status().message();
+          if (!during.ok()) return what + ", update during the backward: " + during.status().message();
+          if (during->params != after->params || during->grad_norms != after->grad_norms)
+            return what + ": weights differ between the update during and after the backward";
+          const int64_t early = during->sched.units_updated_in_backward;
+          if (stage >= 2 && early == 0) return what + ": no unit was released to the update during the backward";
+          if (stage < 2 && early != 0)
+            return what + fmt::format(": {} units released before step(), with gradients reduced only there", early);
+          if (after->sched.units_updated_in_backward != 0) return what + ": released early without the key";
+        }
       }
   return "";
 }

@@ -96,5 +96,10 @@ std::string check_quarter_budget(Comm& comm);
 // weights and the same traffic as reductions at the hand-over: stages 2 and 3, fp32 and bf16,
 // with and without accumulation micro-steps; and they did run there.
 std::string check_overlapped_reductions(Comm& comm);
+// zoe.update_in_backward (no clipping) gives the weights and norms of the update after the
+// backward bit for bit, at stages 0-3, fp32 and bf16, with accumulation, state in device memory,
+// host memory and on NVMe; at stages 2-3 units are released to the update during the backward,
+// at 0-1 (gradients reduced at step()) none are. Returns "" or what differed.
+std::string check_update_in_backward(Comm& comm);
 
 }  // namespace zoe::test

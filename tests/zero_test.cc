@@ -88,9 +88,11 @@ struct TinyEngine {
   CpuDevice dev{1 << 20, 1 << 20, true};
   std::unique_ptr<Comm> comm = make_self_comm();
   std::unique_ptr<ZeroEngine> e;
-  explicit TinyEngine(DType dt, int stage = 3) {
+  explicit TinyEngine(DType dt, int stage = 3, bool update_in_backward = false) {
     c.dtype = dt;
     c.stage = stage;
+    c.update_in_backward = update_in_backward;
+    if (update_in_backward) c.grad_clip = 0;
     e = std::make_unique<ZeroEngine>(c, dev, *comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
     EXPECT_TRUE(e->allocate().ok());
     std::vector<float> v(10);
@@ -213,6 +215,45 @@ TEST(ZeroOneRank, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
 TEST(ZeroOneRank, OverlappedReductionsAreBitwiseTheHandOverOnes) {
   auto self = make_self_comm();
   EXPECT_EQ(check_overlapped_reductions(*self), "");
+}
+
+TEST(ZeroOneRank, UpdateDuringTheBackwardIsBitwiseTheUpdateAfterIt) {
+  auto self = make_self_comm();
+  EXPECT_EQ(check_update_in_backward(*self), "");
+}
+
+// An update begun in the backward cannot be skipped or redone: another lr at step() and
+// non-finite gradients are errors naming why, and the engine goes on with the next step.
+TEST(ZeroOneRank, UpdateDuringTheBackwardRefusesAnotherLrAndNonFiniteGradients) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TinyEngine t(DType::kBF16, stage, /*update_in_backward=*/true);
+    std::vector<float> g(10, 1.0f);
+    ASSERT_TRUE(t.e->update_during_backward(1e-3).ok());
+    Status twice = t.e->update_during_backward(1e-3);
+    EXPECT_EQ(twice.code(), Code::kInvalidInput) << twice.message();
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
+    Result<StepResult> other = t.e->step(2e-3);
+    ASSERT_FALSE(other.ok());
+    EXPECT_NE(other.status().message().find("announced lr 0.001"), std::string::npos) << other.status().message();
+    // The next step runs whole (the first one's gradient is gone: it counted once).
+    ASSERT_TRUE(t.e->update_during_backward(1e-3).ok());
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
+    ASSERT_TRUE(t.e->step(1e-3).ok());
+    ASSERT_TRUE(t.e->flush().ok());
+    EXPECT_GE(t.e->sched_stats().units_updated_in_backward, 1);  // the second step released the unit early
+    g[3] = std::numeric_limits<float>::infinity();
+    ASSERT_TRUE(t.e->update_during_backward(1e-3).ok());
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
+    Result<StepResult> inf = t.e->step(1e-3);
+    ASSERT_FALSE(inf.ok());
+    EXPECT_NE(inf.status().message().find("cannot be skipped"), std::string::npos) << inf.status().message();
+    // Without the announcement the step is the usual one.
+    g[3] = 1.0f;
+    ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
+    EXPECT_TRUE(t.e->step(1e-3).ok());
+    EXPECT_TRUE(t.e->flush().ok());
+  }
 }
 
 // The communication thread runs jobs one at a time in submission order, hands each job's Status

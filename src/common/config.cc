@@ -47,7 +47,7 @@ const std::vector<std::string> kKeys = {
     "zoe.model.type", "zoe.model.n_layer", "zoe.model.n_head", "zoe.model.n_embd", "zoe.model.vocab_size",
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
-    "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "zoe.compute_dtype",
+    "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "zoe.compute_dtype", "zoe.update_in_backward",
     "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -276,6 +276,14 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checkpoint.verify", c.checkpoint_verify));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.activation_checkpointing", c.activation_checkpointing));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checksums", c.checksums));
+  ZOE_RETURN_IF_ERROR(r.boolean("zoe.update_in_backward", c.update_in_backward));
+  // A unit's update begins before the last unit's gradient exists: nothing may depend on all of them.
+  if (c.update_in_backward && c.grad_clip > 0)
+    return Status::Invalid("config key 'zoe.update_in_backward': updates begin before the global gradient norm is "
+                           "known, so they cannot be clipped: set gradient_clipping to 0");
+  if (c.update_in_backward && c.dtype == DType::kF16)
+    return Status::Invalid("config key 'zoe.update_in_backward': fp16's loss scaling skips steps whose gradients "
+                           "overflow, after updates began: use bf16 or fp32");
   ZOE_RETURN_IF_ERROR(r.string("zoe.compute_dtype", c.compute_dtype, {"auto", "fp32", "bf16"}));
   if (c.compute_dtype == "bf16" && c.dtype != DType::kBF16)
     return Status::Invalid(fmt::format("config key 'zoe.compute_dtype': \"bf16\" computes on bf16 weights, but the "
@@ -393,7 +401,7 @@ json config_to_json(const Config& c) {
               {"checkpoint", {{"dir", c.checkpoint_dir}, {"every", c.checkpoint_every}, {"keep", c.checkpoint_keep},
                               {"verify", c.checkpoint_verify}}},
               {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums},
-              {"compute_dtype", c.compute_dtype}};
+              {"compute_dtype", c.compute_dtype}, {"update_in_backward", c.update_in_backward}};
   return j;
 }
 

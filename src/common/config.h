@@ -78,6 +78,9 @@ struct Config {
   bool checkpoint_verify = true;
   bool activation_checkpointing = false;
   bool checksums = true;
+  // Adam steps each unit as soon as its gradient is final, during the backward (needs no
+  // clipping and no fp16); the trainer announces the lr first (Engine::update_during_backward).
+  bool update_in_backward = false;
   // The products' dtype (GPT-2): "fp32" converts each fetched unit to fp32 and multiplies in fp32;
   // "bf16" (bf16 training only) multiplies the bf16 units in place, activations rounded to bf16,
   // fp32 accumulation (as torch's autocast); "auto" is bf16 in bf16 training where the CPU has

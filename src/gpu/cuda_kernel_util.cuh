@@ -3,12 +3,17 @@
 // Two macros stand for the only CUDA syntax the kernels use beyond plain C++, so that the same
 // kernel source also compiles for the CPU emulation in tools/cuda_emu (which defines them first):
 //   ZOE_DYNAMIC_SMEM(name)  declares the launch's dynamic shared memory as `float name[]`;
-//   ZOE_LAUNCH(grid, block, smem_bytes, stream, kernel)(args...)  launches `kernel`.
+//   ZOE_LAUNCH(grid, block, smem_bytes, stream, kernel)(args...)  launches `kernel`;
+//   ZOE_KERNEL_SPAN(p, bytes, write)  says, before a launch, which bytes it touches (the
+//   emulation's race check; nothing on a GPU).
 #pragma once
 #include <cstdint>
 
 #ifndef ZOE_DYNAMIC_SMEM
 #define ZOE_DYNAMIC_SMEM(name) extern __shared__ float name[]
+#endif
+#ifndef ZOE_KERNEL_SPAN
+#define ZOE_KERNEL_SPAN(p, bytes, write) ((void)0)
 #endif
 #ifndef ZOE_LAUNCH
 #define ZOE_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<(grid), (block), (smem), (stream)>>>

@@ -117,6 +117,10 @@ Status GradReducer::agree(OpKind kind, int u, const float* grad, bool* need, Ahe
 // only our chunk is kept, summed into what earlier reductions this step left there. With a
 // communication thread the reduction runs there while the caller's backward goes on.
 Status GradReducer::reduce_sharded(int u, const float* grad) {
+  if (pass_.in_backward() && pass_.gate_open(u))
+    return Status::Invalid(fmt::format("grads_ready: unit '{}' handed over again after its update began "
+                                       "(zoe.update_in_backward: at most gradient_accumulation_steps "
+                                       "hand-overs of a unit per step)", name(u)));
   ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // any unit: other ranks' hand-overs are served here too
   const UnitSlot& s = s_.layout().slot(u);
   auto alloc = [&] { return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm); };
@@ -130,14 +134,18 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
                    : dev_.zero(buf.data, s.numel * s_.gsize());
   if (st.ok()) st = dev_.zero(buf.as<char>() + s.numel * s_.gsize(), (s.full_size - s.numel) * s_.gsize());
   CommWorker::Job job = reduction_job(u, buf, reduced_[u] == 0);
+  // The step's last reduction into the owned chunk makes the gradient final: an update begun in
+  // the backward may step the unit once it is done.
+  const bool last = reduced_[u] + 1 == s_.config().grad_accum;
   if (!st.ok() || !worker_) {
     if (st.ok()) st = job(comm_);
     dev_.free(buf);
     if (st.ok()) ++reduced_[u];
+    if (st.ok() && last) pass_.open(u);
     return st;
   }
   ++reduced_[u];
-  reducing_.push_back({worker_->submit(std::move(job)), buf, s.full_size});
+  reducing_.push_back({worker_->submit(std::move(job)), buf, s.full_size, u, last});
   reducing_elems_ += s.full_size;
   ++async_;
   // In flight after a hand-over: one unit's reduction (the device reserve holds its buffer beside
@@ -186,6 +194,7 @@ Status GradReducer::reap(size_t units, int64_t elems) {
     }
     dev_.free(r.buf);
     reducing_elems_ -= r.elems;
+    if (st.ok() && r.last) pass_.open(r.u);
     if (first.ok()) first = st;
   }
   if (worker_) comm_.add_bytes(worker_->take_bytes());

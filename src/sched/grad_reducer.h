@@ -82,6 +82,8 @@ class GradReducer {
     uint64_t ticket;
     Buffer buf;  // the unit's gradient in the gradient dtype, N chunks
     int64_t elems;
+    int u;
+    bool last;  // the step's last reduction of u: its owned chunk is final once done
   };
   std::deque<Reduction> reducing_;
   int64_t reducing_elems_ = 0;

@@ -9,6 +9,25 @@
 
 namespace zoe {
 
+// One tensor segment of the optimizer range (or the part of one inside a sub-group).
+struct OptimizerPass::Task {
+  int64_t e = 0, n = 0;  // optimizer index of the first element, and the count
+  bool decay = false;
+  const char* grad = nullptr;
+  int u = 0;
+  int64_t x = 0;  // unit-relative element of the first
+};
+
+// Sub-groups in pass order (by unit, ascending or descending; each inside one unit), and per
+// unit how many sub-groups are done once it is (UpdateProgress counts sub-groups).
+struct OptimizerPass::Plan {
+  std::vector<Task> tasks;
+  WindowLayout wl;
+  SubGroups groups;
+  std::vector<int> group_unit;
+  std::vector<int64_t> done_at;
+};
+
 OptimizerPass::OptimizerPass(RankState& state, Device& dev)
     : s_(state), dev_(dev), worker_([this] { run_worker(); }) {}
 
@@ -18,10 +37,12 @@ OptimizerPass::~OptimizerPass() {
     stop_ = true;
   }
   cv_.notify_all();
+  // A pass begun in the backward whose step never came waits at a gate: it ends unapplied.
+  if (in_backward()) cancel();
   worker_.join();  // after the pass in flight (and one queued)
   // Callers learn a pass's failure from a wait; one that never asked (a framework that frees the
   // engine after its last step) is told here rather than not at all.
-  if (Status lost = progress_.take_unreported(); !lost.ok())
+  if (Status lost = progress_.take_unreported(); !lost.ok() && !cancelled_)
     std::fprintf(stderr, "zoe: error: the engine's last optimizer update failed and no call returned it: %s\n",
                  lost.message().c_str());
   dev_.free(nonfinite_);
@@ -44,31 +65,81 @@ void OptimizerPass::run_worker() {
     if (!queued_) return;
     queued_ = false;
     const AdamHyper h = next_;
+    const Plan* p = next_plan_;
+    const bool gated = next_gated_;
     l.unlock();
-    progress_.finish(status_of_call("optimizer pass", [&] { return run(h); }));
+    progress_.finish(status_of_call("optimizer pass", [&] { return run(h, *p, gated); }));
     l.lock();
   }
 }
 
-void OptimizerPass::start(const AdamHyper& h) {
+void OptimizerPass::start(const AdamHyper& h) { begin(h, false); }
+
+void OptimizerPass::start_in_backward(const AdamHyper& h) { begin(h, true); }
+
+void OptimizerPass::begin(const AdamHyper& h, bool in_backward) {
+  current_ = &plan(in_backward);
+  in_backward_ = awaiting_step_ = in_backward;
+  cancelled_ = false;
+  gates_.reset(s_.layout().num_units());
   progress_.start();
   {
     std::lock_guard<std::mutex> l(mu_);
     next_ = h;
+    next_plan_ = current_;
+    next_gated_ = in_backward;
     queued_ = true;
   }
   cv_.notify_all();
 }
 
+// The pass's error (the cancellation, or one met before) is dropped: the caller reports the step
+// as not applied, and the next pass starts from a clean slate.
+void OptimizerPass::cancel() {
+  cancelled_ = true;
+  awaiting_step_ = false;
+  gates_.cancel();
+  (void)wait();
+  progress_.finish(Status::Ok());
+}
+
 Status OptimizerPass::wait() { return progress_.wait_until(std::numeric_limits<int64_t>::max()); }
 
-Status OptimizerPass::wait_until(int64_t opt_index) { return progress_.wait_until(opt_index); }
-
-// Unit u's optimizer range is updated once the pass is past its end.
+// Unit u is updated once the pass has done the sub-groups up to its last.
 Status OptimizerPass::wait_for_unit(int u) {
   if (!progress_.running()) return wait();
+  if (in_backward_ && !gates_.is_open(u)) return Status::Ok();  // not begun: the weights are this step's
   ZOE_SPAN("wait update " + s_.layout().unit(u).name, "adam", Bucket::kWaitIo);
-  return progress_.wait_until(s_.opt_stop(u));
+  return progress_.wait_until(current_->done_at[u]);
+}
+
+bool OptimizerPass::updated(int u) const {
+  if (!current_) return true;  // no pass yet
+  if (in_backward_ && progress_.running() && !gates_.is_open(u)) return true;
+  return progress_.updated(current_->done_at[u]);
+}
+
+const OptimizerPass::Plan& OptimizerPass::plan(bool reverse) {
+  std::unique_ptr<Plan>& p = plans_[reverse];
+  if (p) return *p;
+  p = std::make_unique<Plan>();
+  p->tasks = tasks();
+  p->wl = window_layout();
+  std::vector<int> unit_of;
+  SubGroups asc = groups(p->tasks, !p->wl.arrays.empty(), &unit_of);
+  std::vector<size_t> order(asc.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  // Descending units, each unit's sub-groups still in index order (windows read forward).
+  if (reverse) std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return unit_of[x] > unit_of[y]; });
+  for (size_t k : order) {
+    p->groups.push_back(asc[k]);
+    p->group_unit.push_back(unit_of[k]);
+  }
+  const int n = s_.layout().num_units();
+  p->done_at.assign(n, 0);
+  for (int u = 0; u < n; ++u)
+    for (int v : p->group_unit) p->done_at[u] += reverse ? v >= u : v <= u;
+  return *p;
 }
 
 Result<OptimizerPass::Counts> OptimizerPass::counts() {
@@ -114,15 +185,6 @@ class OptimizerPass::HostStaging {
   size_t grad_bytes_ = 0, master_bytes_ = 0, weight_bytes_ = 0;
 };
 
-// One tensor segment of the optimizer range (or the part of one inside a sub-group).
-struct OptimizerPass::Task {
-  int64_t e = 0, n = 0;  // optimizer index of the first element, and the count
-  bool decay = false;
-  const char* grad = nullptr;
-  int u = 0;
-  int64_t x = 0;  // unit-relative element of the first
-};
-
 std::vector<OptimizerPass::Task> OptimizerPass::tasks() const {
   std::vector<Task> out;
   for (int u = 0; u < s_.layout().num_units(); ++u) {
@@ -165,7 +227,7 @@ WindowLayout OptimizerPass::window_layout() {
 // Sub-groups: at most s_.group_elems() when streaming, sub_group_size where the state is in host
 // memory (its gradients are staged there), cut where any array changes part and where a unit
 // ends (the next forward waits for its units one by one).
-SubGroups OptimizerPass::groups(const std::vector<Task>& tasks, bool streaming) {
+SubGroups OptimizerPass::groups(const std::vector<Task>& tasks, bool streaming, std::vector<int>* units) {
   auto limit = [&](int64_t e) {
     return streaming ? s_.group_elems() : s_.exp_avg().in_device_memory(e) ? int64_t{1} << 60 : s_.config().sub_group_size;
   };
@@ -178,6 +240,7 @@ SubGroups OptimizerPass::groups(const std::vector<Task>& tasks, bool streaming) 
         if (s_.plan().shard_params) b = std::min(b, s_.param().part_end(e));
         b = std::min(b, s_.opt_stop(t.u));
         out.push_back({e, b});
+        units->push_back(t.u);
       }
       e = std::min(t.e + t.n, out.back().second);
     }
@@ -186,27 +249,34 @@ SubGroups OptimizerPass::groups(const std::vector<Task>& tasks, bool streaming) 
 
 // Adam over the rank's optimizer range in sub-groups [a, b) that never cross a part boundary of
 // any array: memory parts are stepped in place, NVMe parts through windows of pinned memory.
-Status OptimizerPass::run(const AdamHyper& h) {
+Status OptimizerPass::run(const AdamHyper& h, const Plan& p, bool gated) {
   ZOE_SPAN("adam", "adam", Bucket::kOptimizer);
-  const std::vector<Task> ts = tasks();
-  WindowLayout wl = window_layout();
-  SubGroups gs = groups(ts, !wl.arrays.empty());
+  const std::vector<Task>& ts = p.tasks;
+  const SubGroups& gs = p.groups;
   // ZeRO-Offload: sub-groups whose state is not device memory are stepped by the CPU Adam on the
   // host, their gradients staged in pinned host memory (see run_host_group).
   HostStaging staging(dev_);
   ZOE_RETURN_IF_ERROR(staging.prepare(s_, gs));
+  size_t k = 0;  // the sub-group stepped next: both walks below go through gs in order
   OptimizerWindows::Step step_group = [&](int64_t a, int64_t b, const std::array<char*, 4>& w,
                                           const std::vector<HashedArray>* hashed) {
+    if (k >= gs.size() || gs[k].first != a) return Status::Runtime("optimizer pass: sub-groups out of order (a bug)");
+    const int u = p.group_unit[k++];
+    if (gated) {
+      ZOE_SPAN("wait gradient " + s_.layout().unit(u).name, "adam", Bucket::kOptimizer);
+      ZOE_RETURN_IF_ERROR(gates_.wait(u));
+    }
     return host_stepped(a) ? run_host_group(ts, a, b, w, h, staging, hashed) : run_device_group(ts, a, b, w, h);
   };
-  if (!wl.arrays.empty()) {
+  int64_t done = 0;
+  if (!p.wl.arrays.empty()) {
     std::vector<std::pair<int64_t, int64_t>> written;  // sorted: tasks are in optimizer order
     for (const Task& t : ts) written.push_back({t.e, t.e + t.n});
-    return windows_->run(gs, written, wl, step_group, [&](int64_t b) { progress_.advance(b); });
+    return windows_->run(gs, written, p.wl, step_group, [&](int64_t) { progress_.advance(++done); });
   }
   for (auto [a, b] : gs) {  // all in memory: in place
     ZOE_RETURN_IF_ERROR(step_group(a, b, {}, nullptr));
-    progress_.advance(b);
+    progress_.advance(++done);
   }
   return Status::Ok();
 }
@@ -303,6 +373,9 @@ Status OptimizerPass::run_host_group(const std::vector<Task>& tasks, int64_t a, 
   } else {
     for (const GroupRange& g : ranges) host_nonfinite_ += adam_step(h, g.r, best_isa());
   }
+  // The weights go back up after every kernel queued so far: in a pass begun in the backward the
+  // compute stream may still be reading this unit's old weights (queued before its hand-over).
+  if (!ups.empty()) ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
   for (const Up& u : ups) ZOE_RETURN_IF_ERROR(dev_.copy(u.dst, u.src, u.bytes, Stream::kH2D));
   // The staging is reused by the next sub-group, and the compute stream reads the weights next.
   Event up = dev_.record(Stream::kH2D);

@@ -5,6 +5,11 @@
 // ahead and writes back. The pass says how far it is (UpdateProgress) after each sub-group, so a
 // stage-3 fetch waits only for its own unit's part.
 //
+// A pass begun in the backward (zoe.update_in_backward: no clipping, no loss scaling) walks the
+// units in reverse, the backward's order, and steps each unit only once its gate (UnitGates) says
+// its gradient is final; its reads run ahead of the gates. Adam is elementwise and needs nothing
+// global then, so the result is bitwise the pass after the backward.
+//
 // Threads: the caller (the engine) calls every method; the worker runs the pass and touches only
 // the RankState arrays of the optimizer range, the windows and the pass's own counters. The two
 // meet through UpdateProgress (how far; the pass's Status) and the worker's mutex (start, stop).
@@ -22,6 +27,7 @@
 #include "kernels/adam.h"
 #include "sched/optimizer_windows.h"
 #include "sched/rank_state.h"
+#include "sched/unit_gates.h"
 #include "sched/update_progress.h"
 #include "sched/window_sums.h"
 #include "zoe/device.h"
@@ -40,10 +46,30 @@ class OptimizerPass {
 
   // Starts the pass with hyperparameters h (h.step: the step being applied) on the worker.
   void start(const AdamHyper& h);
-  Status wait();                       // the whole pass
-  Status wait_until(int64_t opt_index);  // optimizer indices below opt_index are updated
-  Status wait_for_unit(int u);           // unit u's optimizer range is updated
-  bool updated(int64_t opt_index) const { return progress_.updated(opt_index); }
+  // Starts a pass in the backward: units in reverse order, each after open(u) (or open_all());
+  // cancel() ends it unfinished (a step that is not applied; the units already stepped stay so).
+  void start_in_backward(const AdamHyper& h);
+  void open(int u) {
+    if (!awaiting_step_ || gates_.is_open(u)) return;
+    gates_.open(u);
+    ++opened_in_backward_;
+  }
+  // Units whose gates open() opened, in all passes so far: stepped beside the backward.
+  int64_t opened_in_backward() const { return opened_in_backward_; }
+  void open_all() {
+    awaiting_step_ = false;
+    gates_.open_all();
+  }
+  void cancel();  // waits for the pass to end
+  // A pass begun in the backward waits for its step (open_all or cancel).
+  bool in_backward() const { return awaiting_step_; }
+  bool gate_open(int u) const { return gates_.is_open(u); }
+
+  Status wait();  // the whole pass
+  // Unit u's weights and gradient are free for the next use: its update is done (or, in a pass
+  // begun in the backward, not yet begun: its gate is closed).
+  Status wait_for_unit(int u);
+  bool updated(int u) const;
   bool running() const { return progress_.running(); }
 
   // Non-finite gradient elements the last pass met and elements the CPU Adam stepped: read after
@@ -69,11 +95,16 @@ class OptimizerPass {
   };
   class HostStaging;
 
+  // What a pass walks, computed once per order on the caller's thread (optimizer_pass.cc).
+  struct Plan;
+  const Plan& plan(bool reverse);
+  void begin(const AdamHyper& h, bool in_backward);
+
   void run_worker();
-  Status run(const AdamHyper& h);
+  Status run(const AdamHyper& h, const Plan& p, bool gated);
   std::vector<Task> tasks() const;
   WindowLayout window_layout();
-  SubGroups groups(const std::vector<Task>& tasks, bool streaming);
+  SubGroups groups(const std::vector<Task>& tasks, bool streaming, std::vector<int>* units);  // and each one's unit
   std::vector<GroupRange> group_ranges(const std::vector<Task>& tasks, int64_t a, int64_t b,
                                        const std::array<char*, 4>& win);
   Status run_device_group(const std::vector<Task>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
@@ -91,12 +122,21 @@ class OptimizerPass {
   uint64_t host_nonfinite_ = 0;                // the CPU Adam's count (worker only while running)
   int64_t host_stepped_ = 0;
   UpdateProgress progress_;
+  std::unique_ptr<Plan> plans_[2];  // ascending, descending
+  const Plan* current_ = nullptr;   // the last started pass's (caller's thread)
+  bool in_backward_ = false;        // the last started pass is gated (caller's thread)
+  bool awaiting_step_ = false;      // ... and some gates may still be closed
+  bool cancelled_ = false;
+  int64_t opened_in_backward_ = 0;
+  UnitGates gates_;
   // The worker: waits for a pass to start, runs it, reports through progress_.
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   bool queued_ = false;
   AdamHyper next_{};
+  const Plan* next_plan_ = nullptr;
+  bool next_gated_ = false;
   std::thread worker_;
 };
 

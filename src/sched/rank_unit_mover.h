@@ -23,7 +23,7 @@ class RankUnitMover final : public UnitMover {
   Status agree_fetch(int u, bool* need, AheadGather* ahead) override {
     return reducer_.agree(GradReducer::OpKind::kFetch, u, nullptr, need, ahead);
   }
-  bool updated(int u) const override { return pass_.updated(s_.opt_stop(u)); }
+  bool updated(int u) const override { return pass_.updated(u); }
   Status wait_updated(int u) override { return pass_.wait_for_unit(u); }
   std::unique_ptr<UnitLoad> load(int u, const Buffer& dst) override { return s_.chunk_load(u, dst); }
   Status gather(int u, const Buffer& buf) override;

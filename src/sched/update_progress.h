@@ -1,8 +1,8 @@
 // UpdateProgress: how far the optimizer's pass over this rank's range has come. Stage 3 runs the
 // pass on its own thread, overlapped with the next step's forward; a fetch waits only until its
-// own unit is updated. The pass walks the optimizer range in index order and says so after each
-// sub-group (whose NVMe write-backs are submitted by then: the store runs requests on a block in
-// submission order, so a read issued afterwards sees the update).
+// own unit is updated. The pass says after each sub-group how many it has done (their NVMe
+// write-backs are submitted by then: the store runs requests on a block in submission order, so
+// a read issued afterwards sees the update); OptimizerPass knows which count covers which unit.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -16,9 +16,9 @@ namespace zoe {
 class UpdateProgress {
  public:
   void start();                     // a pass begins: nothing is updated yet
-  void advance(int64_t upto);       // optimizer indices below upto are updated
+  void advance(int64_t upto);       // the pass's first upto sub-groups are updated
   void finish(const Status& st);    // the pass ended; a failure stays until the next start
-  // Blocks until indices below upto are updated or the pass ended; the pass's error if it failed.
+  // Blocks until upto sub-groups are updated or the pass ended; the pass's error if it failed.
   Status wait_until(int64_t upto);
   bool updated(int64_t upto) const;  // without waiting
   bool running() const;

@@ -73,6 +73,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
   SchedStats s;
   static_cast<UnitScheduler::Stats&>(s) = units_.stats();
   s.adam_hashed_blocks = pass_.hashed_blocks();
+  s.units_updated_in_backward = pass_.opened_in_backward();
   s.reductions_async = reducer_.async_reductions();
   NvmeStore::Traffic t = state_.nvme_traffic();
   s.nvme_read_bytes = t.read_bytes;
@@ -214,6 +215,10 @@ Status ZeroEngine::unload_all() { return plan_.shard_params ? units_.unload_all(
 Status ZeroEngine::grads_ready(int u, const float* grad) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("grads_ready: unit {} out of range", u));
   if (grad == nullptr) return Status::Invalid(fmt::format("grads_ready: null gradient for unit '{}'", unit(u).name));
+  // An announced update starts at the backward's first hand-over, not before the forward: its
+  // windows would wait in the pinned pool for what the forward's loads hold.
+  if (early_lr_ && !pass_.in_backward())
+    start_update(*early_lr_, 1.0 / (scaler_.scale() * comm_.size() * cfg_.grad_accum), steps_applied_ + 1, true);
   return reducer_.hand_over(u, grad);
 }
 
@@ -231,15 +236,43 @@ Status ZeroEngine::gather_replicated_params() {
 // Gathered and loading units hold the parameters as they were: gone before the update. The
 // next step's first units start loading as soon as it is done.
 Result<StepResult> ZeroEngine::step(double lr) {
-  ZOE_RETURN_IF_ERROR(wait_update());
-  ZOE_RETURN_IF_ERROR(unload_all());
-  auto res = apply_step(lr);
+  const bool early = early_lr_.has_value() && pass_.in_backward();  // announced, and a gradient came
+  const double announced = early ? *early_lr_ : lr;
+  early_lr_.reset();
+  Result<StepResult> res = StepResult{};
+  if (early && announced != lr) {
+    pass_.cancel();
+    (void)reducer_.finish();
+    reducer_.drop();
+    res = Status::Invalid(fmt::format("step({}): update_during_backward() announced lr {} and the update began with "
+                                      "it; the step is not applied (units already stepped stay so)", lr, announced));
+  } else {
+    if (!early) ZOE_RETURN_IF_ERROR(wait_update());
+    Status st = unload_all();
+    res = st.ok() ? apply_step(lr, early) : Result<StepResult>(st);
+    // An update begun in the backward that this step does not release ends here, unfinished.
+    if (early && !res.ok() && pass_.in_backward()) pass_.cancel();
+  }
   units_.begin_step();
   if (res.ok() && plan_.shard_params) units_.prefetch();
   return res;
 }
 
-Result<StepResult> ZeroEngine::apply_step(double lr) {
+// zoe.update_in_backward: the pass starts at the next hand-over, gated; each unit's gate opens
+// when its owned gradient is final (GradReducer), the rest at step(). Nothing global is needed
+// before Adam: config validation rules out clipping and loss scaling.
+Status ZeroEngine::update_during_backward(double lr) {
+  if (!cfg_.update_in_backward) return Status::Ok();
+  if (early_lr_) return Status::Invalid("update_during_backward: called twice before step()");
+  ZOE_RETURN_IF_ERROR(wait_update());  // the last step's
+  ZOE_RETURN_IF_ERROR(pass_.reset_counts());
+  early_lr_ = lr;  // the pass starts at the first grads_ready
+  return Status::Ok();
+}
+
+// early: the update began in the backward (update_during_backward); it is released here instead
+// of started, and anything that would skip or scale it is an error (some units are stepped).
+Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   StepResult res;
   res.loss_scale = scaler_.scale();
   res.lr = lr;
@@ -267,6 +300,11 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   bool overflow = !std::isfinite(sumsq);
   scaler_.update(overflow);
   res.step = steps_applied_;
+  if (overflow && early)
+    return Status::Runtime(fmt::format(
+        "step {}: the gradients are not finite, and with zoe.update_in_backward the units whose gradients were "
+        "final are already updated: the step cannot be skipped; resume from the last checkpoint",
+        steps_applied_ + 1));
   if (overflow) {
     res.grad_norm = sumsq;
     pending_ = res;
@@ -284,12 +322,13 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
     }
   }
   ++steps_applied_;
-  ZOE_RETURN_IF_ERROR(pass_.reset_counts());
+  if (!early) ZOE_RETURN_IF_ERROR(pass_.reset_counts());
   res.applied = true;
   res.step = steps_applied_;
   pending_ = res;
   pending_open_ = true;
-  start_update(lr, inv * coef);
+  if (early) pass_.open_all();  // coef is 1: no clipping (config validation)
+  else start_update(lr, inv * coef, steps_applied_, false);
   if (plan_.shard_params) return res;  // each fetch waits for its own unit's update
   // Replicated parameters are all-gathered from their owners: every rank needs the whole update.
   ZOE_ASSIGN_OR_RETURN(res, flush());
@@ -297,7 +336,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr) {
   return res;
 }
 
-void ZeroEngine::start_update(double lr, double grad_scale) {
+void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool in_backward) {
   AdamHyper h;
   h.lr = lr;
   h.beta1 = cfg_.beta1;
@@ -305,12 +344,16 @@ void ZeroEngine::start_update(double lr, double grad_scale) {
   h.eps = cfg_.eps;
   h.weight_decay = cfg_.weight_decay;  // for ranges that take it (AdamRange::decay)
   h.decoupled = cfg_.adamw;
-  h.step = steps_applied_;
+  h.step = step;
   h.grad_scale = static_cast<float>(grad_scale);
-  pass_.start(h);
+  if (in_backward) pass_.start_in_backward(h);
+  else pass_.start(h);
 }
 
-Status ZeroEngine::wait_update() { return pass_.wait(); }
+Status ZeroEngine::wait_update() {
+  if (early_lr_) return Status::Invalid("the update begun by update_during_backward() waits for step()");
+  return pass_.wait();
+}
 
 Result<StepResult> ZeroEngine::flush() {
   {

@@ -8,6 +8,7 @@
 // gradient (RS + AG = all-reduce); Adam steps the optimizer range; replicated parameters are
 // all-gathered from their owners; sharded parameters are gathered by the next fetch().
 #pragma once
+#include <optional>
 #include <array>
 #include <deque>
 #include <functional>
@@ -48,6 +49,7 @@ class ZeroEngine final : public Engine {
   Status release(int u) override;
   Status grads_ready(int u, const float* grad) override;
   Result<StepResult> step(double lr) override;
+  Status update_during_backward(double lr) override;
   Result<StepResult> flush() override;
   void require_matching_grads(bool on) override { require_matching_ = on; }
 
@@ -73,6 +75,7 @@ class ZeroEngine final : public Engine {
   struct SchedStats : UnitScheduler::Stats {
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
+    int64_t units_updated_in_backward = 0;  // released to the update before step() (update_in_backward)
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
     uint64_t nvme_written_bytes = 0;
     uint64_t nvme_hashed_bytes = 0;  // block sums the NVMe I/O threads made or checked (not Adam's)
@@ -96,9 +99,9 @@ class ZeroEngine final : public Engine {
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
   Status unload_all();                      // before the parameters change (stage 3's units)
-  Result<StepResult> apply_step(double lr);
-  // The optimizer's pass runs on its own thread (pass_).
-  void start_update(double lr, double grad_scale);
+  Result<StepResult> apply_step(double lr, bool early);
+  // The optimizer's pass runs on its own thread (pass_); in_backward: gated (update_during_backward).
+  void start_update(double lr, double grad_scale, int64_t step, bool in_backward);
   Status wait_update();                    // the whole pass
   Status gather_replicated_params();
 
@@ -125,6 +128,7 @@ class ZeroEngine final : public Engine {
   bool require_matching_ = false;
   int64_t steps_applied_ = 0;
   uint64_t activation_bytes_ = 0;
+  std::optional<double> early_lr_;  // update_during_backward's lr, until step()
 };
 
 }  // namespace zoe

@@ -225,13 +225,14 @@ class TrainJob {
     dev_->ledger().reset_peaks();
     Profiler::get().take_step_times();
     double local[2] = {0, 0};  // loss sum, tokens
+    const double lr = lr_at(c_, engine_->steps_applied());
     for (int m = 0; m < c_.grad_accum; ++m) {
       ZOE_ASSIGN_OR_RETURN(Batch b, source_->next());
+      if (m == c_.grad_accum - 1) ZOE_RETURN_IF_ERROR(engine_->update_during_backward(lr));
       ZOE_ASSIGN_OR_RETURN(double loss, model_->train_micro_step(*engine_, b, static_cast<float>(engine_->loss_scale())));
       local[0] += loss;
       local[1] += static_cast<double>(model_->tokens_per_batch(b));
     }
-    double lr = lr_at(c_, engine_->steps_applied());
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine_->step(lr));
     ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(local, 2));
     double loss = local[0] / (comm_.size() * c_.grad_accum);

@@ -86,6 +86,13 @@ void note_argument(std::vector<Range>& uses, const P& v) {
     uses.push_back(kAllMemory);
   }
 }
+// Spans the next kernel launched on this thread touches, declared by its launcher
+// (ZOE_KERNEL_SPAN): then they, not the blocks its pointer arguments point into, are what the
+// race check sees, so disjoint parts of one allocation (two units of a parameter array) do not race.
+inline thread_local std::vector<Range> t_declared;
+inline void declare_span(const void* p, size_t bytes, bool write) {
+  t_declared.push_back({static_cast<const char*>(p), bytes, write});
+}
 // Queues a kernel's run on its stream (cuda_emu_streams.cc).
 void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, std::vector<Range> uses,
             std::function<void()> run);
@@ -99,8 +106,9 @@ struct Launch {
   void operator()(void (*kernel)(P...), A&&... args) const {
     // By value, as CUDA copies the arguments at launch.
     std::tuple<std::decay_t<P>...> bound(static_cast<P>(args)...);
-    std::vector<Range> uses;
-    std::apply([&](const auto&... v) { (note_argument(uses, v), ...); }, bound);
+    std::vector<Range> uses = std::move(t_declared);
+    t_declared.clear();
+    if (uses.empty()) std::apply([&](const auto&... v) { (note_argument(uses, v), ...); }, bound);
     const Launch l = *this;
     launch(grid, block, smem, stream, name, std::move(uses),
            [l, kernel, bound] { run_grid(l.grid, l.block, l.smem, [&] { std::apply(kernel, bound); }); });
@@ -171,6 +179,7 @@ inline float __uint_as_float(unsigned u) {
 #define ZOE_DYNAMIC_SMEM(name) float* name = ::emu::dynamic_smem()
 #define ZOE_LAUNCH(grid, block, smem, stream, ...) \
   ::emu::bind(dim3(grid), dim3(block), (smem), (stream), #__VA_ARGS__, __VA_ARGS__)
+#define ZOE_KERNEL_SPAN(p, bytes, write) ::emu::declare_span((p), (bytes), (write))
 
 // Hooks for code built against the emulation (extern "C": callable from plain .cc files).
 extern "C" {
