@@ -103,6 +103,14 @@ void OptimizerPass::cancel() {
   progress_.finish(Status::Ok());
 }
 
+Status OptimizerPass::reserve_windows() {
+  const Plan& p = plan(true);
+  if (!windows_ || p.wl.arrays.empty()) return Status::Ok();
+  int64_t largest = 0;
+  for (auto [a, b] : p.groups) largest = std::max(largest, b - a);
+  return windows_->reserve(static_cast<size_t>(largest) * p.wl.per_elem);
+}
+
 Status OptimizerPass::wait() { return progress_.wait_until(std::numeric_limits<int64_t>::max()); }
 
 // Unit u is updated once the pass has done the sub-groups up to its last.

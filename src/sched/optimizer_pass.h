@@ -61,6 +61,9 @@ class OptimizerPass {
     gates_.open_all();
   }
   void cancel();  // waits for the pass to end
+  // Before start_in_backward, while the pool has no other holder the pass could wait for: the
+  // pass's rotating NVMe windows (OptimizerWindows::reserve).
+  Status reserve_windows();
   // A pass begun in the backward waits for its step (open_all or cancel).
   bool in_backward() const { return awaiting_step_; }
   bool gate_open(int u) const { return gates_.is_open(u); }

@@ -80,9 +80,14 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
   int64_t largest = 0;
   for (auto [a, b] : groups) largest = std::max(largest, b - a);
   Window rot[3];
-  for (Window& w : rot) {
-    ZOE_ASSIGN_OR_RETURN(w.lease, pool_.acquire(largest * wl.per_elem));
+  for (int i = 0; i < 3; ++i) {
+    if (reserved_[i] && reserved_[i].size() >= largest * wl.per_elem) {
+      rot[i].lease = std::move(reserved_[i]);
+    } else {
+      ZOE_ASSIGN_OR_RETURN(rot[i].lease, pool_.acquire(largest * wl.per_elem));
+    }
   }
+  reserved_ = {};
   auto window = [&](size_t k) -> Window& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
   Status st = Status::Ok();
   if (A == 0 && !groups.empty()) read_window(wl, rot[0], groups[0].first, groups[0].second, false);
@@ -145,6 +150,15 @@ Status OptimizerWindows::wait_tickets(std::vector<ArrayTicket>& ts) {
   }
   ts.clear();
   return first;
+}
+
+Status OptimizerWindows::reserve(size_t window_bytes) {
+  for (PinnedPool::Lease& l : reserved_)
+    if (!l || l.size() < window_bytes) {
+      l = PinnedPool::Lease();
+      ZOE_ASSIGN_OR_RETURN(l, pool_.acquire(window_bytes));
+    }
+  return Status::Ok();
 }
 
 void OptimizerWindows::drop_read_ahead() {

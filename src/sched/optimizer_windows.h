@@ -63,6 +63,11 @@ class OptimizerWindows {
   Status run(const SubGroups& groups, std::span<const std::pair<int64_t, int64_t>> written, const WindowLayout& wl,
              const Step& step, const std::function<void(int64_t)>& advanced);
 
+  // Leases the three rotating windows of the next run() now, from a caller that knows the pool
+  // is not held by others that wait for it: a run that waits on the caller (a pass begun in the
+  // backward waits for gradients) must not also wait for pool memory the caller's loads hold.
+  Status reserve(size_t window_bytes);
+
   // Drops what was read ahead (before anything else rewrites the state).
   void drop_read_ahead();
 
@@ -88,6 +93,7 @@ class OptimizerWindows {
   PinnedPool& pool_;
   std::function<bool(int64_t)> host_stepped_;
   std::vector<Window> read_ahead_;  // the next pass's first sub-groups, read after this one
+  std::array<PinnedPool::Lease, 3> reserved_;  // the next run's rotating windows (reserve())
   std::atomic<int64_t> hashed_blocks_{0};
 };
 

@@ -264,8 +264,15 @@ Result<StepResult> ZeroEngine::step(double lr) {
 Status ZeroEngine::update_during_backward(double lr) {
   if (!cfg_.update_in_backward) return Status::Ok();
   if (early_lr_) return Status::Invalid("update_during_backward: called twice before step()");
-  ZOE_RETURN_IF_ERROR(wait_update());  // the last step's
+  {
+    ZOE_SPAN("wait update", "adam", Bucket::kOptimizer);
+    ZOE_RETURN_IF_ERROR(wait_update());  // the last step's
+  }
   ZOE_RETURN_IF_ERROR(pass_.reset_counts());
+  // The pass will wait for the backward's gradients, so it must not wait for pinned memory the
+  // backward's loads hold: its windows are taken now, with nothing loading (unload_all).
+  ZOE_RETURN_IF_ERROR(unload_all());
+  ZOE_RETURN_IF_ERROR(pass_.reserve_windows());
   early_lr_ = lr;  // the pass starts at the first grads_ready
   return Status::Ok();
 }
