@@ -74,6 +74,46 @@ void hand_over_ones(zoe_engine* e, int u) {
   ASSERT_EQ(zoe_grads_ready(e, u, &t), ZOE_OK) << zoe_last_error();
 }
 
+// zoe.update_in_backward through the C API: the weights of the update after the backward, bit for
+// bit; another lr at zoe_step is an error naming the announced one, and the engine goes on.
+TEST(CApi, UpdateDuringTheBackwardGivesTheWeightsOfTheUpdateAfterIt) {
+  std::vector<float> weights[2];
+  for (int during : {0, 1}) {
+    zoe_engine* e = nullptr;
+    std::string cfg = zoe::test::on_test_device(
+        R"({"zero_optimization": {"stage": 3}, "gradient_clipping": 0,)"
+        R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zoe": {"update_in_backward": true}})");
+    ASSERT_EQ(zoe_engine_new(cfg.c_str(), &e), ZOE_OK) << zoe_last_error();
+    int64_t w[2] = {kD, kD}, b[1] = {kD};
+    for (const char* u : {"a", "b"}) {
+      ASSERT_EQ(zoe_register_param(e, u, (std::string(u) + ".w").c_str(), 2, w, kF32, 1), ZOE_OK) << zoe_last_error();
+      ASSERT_EQ(zoe_register_param(e, u, (std::string(u) + ".bias").c_str(), 1, b, kF32, 0), ZOE_OK);
+    }
+    ASSERT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
+    for (int step = 0; step < 3; ++step) {
+      if (during) {
+        ASSERT_EQ(zoe_update_during_backward(e, -1), ZOE_OK) << zoe_last_error();
+      }
+      hand_over_ones(e, 1);
+      hand_over_ones(e, 0);
+      ASSERT_EQ(zoe_step(e, -1, nullptr), ZOE_OK) << zoe_last_error();
+    }
+    for (int u : {0, 1})
+      for (float v : fetch_copy(e, u)) weights[during].push_back(v);
+    if (during) {  // the units already stepped stay so: after the comparison's weights
+      ASSERT_EQ(zoe_update_during_backward(e, 0.5), ZOE_OK) << zoe_last_error();
+      hand_over_ones(e, 1);
+      expect_error(zoe_step(e, 0.25, nullptr), ZOE_ERR_INVALID, "announced lr 0.5");
+      hand_over_ones(e, 1);
+      hand_over_ones(e, 0);
+      EXPECT_EQ(zoe_step(e, -1, nullptr), ZOE_OK) << zoe_last_error();
+    }
+    zoe_engine_free(e);
+  }
+  ASSERT_FALSE(weights[0].empty());
+  EXPECT_EQ(weights[0], weights[1]);
+}
+
 TEST(CApi, BadConfigAndNullPointers) {
   zoe_engine* e = reinterpret_cast<zoe_engine*>(0x1);
   expect_error(zoe_engine_new(nullptr, &e), ZOE_ERR_INVALID, "config_json");

@@ -20,7 +20,9 @@ inline std::vector<float> read_floats(const DLTensor& t, size_t n) {
   const char* p = static_cast<const char*>(t.data) + t.byte_offset;
 #ifdef ZOE_CUDA_EMU
   const char* dev = std::getenv("ZOE_TEST_DEVICE");
-  if (dev && std::string(dev) == "cuda") EXPECT_EQ(t.device.device_type, kDLCUDA) << "not on the emulated GPU";
+  if (dev && std::string(dev) == "cuda") {
+    EXPECT_EQ(t.device.device_type, kDLCUDA) << "not on the emulated GPU";
+  }
   if (t.device.device_type == kDLCUDA) {
     EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), /*cudaMemcpyDefault*/ 4), 0);
     return v;

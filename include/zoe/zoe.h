@@ -121,6 +121,12 @@ ZOE_API zoe_status zoe_grads_ready(zoe_engine* e, int unit, const DLTensor* grad
  * rank when no rank handed over any gradient since the last step, or ranks handed over different
  * units (then the step's gradients are dropped). */
 ZOE_API zoe_status zoe_step(zoe_engine* e, double lr, zoe_step_result* out);
+/* With the config key zoe.update_in_backward (gradient_clipping 0, no fp16): announces the next
+ * step's lr (lr < 0: the config's value) before that step's last micro-step, so that each unit's
+ * update begins as soon as its gradient is final, during the backward; zoe_step must then get the
+ * same lr (or < 0), and a step with non-finite gradients fails instead of being skipped. Without
+ * the key it does nothing. Collective only as far as the hand-overs it precedes are. */
+ZOE_API zoe_status zoe_update_during_backward(zoe_engine* e, double lr);
 ZOE_API double zoe_loss_scale(const zoe_engine* e);
 
 /* Checkpoints (collective): zoe_save writes <dir>/step_<N> (crash-safe, keeps the newest

@@ -297,6 +297,12 @@ Result<StepResult> CEngine::step(double lr) {
   return engine_->step(lr);  // stage 3's update runs on, overlapped with the next forward
 }
 
+Status CEngine::update_during_backward(double lr) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_update_during_backward"));
+  if (lr < 0) lr = lr_at(cfg_, engine_->steps_applied());  // as step() will pick it
+  return engine_->update_during_backward(lr);
+}
+
 Status CEngine::flush() { return engine_ ? engine_->flush().status() : Status::Ok(); }
 
 Status CEngine::save(const std::string& dir) {

@@ -183,6 +183,10 @@ zoe_status zoe_step(zoe_engine* e, double lr, zoe_step_result* out) {
   });
 }
 
+zoe_status zoe_update_during_backward(zoe_engine* e, double lr) {
+  return call(e, "zoe_update_during_backward", [&](zoe::capi::CEngine& c) { return c.update_during_backward(lr); });
+}
+
 zoe_status zoe_save(zoe_engine* e, const char* dir) {
   if (!dir) return null_arg("zoe_save", "dir");
   return call(e, "zoe_save", [&](zoe::capi::CEngine& c) { return c.save(dir); });
