@@ -76,8 +76,9 @@ inline constexpr Range kAllMemory{nullptr, 0, false};
 // A kernel's pointer arguments: const pointees are read, the others written (the block or
 // allocation each points into; see cuda_emu_internal.h).
 Range block_of(const void* p, bool write);
-// A struct argument may hold pointers the emulation cannot see: the kernel gets all device
-// memory open (kAllMemory: no race check).
+// A struct argument may hold pointers the emulation cannot see: unless the launcher declares its
+// spans (ZOE_KERNEL_SPAN, as the fused Adam does), the kernel gets all device memory open
+// (kAllMemory: no race check).
 template <class P>
 void note_argument(std::vector<Range>& uses, const P& v) {
   if constexpr (std::is_pointer_v<P>) {
