@@ -4,10 +4,11 @@
 #include <dlpack/dlpack.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "test_util.h"
 
 #ifdef ZOE_CUDA_EMU
 extern "C" int cudaMemcpy(void* dst, const void* src, size_t bytes, int kind);  // cudaError_t, cudaMemcpyKind
@@ -19,8 +20,7 @@ inline std::vector<float> read_floats(const DLTensor& t, size_t n) {
   std::vector<float> v(n);
   const char* p = static_cast<const char*>(t.data) + t.byte_offset;
 #ifdef ZOE_CUDA_EMU
-  const char* dev = std::getenv("ZOE_TEST_DEVICE");
-  if (dev && std::string(dev) == "cuda") {
+  if (test_device_name() == "cuda") {
     EXPECT_EQ(t.device.device_type, kDLCUDA) << "not on the emulated GPU";
   }
   if (t.device.device_type == kDLCUDA) {

@@ -194,12 +194,11 @@ Status launch(const LaunchArgs& a, int max_blocks, cudaStream_t stream, unsigned
   if (a.count == 0) return Status::Ok();
   const uint64_t blocks = a.total_tiles < uint64_t(max_blocks) ? a.total_tiles : uint64_t(max_blocks);
 #ifdef ZOE_CUDA_EMU  // what the ranges touch, for the emulation's race check (the struct hides them)
-  auto elem = [](uint8_t dt) -> uint64_t { return dt == uint8_t(DType::kF32) ? 4 : 2; };
   for (int i = 0; i < a.count; ++i) {
     const RangeArg& r = a.r[i];
-    ZOE_KERNEL_SPAN(r.grad, r.n * elem(r.grad_dtype), false);
+    ZOE_KERNEL_SPAN(r.grad, r.n * dtype_size(DType(r.grad_dtype)), false);
     for (float* p : {r.master, r.m, r.v}) ZOE_KERNEL_SPAN(p, r.n * 4, true);
-    if (r.out_dtype != kNoCopy) ZOE_KERNEL_SPAN(r.out, r.n * elem(r.out_dtype), true);
+    if (r.out_dtype != kNoCopy) ZOE_KERNEL_SPAN(r.out, r.n * dtype_size(DType(r.out_dtype)), true);
   }
   if (nonfinite) ZOE_KERNEL_SPAN(nonfinite, sizeof(*nonfinite), true);
 #endif

@@ -57,8 +57,8 @@ Status launched(const char* what) {
 
 template <uint8_t D, uint8_t S>
 void launch_accumulate(void* dst, const void* src, uint64_t n, bool acc, unsigned grid, cudaStream_t s) {
-  ZOE_KERNEL_SPAN(dst, n * (D == kF32 ? 4 : 2), true);
-  ZOE_KERNEL_SPAN(src, n * (S == kF32 ? 4 : 2), false);
+  ZOE_KERNEL_SPAN(dst, n * dtype_size(DType(D)), true);
+  ZOE_KERNEL_SPAN(src, n * dtype_size(DType(S)), false);
   if (acc) ZOE_LAUNCH(grid, kThreads, 0, s, accumulate_kernel<D, S, true>)(dst, src, n);
   else ZOE_LAUNCH(grid, kThreads, 0, s, accumulate_kernel<D, S, false>)(dst, src, n);
 }

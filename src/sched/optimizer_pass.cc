@@ -106,9 +106,7 @@ void OptimizerPass::cancel() {
 Status OptimizerPass::reserve_windows() {
   const Plan& p = plan(true);
   if (!windows_ || p.wl.arrays.empty()) return Status::Ok();
-  int64_t largest = 0;
-  for (auto [a, b] : p.groups) largest = std::max(largest, b - a);
-  return windows_->reserve(static_cast<size_t>(largest) * p.wl.per_elem);
+  return windows_->reserve(p.groups, p.wl);
 }
 
 Status OptimizerPass::wait() { return progress_.wait_until(std::numeric_limits<int64_t>::max()); }
@@ -116,14 +114,14 @@ Status OptimizerPass::wait() { return progress_.wait_until(std::numeric_limits<i
 // Unit u is updated once the pass has done the sub-groups up to its last.
 Status OptimizerPass::wait_for_unit(int u) {
   if (!progress_.running()) return wait();
-  if (in_backward_ && !gates_.is_open(u)) return Status::Ok();  // not begun: the weights are this step's
+  if (not_begun(u)) return Status::Ok();  // the weights are this step's
   ZOE_SPAN("wait update " + s_.layout().unit(u).name, "adam", Bucket::kWaitIo);
   return progress_.wait_until(current_->done_at[u]);
 }
 
 bool OptimizerPass::updated(int u) const {
   if (!current_) return true;  // no pass yet
-  if (in_backward_ && progress_.running() && !gates_.is_open(u)) return true;
+  if (progress_.running() && not_begun(u)) return true;
   return progress_.updated(current_->done_at[u]);
 }
 

@@ -117,6 +117,8 @@ class OptimizerPass {
                         const AdamHyper& h, const HostStaging& staging, const std::vector<HashedArray>* hashed);
   // Whether sub-group [a, b) is stepped by the CPU Adam on the host (its state is not device memory).
   bool host_stepped(int64_t a) const { return !s_.exp_avg().in_device_memory(a); }
+  // A pass begun in the backward has not begun on unit u (its gate is closed).
+  bool not_begun(int u) const { return in_backward_ && !gates_.is_open(u); }
 
   RankState& s_;
   Device& dev_;

@@ -77,17 +77,10 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
   read_ahead_.clear();
   size_t A = 0;
   while (A < ahead.size() && A < groups.size() && ahead[A].a == groups[A].first && ahead[A].b == groups[A].second) ++A;
-  int64_t largest = 0;
-  for (auto [a, b] : groups) largest = std::max(largest, b - a);
+  const int64_t most = largest(groups);
+  ZOE_RETURN_IF_ERROR(reserve(groups, wl));  // a no-op when the caller reserved them
   Window rot[3];
-  for (int i = 0; i < 3; ++i) {
-    if (reserved_[i] && reserved_[i].size() >= largest * wl.per_elem) {
-      rot[i].lease = std::move(reserved_[i]);
-    } else {
-      ZOE_ASSIGN_OR_RETURN(rot[i].lease, pool_.acquire(largest * wl.per_elem));
-    }
-  }
-  reserved_ = {};
+  for (int i = 0; i < 3; ++i) rot[i].lease = std::move(reserved_[i]);
   auto window = [&](size_t k) -> Window& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
   Status st = Status::Ok();
   if (A == 0 && !groups.empty()) read_window(wl, rot[0], groups[0].first, groups[0].second, false);
@@ -121,7 +114,7 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
   }
   ahead.clear();
   for (Window& w : rot) w.lease = PinnedPool::Lease();
-  if (st.ok()) read_ahead_next(groups, wl, largest);
+  if (st.ok()) read_ahead_next(groups, wl, most);
   return st;
 }
 
@@ -152,7 +145,15 @@ Status OptimizerWindows::wait_tickets(std::vector<ArrayTicket>& ts) {
   return first;
 }
 
-Status OptimizerWindows::reserve(size_t window_bytes) {
+int64_t OptimizerWindows::largest(const SubGroups& groups) {
+  int64_t most = 0;
+  for (auto [a, b] : groups) most = std::max(most, b - a);
+  return most;
+}
+
+// Windows are as large as the largest sub-group.
+Status OptimizerWindows::reserve(const SubGroups& groups, const WindowLayout& wl) {
+  const size_t window_bytes = static_cast<size_t>(largest(groups)) * wl.per_elem;
   for (PinnedPool::Lease& l : reserved_)
     if (!l || l.size() < window_bytes) {
       l = PinnedPool::Lease();

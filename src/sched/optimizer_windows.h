@@ -66,7 +66,7 @@ class OptimizerWindows {
   // Leases the three rotating windows of the next run() now, from a caller that knows the pool
   // is not held by others that wait for it: a run that waits on the caller (a pass begun in the
   // backward waits for gradients) must not also wait for pool memory the caller's loads hold.
-  Status reserve(size_t window_bytes);
+  Status reserve(const SubGroups& groups, const WindowLayout& wl);
 
   // Drops what was read ahead (before anything else rewrites the state).
   void drop_read_ahead();
@@ -82,6 +82,7 @@ class OptimizerWindows {
     std::vector<ArrayTicket> reads, writes;
     std::array<std::shared_ptr<BlockSums>, 4> read_sums, write_sums;
   };
+  static int64_t largest(const SubGroups& groups);  // elements of the largest sub-group
   std::array<char*, 4> window_of(const WindowLayout& wl, Window& w, int64_t a, int64_t b);
   void read_window(const WindowLayout& wl, Window& w, int64_t a, int64_t b, bool background);
   Status step_window(const WindowLayout& wl, Window& w, std::span<const std::pair<int64_t, int64_t>> written,

@@ -218,7 +218,7 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   // An announced update starts at the backward's first hand-over, not before the forward: its
   // windows would wait in the pinned pool for what the forward's loads hold.
   if (early_lr_ && !pass_.in_backward())
-    start_update(*early_lr_, 1.0 / (scaler_.scale() * comm_.size() * cfg_.grad_accum), steps_applied_ + 1, true);
+    start_update(*early_lr_, mean_unscaled(), steps_applied_ + 1, true);
   return reducer_.hand_over(u, grad);
 }
 
@@ -302,8 +302,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   // gradient to is a caller's mistake, and every rank knows it from the same sum.
   if (handed == 0)
     return Status::Runtime("step() before any gradient: no rank called grads_ready since the last step");
-  // Gradients are sums over ranks and micro-steps of loss-scaled gradients: average and unscale.
-  double inv = 1.0 / (res.loss_scale * comm_.size() * cfg_.grad_accum);
+  const double inv = mean_unscaled();
   bool overflow = !std::isfinite(sumsq);
   scaler_.update(overflow);
   res.step = steps_applied_;
@@ -342,6 +341,10 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   ZOE_RETURN_IF_ERROR(gather_replicated_params());
   return res;
 }
+
+// Gradients are sums over ranks and micro-steps of loss-scaled gradients: this averages and
+// unscales them.
+double ZeroEngine::mean_unscaled() const { return 1.0 / (scaler_.scale() * comm_.size() * cfg_.grad_accum); }
 
 void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool in_backward) {
   AdamHyper h;

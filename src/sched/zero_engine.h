@@ -100,6 +100,7 @@ class ZeroEngine final : public Engine {
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
   Status unload_all();                      // before the parameters change (stage 3's units)
   Result<StepResult> apply_step(double lr, bool early);
+  double mean_unscaled() const;  // the gradients' scale: 1 / (loss scale x ranks x micro-steps)
   // The optimizer's pass runs on its own thread (pass_); in_backward: gated (update_during_backward).
   void start_update(double lr, double grad_scale, int64_t step, bool in_backward);
   Status wait_update();                    // the whole pass
