@@ -112,6 +112,12 @@ uint3 thread_of(int t, dim3 block) {
   return u;
 }
 
+// Puts the threads released for a round in the schedule's order.
+void order_round(std::vector<int>& run, bool descending) {
+  if (g_schedule == 1 && descending) std::reverse(run.begin(), run.end());
+  if (g_schedule == 2) std::shuffle(run.begin(), run.end(), g_rng);
+}
+
 void run_block(int nthreads) {
   for (int t = 0; t < nthreads; t++) {
     Fiber& f = g_fibers[t];
@@ -119,51 +125,59 @@ void run_block(int nthreads) {
     start_fiber(f);
   }
   const int nwarps = (nthreads + 31) / 32;
-  std::vector<int> order(nthreads);
-  for (int t = 0; t < nthreads; t++) order[t] = t;
+  // The threads a round runs: every thread first, then those a barrier released (one warp after
+  // a shuffle). Only they are ordered, so a round costs its own threads, not the block's.
+  std::vector<int> run(nthreads);
+  for (int t = 0; t < nthreads; t++) run[t] = t;
+  bool descending = true;  // alternating starts descending
+  int live = nthreads, at_block = 0;
+  std::vector<int> warp_live(nwarps, 32), warp_waiting(nwarps, 0), ready;
+  if (nthreads % 32) warp_live.back() = nthreads % 32;
   for (;;) {
     // Between two barriers threads run one after another in this order; a schedule other than
     // ascending exposes reads of shared memory that lack a barrier after the write.
-    if (g_schedule == 1) std::reverse(order.begin(), order.end());
-    if (g_schedule == 2) std::shuffle(order.begin(), order.end(), g_rng);
-    for (int t : order) {
-      if (g_fibers[t].state != kRunnable) continue;
+    order_round(run, descending);
+    descending = !descending;
+    for (int t : run) {
       g_current = t;
       g_dims.thread_idx = thread_of(t, g_dims.block);
       emu_switch(&g_sched, g_fibers[t].sp);
     }
-    int live = 0, at_block = 0;
-    for (int t = 0; t < nthreads; t++) {
-      live += g_fibers[t].state != kDone;
-      at_block += g_fibers[t].state == kAtBlockBarrier;
+    // Counts kept per round from the threads that ran, not by scanning the block.
+    for (int t : run) {
+      const State st = g_fibers[t].state;
+      live -= st == kDone;
+      warp_live[t / 32] -= st == kDone;
+      at_block += st == kAtBlockBarrier;
+      warp_waiting[t / 32] += st == kAtWarpBarrier;
     }
+    run.clear();
     if (live == 0) return;
     // A warp whose live lanes all wait at a shuffle goes on. One such warp at a time, and it runs
     // alone until it blocks again: warps drift apart as far as they legally can (to the next
     // __syncthreads), which exposes shared memory read from another warp without a barrier.
-    std::vector<int> ready;
-    for (int w = 0; w < nwarps; w++) {
-      int wl = 0, ww = 0;
-      for (int t = w * 32; t < std::min(nthreads, w * 32 + 32); t++) {
-        wl += g_fibers[t].state != kDone;
-        ww += g_fibers[t].state == kAtWarpBarrier;
-      }
-      if (ww > 0 && ww == wl) ready.push_back(w);
-    }
-    if (!ready.empty()) {
+    ready.clear();
+    for (int w = 0; w < nwarps; w++)
+      if (warp_waiting[w] > 0 && warp_waiting[w] == warp_live[w]) ready.push_back(w);
+    const State release = !ready.empty() ? kAtWarpBarrier : at_block == live ? kAtBlockBarrier : kDone;
+    if (release == kDone)
+      die("deadlock: threads of block (" + std::to_string(g_dims.block_idx.x) + "," +
+          std::to_string(g_dims.block_idx.y) + ") wait at different barriers (" + std::to_string(at_block) +
+          " of " + std::to_string(live) + " live threads at __syncthreads; the rest at a shuffle whose warp is split)");
+    int lo = 0, hi = nthreads;
+    if (release == kAtWarpBarrier) {
       const int w = g_schedule == 2 ? ready[g_rng() % ready.size()] : g_schedule == 1 ? ready.back() : ready.front();
-      for (int t = w * 32; t < std::min(nthreads, w * 32 + 32); t++)
-        if (g_fibers[t].state == kAtWarpBarrier) g_fibers[t].state = kRunnable;
-      continue;
+      lo = w * 32;
+      hi = std::min(nthreads, w * 32 + 32);
+      warp_waiting[w] = 0;
+    } else {
+      at_block = 0;
     }
-    if (at_block == live) {
-      for (int t = 0; t < nthreads; t++)
-        if (g_fibers[t].state == kAtBlockBarrier) g_fibers[t].state = kRunnable;
-      continue;
-    }
-    die("deadlock: threads of block (" + std::to_string(g_dims.block_idx.x) + "," +
-        std::to_string(g_dims.block_idx.y) + ") wait at different barriers (" + std::to_string(at_block) +
-        " of " + std::to_string(live) + " live threads at __syncthreads; the rest at a shuffle whose warp is split)");
+    for (int t = lo; t < hi; t++)
+      if (g_fibers[t].state == release) {
+        g_fibers[t].state = kRunnable;
+        run.push_back(t);
+      }
   }
 }
 
