@@ -53,6 +53,7 @@ Result<UnitScheduler::Fetched> UnitScheduler::fetch(int u) {
   g.refs = 1;
   prefetch();
   advance_loads();
+  keep_reserve_free();
   return Fetched{g.buf.data, left_plan};
 }
 
@@ -89,7 +90,15 @@ Status UnitScheduler::release(int u) {
     ZOE_RETURN_IF_ERROR(unload(u));
   prefetch();
   advance_loads();
+  keep_reserve_free();
   return Status::Ok();
+}
+
+// room() counts the pool's idle buffers as free, since a gather reuses them; the reserve is for
+// what is not a gather (the handed-over gradient, reduction buffers), so it must be free in the
+// allocator itself. Which of the two a timing leaves idle is not the policy's business.
+void UnitScheduler::keep_reserve_free() {
+  if (pool_.idle_bytes() > 0 && device_free() < reserve_) pool_.trim();
 }
 
 // Prefetching is an optimisation: whatever fails here (no buffer, a read that cannot start, a

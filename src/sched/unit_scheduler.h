@@ -81,6 +81,7 @@ class UnitScheduler {
   };
   size_t bytes(int u) const { return static_cast<size_t>(elems_[u]) * wsize_; }
   uint64_t free_in(const LedgerSnapshot& l) const;  // the budget less what l has on the device
+  void keep_reserve_free();             // idle gather buffers go when the reserve is not free
   int64_t room();                      // gathered elements the device can take (may be negative)
   Status gather(int u);                // this rank's chunk from its tier, then the all-gather
   Result<Buffer> gather_buffer(int u);  // from the pool; evicts what the policy says when full
