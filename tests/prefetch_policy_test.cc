@@ -288,6 +288,32 @@ TEST(UnitScheduler, ChunksTheDeviceHasNoRoomForAreReadAheadIntoPinnedMemory) {
   EXPECT_EQ(run.sched.stats().staged_ahead - before.staged_ahead, 0);
 }
 
+TEST(UnitScheduler, TheReserveStaysFreeInTheAllocatorNotOnlyAsIdleGatherBuffers) {
+  // Room for five gather buffers, two of them the reserve: the handed-over gradient and a
+  // reduction buffer, which are not gathers. Idle pool buffers count as room for keeping and
+  // loading ahead, yet after every fetch and release both must find room (they failed 21 times
+  // in these three steps while idle buffers stood in for the reserve).
+  std::vector<int> plan = {0, 1, 2, 3, 4, 5, 5, 4, 3, 2, 1, 0};
+  VirtualRun run(6, 1024, limits(1 << 20, 1 << 30, 1 << 20), 5 * 2048, 1.0, 1.0);
+  run.sched.set_reserve(2 * 2048);
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(run.sched.unload_all().ok());
+    run.sched.begin_step();
+    run.sched.prefetch();
+    for (int u : plan) {
+      ASSERT_TRUE(run.sched.fetch(u).ok());
+      ASSERT_TRUE(run.sched.release(u).ok());
+      auto grad = run.dev.alloc(2048, Tier::kDevice, Kind::kStaging);
+      ASSERT_TRUE(grad.ok()) << "step " << s << ", after unit " << u << ": " << grad.status().message();
+      auto reduction = run.dev.alloc(2048, Tier::kDevice, Kind::kComm);
+      ASSERT_TRUE(reduction.ok()) << "step " << s << ", after unit " << u << ": " << reduction.status().message();
+      run.dev.free(*grad);
+      run.dev.free(*reduction);
+    }
+  }
+  EXPECT_GT(run.sched.stats().fetched_kept, 0);  // the policy still keeps
+}
+
 TEST(UnitScheduler, AQuarterBudgetKeepsTheActivationsRoomAndStillOverlaps) {
   // 16 units, forward and backward, on a device of a quarter of their gathered bytes; the model's
   // activations (512 bytes a fetch, held to the step's end: 16 KiB at the peak, half the budget)
