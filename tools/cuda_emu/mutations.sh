@@ -74,6 +74,13 @@ check "cudaMemcpyHostToDevice for a device-to-host copy (CudaDevice::download)" 
   "cudaMemcpyHostToDevice copies from device memory to host memory" tests/cuda_device_gpu_test_emu \
   --gtest_filter='*UploadAndDownloadWait*'
 
+# The fiber schedule (random, as in CI): warps drift apart to the next barrier, so one that reads
+# the per-warp partials before the others wrote them gets stale values.
+mutate src/gpu/cuda_kernel_util.cuh "  if (lane == 0) red[warp] = v;
+  __syncthreads();" "  if (lane == 0) red[warp] = v;"
+check "a block reduction without the barrier between its writes and reads (block_reduce)" cuda_model_ops_gpu_test_emu \
+  "Failure" tests/cuda_model_ops_gpu_test_emu
+
 echo "mutations.sh: rebuilding the unmutated targets"
 cmake --build "$build" >/dev/null
 exit $failed
