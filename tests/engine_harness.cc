@@ -318,12 +318,12 @@ std::string check_update_in_backward(Comm& comm) {
   std::string dir = make_temp_dir("update-in-backward");
   // On cuda: stage 0 (nothing released early) and 3 (everything released); the CPU device runs all
   // four, and in CI cuda is the emulation, whose kernels run on one core.
-  const bool emulated = test_device_name() == "cuda";
+  const bool cuda = test_device_name() == "cuda";
   for (int stage = 0; stage <= 3; ++stage)
     for (DType dt : {DType::kF32, DType::kBF16})
       for (int accum : {1, 2}) {
         if (accum == 1 && comm.size() > 1) continue;  // one rank runs it; more ranks need not again
-        if (emulated && (stage == 1 || stage == 2)) continue;
+        if (cuda && (stage == 1 || stage == 2)) continue;
         Config c = mlp_config(stage, dt);
         c.grad_accum = accum;
         c.grad_clip = 0;  // what update_in_backward requires

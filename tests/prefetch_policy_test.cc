@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "cpu/cpu_device.h"
@@ -200,8 +201,9 @@ struct VirtualRun {
     clock.load = load;
     sched.set_reserve(elems * 2);  // a unit in flight, as the engine reserves
   }
-  // One step along `plan`; returns its time. Every fetch must see its own unit's chunk.
-  double step(const std::vector<int>& plan, size_t act = 0) {
+  // One step along `plan`; returns its time. Every fetch must see its own unit's chunk;
+  // `after_release(u)` runs after each release.
+  double step(const std::vector<int>& plan, size_t act = 0, const std::function<void(int)>& after_release = {}) {
     clock = VirtualClock{0, 0, clock.load};
     EXPECT_TRUE(sched.unload_all().ok());
     sched.begin_step();
@@ -221,6 +223,7 @@ struct VirtualRun {
       }
       clock.now += compute;
       EXPECT_TRUE(sched.release(u).ok());
+      if (after_release) after_release(u);
     }
     for (Buffer& b : acts) dev.free(b);
     return clock.now;
@@ -296,21 +299,15 @@ TEST(UnitScheduler, TheReserveStaysFreeInTheAllocatorNotOnlyAsIdleGatherBuffers)
   std::vector<int> plan = {0, 1, 2, 3, 4, 5, 5, 4, 3, 2, 1, 0};
   VirtualRun run(6, 1024, limits(1 << 20, 1 << 30, 1 << 20), 5 * 2048, 1.0, 1.0);
   run.sched.set_reserve(2 * 2048);
-  for (int s = 0; s < 3; ++s) {
-    ASSERT_TRUE(run.sched.unload_all().ok());
-    run.sched.begin_step();
-    run.sched.prefetch();
-    for (int u : plan) {
-      ASSERT_TRUE(run.sched.fetch(u).ok());
-      ASSERT_TRUE(run.sched.release(u).ok());
+  for (int s = 0; s < 3; ++s)
+    run.step(plan, 0, [&](int u) {
       auto grad = run.dev.alloc(2048, Tier::kDevice, Kind::kStaging);
       ASSERT_TRUE(grad.ok()) << "step " << s << ", after unit " << u << ": " << grad.status().message();
       auto reduction = run.dev.alloc(2048, Tier::kDevice, Kind::kComm);
-      ASSERT_TRUE(reduction.ok()) << "step " << s << ", after unit " << u << ": " << reduction.status().message();
       run.dev.free(*grad);
+      ASSERT_TRUE(reduction.ok()) << "step " << s << ", after unit " << u << ": " << reduction.status().message();
       run.dev.free(*reduction);
-    }
-  }
+    });
   EXPECT_GT(run.sched.stats().fetched_kept, 0);  // the policy still keeps
 }
 

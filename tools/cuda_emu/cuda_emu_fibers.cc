@@ -159,11 +159,11 @@ void run_block(int nthreads) {
     ready.clear();
     for (int w = 0; w < nwarps; w++)
       if (warp_waiting[w] > 0 && warp_waiting[w] == warp_live[w]) ready.push_back(w);
-    const State release = !ready.empty() ? kAtWarpBarrier : at_block == live ? kAtBlockBarrier : kDone;
-    if (release == kDone)
+    if (ready.empty() && at_block != live)
       die("deadlock: threads of block (" + std::to_string(g_dims.block_idx.x) + "," +
           std::to_string(g_dims.block_idx.y) + ") wait at different barriers (" + std::to_string(at_block) +
           " of " + std::to_string(live) + " live threads at __syncthreads; the rest at a shuffle whose warp is split)");
+    const State release = ready.empty() ? kAtBlockBarrier : kAtWarpBarrier;
     int lo = 0, hi = nthreads;
     if (release == kAtWarpBarrier) {
       const int w = g_schedule == 2 ? ready[g_rng() % ready.size()] : g_schedule == 1 ? ready.back() : ready.front();
