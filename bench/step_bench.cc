@@ -189,11 +189,11 @@ double chosen_peak(const nlohmann::json& peaks, const char* type) {
 
 // The PyTorch modes of the same run: eager fp32 (the baseline), autocast to bf16 where the CPU
 // has bf16 units (elsewhere it measures a conversion, not the hardware), torch.compile where
-// this torch has it.
+// this torch has it, fp32 and under the same autocast (the strongest bf16 peer).
 Result<nlohmann::json> torch_modes(const StepBenchOptions& o, const std::string& py, int threads) {
   nlohmann::json modes;
-  for (const char* m : {"eager", "autocast_bf16", "compile"}) {
-    if (std::string(m) == "autocast_bf16" && o.device != "cuda" && !isa_has_avx512bf16()) {
+  for (std::string m : {"eager", "autocast_bf16", "compile", "compile_autocast_bf16"}) {
+    if (m.ends_with("autocast_bf16") && o.device != "cuda" && !isa_has_avx512bf16()) {
       modes[m] = {{"skipped", "this CPU has no bf16 units (AVX512-BF16 or AMX): autocast would time conversions"}};
       continue;
     }

@@ -3,8 +3,8 @@
 --iters steps on the bytes of --data (llm.c order, as zoe reads them; random bytes without --data)
 and prints one JSON line with the best and the median step time and the mean forward / backward /
 optimizer seconds of the timed steps. --mode: eager (fp32), autocast_bf16 (CPU autocast to bf16,
-as PyTorch trains bf16 on a CPU), compile (torch.compile of eager); a mode this torch lacks prints
-{"unsupported": why}. Where torch has them it uses its fastest pieces: scaled_dot_product_attention
+as PyTorch trains bf16 on a CPU), compile (torch.compile of eager), compile_autocast_bf16 (both); a
+mode this torch lacks prints {"unsupported": why}. Where torch has them it uses its fastest pieces: scaled_dot_product_attention
 and the fused AdamW.
 
 Same model as zoe's: pre-LayerNorm (eps 1e-5), learned positions, GELU tanh, causal attention,
@@ -81,9 +81,9 @@ def main():
         ap.add_argument(f"--{k}", type=float, default=v)
     ap.add_argument("--data", default="", help="a file whose bytes are the tokens")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--mode", default="eager", choices=["eager", "autocast_bf16", "compile"])
+    ap.add_argument("--mode", default="eager", choices=["eager", "autocast_bf16", "compile", "compile_autocast_bf16"])
     a = ap.parse_args()
-    if a.mode == "compile" and not hasattr(torch, "compile"):
+    if a.mode.startswith("compile") and not hasattr(torch, "compile"):
         print(json.dumps({"unsupported": f"torch {torch.__version__} has no torch.compile", "torch": torch.__version__}))
         return
     dev = torch.device(a.device)
@@ -99,8 +99,8 @@ def main():
         opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, fused=True)
     except (TypeError, RuntimeError):
         opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
-    run = torch.compile(model) if a.mode == "compile" else model
-    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if a.mode == "autocast_bf16" \
+    run = torch.compile(model) if a.mode.startswith("compile") else model
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if a.mode.endswith("autocast_bf16") \
         else contextlib.nullcontext
     n, BT = a.warmup + a.iters, a.B * a.T
     if a.data:  # micro-batch i: the B*T+1 tokens at i*B*T

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -105,6 +106,22 @@ TEST(Bf16Compute, MatmulIsTheFp32ProductOfItsRoundedOperands) {
 
 TEST(Bf16Compute, LmHeadIsTheFp32ProductOfItsRoundedOperands) {
   check_linear(21, 32, 300, true);
+}
+
+// The vectorised rounding is f32_to_bf16 on every value: ties both ways, NaNs (kept quiet, sign
+// and payload bits kept), infinities, denormals, and a tail shorter than a vector.
+TEST(Bf16Compute, RoundingIsF32ToBf16OnEveryValue) {
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f800000u, 0xff800000u,
+                                0x7fc00000u, 0x7f800001u, 0xffa12345u, 0x00000001u, 0x807fffffu, 0x80000000u,
+                                0x7f7fffffu, 0x7f7f8000u, 0x00008000u, 0x00018000u};
+  std::mt19937 g(9);
+  for (int i = 0; i < 4000; i++) bits.push_back(g());
+  bits.resize(bits.size() + 3, 0x3f80c000u);
+  Vf x(bits.size());
+  for (size_t i = 0; i < bits.size(); i++) std::memcpy(&x[i], &bits[i], 4);
+  Vh got(x.size());
+  round_to_bf16(got.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); i++) ASSERT_EQ(got[i], f32_to_bf16(x[i])) << std::hex << bits[i];
 }
 
 TEST(Bf16Compute, EncoderAddsTheWidenedRows) {

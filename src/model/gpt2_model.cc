@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/profiler.h"
+#include "model/gpt2_ops.h"
 #include "model/model_ops.h"
 
 namespace zoe {

@@ -1,5 +1,6 @@
 // Linear layers (HF Conv1D layout W [C, OC]) and the tied LM head, through kernels/gemm.h.
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "model/gpt2_ops.h"
@@ -98,10 +99,38 @@ void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const floa
     sgemm(kTrans, kNoTrans, V, C, N, dlogits, V, inp, C, 1.f, dwte, C);
 }
 
+namespace {
+
+ZOE_SIMD_CLONES void round_range(uint16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const detail::v8h h = detail::bf16x8(detail::load8(src + i));
+    std::memcpy(dst + i, &h, sizeof h);
+  }
+  for (; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+// dout rounded to bf16 for the products and, in the same pass, dbias[o] += sum over rows of
+// dout[r][o] (fp32, rows in order, as bias_backward): tasks own slices of columns.
+ZOE_SIMD_CLONES void round_and_sum_cols(uint16_t* dst, float* dbias, const float* dout, int64_t r0, int64_t r1,
+                                        int64_t o0, int64_t o1, int OC) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* d = dout + r * OC;
+    round_range(dst + r * OC + o0, d + o0, o1 - o0);
+    if (dbias)
+      for (int64_t o = o0; o < o1; o++) dbias[o] += d[o];
+  }
+}
+
+}  // namespace
+
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
-  detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; i++) dst[i] = f32_to_bf16(src[i]);
-  });
+  detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { round_range(dst + a, src + a, b - a); });
+}
+
+// round_to_bf16(dout16, dout, N*OC) and bias_backward(dbias, dout, N, OC) in one pass over dout.
+static void round_dout(uint16_t* dout16, float* dbias, const float* dout, int N, int OC) {
+  detail::parallel_range(OC, 128, [&](int64_t o0, int64_t o1) { round_and_sum_cols(dout16, dbias, dout, 0, N, o0, o1, OC); });
 }
 
 // The bf16 functions mirror the fp32 ones above operand for operand; only the activations'
@@ -117,13 +146,14 @@ void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dou
                           const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
   uint16_t* inp16 = scratch;
   uint16_t* dout16 = scratch + int64_t{N} * C;
-  if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC);
+  // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
+  if (dinp || dW) round_dout(dout16, dbias, dout, N, OC);
+  else if (dbias) bias_backward(dbias, dout, N, OC);
   if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, 1.f, dinp, C);
   if (dW) {
     round_to_bf16(inp16, inp, int64_t{N} * C);
     bgemm(kTrans, kNoTrans, C, OC, N, inp16, C, dout16, OC, 1.f, dW, OC);
   }
-  if (dbias) bias_backward(dbias, dout, N, OC);  // from fp32 dout: no rounding where no product is
 }
 
 void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,

@@ -109,6 +109,17 @@ ZOE_INLINE float max_of(const float* x, int64_t n) {
   return r;
 }
 
+// bf16 bit patterns of 8 floats, rounded to nearest even, NaN kept quiet: f32_to_bf16
+// (zoe/dtype.h) lane by lane, branch-free so that it vectorises.
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+ZOE_INLINE v8h bf16x8(v8f x) {
+  const v8u u = std::bit_cast<v8u>(x);
+  const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const v8u quiet = (u >> 16) | 0x40u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, v8h);
+}
+
 // y[j] = e^(x[j] - shift) for j < n (y may alias x, or be null); returns their sum, in a fixed
 // order.
 ZOE_INLINE float exp_shift_sum(float* y, const float* x, float shift, int64_t n) {
