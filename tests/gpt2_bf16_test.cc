@@ -124,6 +124,29 @@ TEST(Bf16Compute, RoundingIsF32ToBf16OnEveryValue) {
   for (size_t i = 0; i < x.size(); i++) ASSERT_EQ(got[i], f32_to_bf16(x[i])) << std::hex << bits[i];
 }
 
+// bf16 attention against the fp32 kernel: the output, the log-sum-exp and the gradient each
+// within bf16's precision; T past one 64-query block and not a multiple of it, two head sizes.
+void check_attention(int B, int T, int C, int NH) {
+  say_path();
+  const size_t n3 = size_t(B) * T * 3 * C, n = size_t(B) * T * C;
+  const Vf qkv = rnd(n3, 20), dout = rnd(n, 21), dqkv0 = rnd(n3, 22);
+  Vf out(n), lse(size_t(B) * NH * T), out_f(n), lse_f(lse.size());
+  attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  attention_forward(out_f.data(), lse_f.data(), qkv.data(), B, T, C, NH);
+  EXPECT_LT(rel_err(out, out_f), kBf16);
+  EXPECT_LT(rel_err(lse, lse_f), kBf16);
+  Vf dqkv = dqkv0, dqkv_f(n3, 0.f);
+  attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH);
+  attention_backward(dqkv_f.data(), dout.data(), qkv.data(), lse_f.data(), B, T, C, NH);
+  for (size_t i = 0; i < n3; i++) dqkv[i] -= dqkv0[i];  // accumulated onto the start
+  EXPECT_LT(rel_err(dqkv, dqkv_f), kBf16);
+}
+
+TEST(Bf16Compute, AttentionIsTheFp32AttentionToBf16Precision) {
+  check_attention(2, 75, 32, 2);    // hs 16, a block and a tail
+  check_attention(1, 130, 128, 2);  // hs 64, three blocks
+}
+
 TEST(Bf16Compute, EncoderAddsTheWidenedRows) {
   const int B = 2, T = 5, C = 8, V = 11;
   const Vh wte = to_bf16(rnd(size_t(V) * C, 10)), wpe = to_bf16(rnd(size_t(T) * C, 11));

@@ -104,6 +104,15 @@ class CpuModelOps final : public ModelOps {
     Guard g(this, "attention_backward", {dqkv, dout, qkv, lse});
     h_.attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
+  void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+    Guard g(this, "attention_forward_bf16", {out, lse, qkv});
+    h_.attention_forward_bf16(out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
+                               int C, int NH) override {
+    Guard g(this, "attention_backward_bf16", {dqkv, dout, qkv, lse});
+    h_.attention_backward_bf16(dqkv, dout, qkv, lse, B, T, C, NH);
+  }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     Guard g(this, "gelu_forward", {out, inp});
     h_.gelu_forward(out, inp, N);

@@ -112,7 +112,8 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   const int BT = d.B * d.T, C = d.C;
   ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
   forward(ops, m.qkv, a.qkv, a.ln1, p.qkv_b, BT, C, 3 * C);
-  ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  if (w.bf16) ops.attention_forward_bf16(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  else ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
   forward(ops, m.attproj, a.res1, a.atty, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   ops.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
@@ -156,7 +157,8 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   ops.zero(buf_a, BTC);
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
-  ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  else ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   ops.zero(dln, BTC);
   backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);

@@ -76,6 +76,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // dqkv[B,T,3C] += gradient through q, k and v; dout [B,T,C]; lse from the forward.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                         int T, int C, int NH);
+// The same in bf16 compute: q, k, v, dout and the probabilities rounded to bf16 for the products
+// (fp32 accumulation), softmax and lse fp32. lse is only for attention_backward_bf16.
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
+                             int NH);
 
 // out[N] = GELU(inp), tanh approximation. out may alias inp.
 void gelu_forward(float* out, const float* inp, int64_t N);

@@ -43,13 +43,8 @@ void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const
   product(GemmType::kF32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
-// As sgemm, on bf16 operands (bit patterns), fp32 out.
-void bgemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
-           float beta, float* C, int ldc) {
-  product(GemmType::kBF16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-}
-
 constexpr bool kNoTrans = false, kTrans = true;  // op(X) = X, X^T
+using detail::bgemm;
 
 void seed_bias(float* out, const float* bias, int N, int OC) {
   detail::parallel_range(N, detail::row_grain(OC), [&](int64_t r0, int64_t r1) {
@@ -99,16 +94,25 @@ void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const floa
     sgemm(kTrans, kNoTrans, V, C, N, dlogits, V, inp, C, 1.f, dwte, C);
 }
 
-namespace {
+namespace detail {
+
+void bgemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+           float beta, float* C, int ldc) {
+  product(GemmType::kBF16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
 
 ZOE_SIMD_CLONES void round_range(uint16_t* dst, const float* src, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const detail::v8h h = detail::bf16x8(detail::load8(src + i));
+    const v8h h = bf16x8(load8(src + i));
     std::memcpy(dst + i, &h, sizeof h);
   }
   for (; i < n; i++) dst[i] = f32_to_bf16(src[i]);
 }
+
+}  // namespace detail
+
+namespace {
 
 // dout rounded to bf16 for the products and, in the same pass, dbias[o] += sum over rows of
 // dout[r][o] (fp32, rows in order, as bias_backward): tasks own slices of columns.
@@ -116,7 +120,7 @@ ZOE_SIMD_CLONES void round_and_sum_cols(uint16_t* dst, float* dbias, const float
                                         int64_t o0, int64_t o1, int OC) {
   for (int64_t r = r0; r < r1; r++) {
     const float* d = dout + r * OC;
-    round_range(dst + r * OC + o0, d + o0, o1 - o0);
+    detail::round_range(dst + r * OC + o0, d + o0, o1 - o0);
     if (dbias)
       for (int64_t o = o0; o < o1; o++) dbias[o] += d[o];
   }
@@ -125,7 +129,7 @@ ZOE_SIMD_CLONES void round_and_sum_cols(uint16_t* dst, float* dbias, const float
 }  // namespace
 
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
-  detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { round_range(dst + a, src + a, b - a); });
+  detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { detail::round_range(dst + a, src + a, b - a); });
 }
 
 // round_to_bf16(dout16, dout, N*OC) and bias_backward(dbias, dout, N, OC) in one pass over dout.

@@ -74,6 +74,13 @@ class HostModelOps final : public ModelOps {
                           int NH) override {
     gpt2::attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
+  void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+    gpt2::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
+                               int C, int NH) override {
+    gpt2::attention_backward_bf16(dqkv, dout, qkv, lse, B, T, C, NH);
+  }
   void gelu_forward(float* out, const float* inp, int64_t N) override { gpt2::gelu_forward(out, inp, N); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
     gpt2::gelu_backward(dinp, inp, dout, N);

@@ -54,6 +54,15 @@ class ModelOps {
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
                                   int C, int NH) = 0;
+  // bf16 compute's attention (gpt2_ops.h): bf16 products, fp32 softmax. A device without one
+  // runs the fp32 attention (the CUDA device does, for now).
+  virtual void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    attention_forward(out, lse, qkv, B, T, C, NH);
+  }
+  virtual void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
+                                       int T, int C, int NH) {
+    attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
+  }
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
   virtual void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) = 0;
