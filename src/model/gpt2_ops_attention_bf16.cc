@@ -19,7 +19,8 @@ namespace zoe::gpt2 {
 namespace {
 
 constexpr int kQ = 64;  // queries per block
-constexpr bool kNoTrans = false, kTrans = true;
+using detail::kNoTrans;
+using detail::kTrans;
 
 // A head's bf16 operands and the fp32 / bf16 planes of one query block.
 struct HeadBuffers {
@@ -46,7 +47,7 @@ void round_rows(uint16_t* dst, const float* src, int64_t ld, int rows, int hs) {
 
 // Row i (query i0 + r) of a block: scores s[0, n) (raw q.k) become probabilities over keys
 // j <= i, zero after; returns the log-sum-exp of the scaled scores.
-ZOE_SIMD_CLONES float softmax_row(float* s, int i, int n, float scale) {
+ZOE_SIMD_CLONES float block_softmax_row(float* s, int i, int n, float scale) {
   for (int j = 0; j <= i; j++) s[j] *= scale;
   const float m = detail::max_of(s, i + 1);
   const float sum = detail::exp_shift_sum(s, s, m, i + 1);
@@ -57,7 +58,7 @@ ZOE_SIMD_CLONES float softmax_row(float* s, int i, int n, float scale) {
 }
 
 // The backward's row: p = e^(scale s - lse) and ds = scale p (dp - sum p dp) for j <= i, zero after.
-ZOE_SIMD_CLONES void softmax_grad_row(float* p, float* dp, int i, int n, float scale, float lse) {
+ZOE_SIMD_CLONES void block_softmax_grad_row(float* p, float* dp, int i, int n, float scale, float lse) {
   for (int j = 0; j <= i; j++) p[j] *= scale;
   detail::exp_shift_sum(p, p, lse, i + 1);
   float pdp = 0.f;
@@ -73,7 +74,7 @@ struct Head {
   float scale;
 };
 
-void head_forward(float* out, int64_t ldo, float* lse, const float* qkv, int C, const Head& h, HeadBuffers& b) {
+void bf16_head_forward(float* out, int64_t ldo, float* lse, const float* qkv, int C, const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs;
   round_rows(b.q.data(), qkv, h.ld, T, hs);
   round_rows(b.k.data(), qkv + C, h.ld, T, hs);
@@ -84,14 +85,14 @@ void head_forward(float* out, int64_t ldo, float* lse, const float* qkv, int C, 
                   b.s.data(), T);
     for (int r = 0; r < rows; r++) {
       float* s = b.s.data() + int64_t{r} * T;
-      lse[i0 + r] = softmax_row(s, i0 + r, n, h.scale);
+      lse[i0 + r] = block_softmax_row(s, i0 + r, n, h.scale);
       detail::round_range(b.p16.data() + int64_t{r} * T, s, n);
     }
     detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, b.v.data(), hs, 0.f, out + i0 * ldo, int(ldo));
   }
 }
 
-void head_backward(float* dqkv, const float* dout, int64_t ldo, const float* qkv, const float* lse, int C,
+void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const float* qkv, const float* lse, int C,
                    const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs, ld = int(h.ld);
   round_rows(b.q.data(), qkv, h.ld, T, hs);
@@ -107,7 +108,7 @@ void head_backward(float* dqkv, const float* dout, int64_t ldo, const float* qkv
     for (int r = 0; r < rows; r++) {
       float* p = b.s.data() + int64_t{r} * T;
       float* ds = b.dp.data() + int64_t{r} * T;
-      softmax_grad_row(p, ds, i0 + r, n, h.scale, lse[i0 + r]);
+      block_softmax_grad_row(p, ds, i0 + r, n, h.scale, lse[i0 + r]);
       detail::round_range(b.p16.data() + int64_t{r} * T, p, n);
       detail::round_range(b.ds16.data() + int64_t{r} * T, ds, n);
     }
@@ -131,7 +132,7 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);
     for (int64_t t = t0; t < t1; t++) {
       const int64_t b = t / NH, hh = t % NH;
-      head_forward(out + b * T * C + hh * h.hs, C, lse + t * T, qkv + b * T * h.ld + hh * h.hs, C, h, buf);
+      bf16_head_forward(out + b * T * C + hh * h.hs, C, lse + t * T, qkv + b * T * h.ld + hh * h.hs, C, h, buf);
     }
   });
 }
@@ -145,7 +146,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
     for (int64_t t = t0; t < t1; t++) {
       const int64_t b = t / NH, hh = t % NH;
       const int64_t off = b * T * h.ld + hh * h.hs;
-      head_backward(dqkv + off, dout + b * T * C + hh * h.hs, C, qkv + off, lse + t * T, C, h, buf);
+      bf16_head_backward(dqkv + off, dout + b * T * C + hh * h.hs, C, qkv + off, lse + t * T, C, h, buf);
     }
   });
 }

@@ -43,7 +43,8 @@ void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const
   product(GemmType::kF32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
-constexpr bool kNoTrans = false, kTrans = true;  // op(X) = X, X^T
+using detail::kNoTrans;
+using detail::kTrans;
 using detail::bgemm;
 
 void seed_bias(float* out, const float* bias, int N, int OC) {

@@ -141,6 +141,7 @@ ZOE_INLINE float exp_shift_sum(float* y, const float* x, float shift, int64_t n)
 
 // dst[0, n) = src rounded to bf16 on the calling thread (round_to_bf16 without the tasks).
 void round_range(uint16_t* dst, const float* src, int64_t n);
+constexpr bool kNoTrans = false, kTrans = true;  // op(X) = X, X^T
 // C[M, N] = op(A) op(B) + beta C on bf16 operands (bit patterns), fp32 out, through the model's
 // bf16 GEMM path (gpt2_ops_matmul.cc: the path kernels/gemm.h picks, sliced over oneTBB).
 void bgemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta,
