@@ -271,6 +271,9 @@ void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
                                               : v.value("unsupported", v.value("skipped", std::string("-")));
       std::fprintf(human, "%7s torch %s: %s\n", "", m.c_str(), what.c_str());
     }
+  if (base && !r["ratio_to_best_torch"].is_null())
+    std::fprintf(human, "%7s zoe / the best torch row (%.0f tok/s): %.2f\n", "", r["best_torch"].get<double>(),
+                 r["ratio_to_best_torch"].get<double>());
 }
 
 }  // namespace
