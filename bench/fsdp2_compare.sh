@@ -43,7 +43,7 @@ import json, statistics, sys
 rs = [r for r in (json.loads(l) for l in open(sys.argv[1])) if "step_s" in r]
 med = statistics.median(r["step_s"] for r in rs[2:])
 print(json.dumps({"median_step_s": med, "tokens_per_s": rs[0]["tokens"] / med,
-                  "peak_rss_bytes": max(e["peak_rss_bytes"] for r in rs for e in r["ledger"]),
+                  "peak_rss_bytes": [max(r["ledger"][k]["peak_rss_bytes"] for r in rs) for k in range(len(rs[0]["ledger"]))],
                   "loss": [rs[0]["loss"], rs[-1]["loss"]]}))
 PY
   OMP_NUM_THREADS=1 "$py" -m torch.distributed.run --nproc_per_node 2 bench/fsdp2_peer.py \
@@ -53,15 +53,14 @@ PY
 import json, sys
 z, t = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[2:4])
 for name, r in (("zoe", z), ("FSDP2", t)):
-    rss = max(r["peak_rss_bytes"]) if isinstance(r["peak_rss_bytes"], list) else r["peak_rss_bytes"]
     print(f"round {sys.argv[1]} {name:6s} median step {r['median_step_s']:.3f} s  {r['tokens_per_s']:7.1f} tok/s  "
-          f"peak RSS {rss / 1e9:.2f} GB  loss {r['loss'][0]:.3f} -> {r['loss'][1]:.3f}")
+          f"peak RSS {max(r['peak_rss_bytes']) / 1e9:.2f} GB  loss {r['loss'][0]:.3f} -> {r['loss'][1]:.3f}")
 PY
 done
 python3 - "$out/zoe.rows" "$out/torch.rows" <<'PY'
 import json, statistics, sys
 z, t = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-rss = lambda r: max(r["peak_rss_bytes"]) if isinstance(r["peak_rss_bytes"], list) else r["peak_rss_bytes"]
+rss = lambda r: max(r["peak_rss_bytes"])  # the larger rank's
 speed = statistics.median(r["tokens_per_s"] for r in z) / statistics.median(r["tokens_per_s"] for r in t)
 mem = statistics.median(rss(r) for r in z) / statistics.median(rss(r) for r in t)
 print(f"zoe / FSDP2: tokens/s {speed:.2f}x (target >= 1.3), peak RSS {mem:.2f}x (target <= 0.8): "

@@ -93,7 +93,7 @@ void bf16_head_forward(float* out, int64_t ldo, float* lse, const float* qkv, in
 }
 
 void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const float* qkv, const float* lse, int C,
-                   const Head& h, HeadBuffers& b) {
+                        const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs, ld = int(h.ld);
   round_rows(b.q.data(), qkv, h.ld, T, hs);
   round_rows(b.k.data(), qkv + C, h.ld, T, hs);

@@ -63,15 +63,23 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
   sgemm(kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, bias ? 1.f : 0.f, out, OC);
 }
 
-// dbias[OC] += sum over rows of dout; tasks own column slices and add rows in order, so the
-// sum does not depend on the thread count.
-static void bias_backward(float* dbias, const float* dout, int N, int OC) {
-  detail::parallel_range(OC, 128, [&](int64_t o0, int64_t o1) {
-    for (int64_t r = 0; r < N; r++) {
-      const float* d = dout + r * OC;
+// Rows of dout, columns [o0, o1): dbias[o] += dout[r][o] (rows in order) where dbias is given,
+// and the slice rounded into dout16 where that is given: one pass over dout for both.
+ZOE_SIMD_CLONES static void bias_cols(float* dbias, uint16_t* dout16, const float* dout, int N, int OC, int64_t o0,
+                                      int64_t o1) {
+  for (int64_t r = 0; r < N; r++) {
+    const float* d = dout + r * OC;
+    if (dout16) detail::round_range(dout16 + r * OC + o0, d + o0, o1 - o0);
+    if (dbias)
       for (int64_t o = o0; o < o1; o++) dbias[o] += d[o];
-    }
-  });
+  }
+}
+
+// dbias[OC] += sum over rows of dout (and, bf16 compute, dout16 = dout rounded, in the same
+// pass); tasks own column slices and add rows in order, so the sum does not depend on the thread
+// count, nor on whether dout is rounded too.
+static void bias_backward(float* dbias, const float* dout, int N, int OC, uint16_t* dout16 = nullptr) {
+  detail::parallel_range(OC, 128, [&](int64_t o0, int64_t o1) { bias_cols(dbias, dout16, dout, N, OC, o0, o1); });
 }
 
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
@@ -113,29 +121,8 @@ ZOE_SIMD_CLONES void round_range(uint16_t* dst, const float* src, int64_t n) {
 
 }  // namespace detail
 
-namespace {
-
-// dout rounded to bf16 for the products and, in the same pass, dbias[o] += sum over rows of
-// dout[r][o] (fp32, rows in order, as bias_backward): tasks own slices of columns.
-ZOE_SIMD_CLONES void round_and_sum_cols(uint16_t* dst, float* dbias, const float* dout, int64_t r0, int64_t r1,
-                                        int64_t o0, int64_t o1, int OC) {
-  for (int64_t r = r0; r < r1; r++) {
-    const float* d = dout + r * OC;
-    detail::round_range(dst + r * OC + o0, d + o0, o1 - o0);
-    if (dbias)
-      for (int64_t o = o0; o < o1; o++) dbias[o] += d[o];
-  }
-}
-
-}  // namespace
-
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
   detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { detail::round_range(dst + a, src + a, b - a); });
-}
-
-// round_to_bf16(dout16, dout, N*OC) and bias_backward(dbias, dout, N, OC) in one pass over dout.
-static void round_dout(uint16_t* dout16, float* dbias, const float* dout, int N, int OC) {
-  detail::parallel_range(OC, 128, [&](int64_t o0, int64_t o1) { round_and_sum_cols(dout16, dbias, dout, 0, N, o0, o1, OC); });
 }
 
 // The bf16 functions mirror the fp32 ones above operand for operand; only the activations'
@@ -152,8 +139,7 @@ void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dou
   uint16_t* inp16 = scratch;
   uint16_t* dout16 = scratch + int64_t{N} * C;
   // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
-  if (dinp || dW) round_dout(dout16, dbias, dout, N, OC);
-  else if (dbias) bias_backward(dbias, dout, N, OC);
+  if (dinp || dW || dbias) bias_backward(dbias, dout, N, OC, dinp || dW ? dout16 : nullptr);
   if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, 1.f, dinp, C);
   if (dW) {
     round_to_bf16(inp16, inp, int64_t{N} * C);
