@@ -126,13 +126,24 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
   return Status::Ok();
 }
 
+// Slices of about 256 in an even count of equal widths (multiples of 16), from the shape alone:
+// two workers end together. Five 256-wide slices of a 1152-wide product (qkv) kept one of two
+// cores idle a fifth of it, 256 + 128 of a 384-wide one a third (RESULTS, "GEMM slices").
+static int64_t slice_width(int64_t extent) {
+  constexpr int64_t kTarget = 256;
+  int64_t n = (extent + kTarget - 1) / kTarget;
+  if (n > 1 && n % 2) n++;
+  const int64_t w = (extent + n - 1) / n;
+  return (w + 15) / 16 * 16;
+}
+
 Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C) {
-  constexpr int64_t kSlice = 256;
   const size_t esize = t == GemmType::kBF16 ? 2 : 4;
   const auto* a = static_cast<const char*>(A);
   const auto* b = static_cast<const char*>(B);
   const bool by_rows = s.M > s.N;
   const int64_t extent = by_rows ? s.M : s.N;
+  const int64_t kSlice = slice_width(extent);
   std::mutex mu;
   Status first;
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, (extent + kSlice - 1) / kSlice, 1),

@@ -44,13 +44,14 @@ std::string gemm_onednn_isa();
 // kUnsupported; nothing else fails but an allocation inside oneDNN.
 Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C);
 
-// The same product in slices of 256 columns (or 256 rows where C is taller than wide) that
-// oneTBB's workers take as they come free, each one single-threaded gemm(). A BLAS's own threads
-// would split a product once, in equal parts, and spin after it: where an I/O or optimizer thread
-// takes a core for a while (offload on a few cores), one part waited for the other and the
-// spinning took CPU from both. The slices depend on the shape alone: each element of C is one
-// dot product over all of K whatever the thread count. A slice whose path fails (oneDNN out of
-// memory) is computed by OpenBLAS instead; the first such error is returned, the product whole.
+// The same product in slices of about 256 columns (or rows where C is taller than wide; an even
+// count of equal widths) that oneTBB's workers take as they come free, each one single-threaded
+// gemm(). A BLAS's own threads would split a product once, in equal parts, and spin after it:
+// where an I/O or optimizer thread takes a core for a while (offload on a few cores), one part
+// waited for the other and the spinning took CPU from both. The slices depend on the shape
+// alone: each element of C is one dot product over all of K whatever the thread count. A slice
+// whose path fails (oneDNN out of memory) is computed by OpenBLAS instead; the first such error
+// is returned, the product whole.
 Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C);
 
 }  // namespace zoe
