@@ -607,9 +607,10 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
   const Vf inp = rnd(int64_t{N} * C, seed), dout = rnd(int64_t{N} * OC, seed + 1), bias = rnd(OC, seed + 2);
   const auto W = bf16_weights(int64_t{C} * OC, seed + 3);
   const Vf dinp0 = rnd(inp.size(), seed + 4), dW0 = rnd(W.size(), seed + 5), db0 = rnd(OC, seed + 6);
-  std::vector<uint16_t> scratch(gpt2::bf16_scratch_numel(N, C, OC));
+  std::vector<uint16_t> scratch(gpt2::bf16_scratch_numel(N, C, OC)), inp16(inp.size());
+  gpt2::round_to_bf16(inp16.data(), inp.data(), int64_t(inp.size()));  // a linear layer's input is bf16
   DevF d_inp(inp), d_dout(dout), d_bias(bias), d_out(int64_t{N} * OC), d_dinp(dinp0), d_dW(dW0), d_db(db0);
-  DevH d_W(W), d_scratch(scratch.size());
+  DevH d_W(W), d_scratch(scratch.size()), d_inp16(inp16);
   Vf out(int64_t{N} * OC), dinp = dinp0, dW = dW0, db = db0;
   if (head) {
     t.cpu().lm_head_forward_bf16(out.data(), inp.data(), W.data(), N, C, OC, scratch.data());
@@ -618,11 +619,11 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
     t.gpu().lm_head_backward_bf16(d_dinp.get(), d_dW.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC,
                                   d_scratch.get());
   } else {
-    t.cpu().matmul_forward_bf16(out.data(), inp.data(), W.data(), bias.data(), N, C, OC, scratch.data());
-    t.gpu().matmul_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC, d_scratch.get());
-    t.cpu().matmul_backward_bf16(dinp.data(), dW.data(), db.data(), dout.data(), inp.data(), W.data(), N, C, OC,
+    t.cpu().matmul_forward_bf16(out.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
+    t.gpu().matmul_forward_bf16(d_out.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
+    t.cpu().matmul_backward_bf16(dinp.data(), dW.data(), db.data(), dout.data(), inp16.data(), W.data(), N, C, OC,
                                  scratch.data());
-    t.gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_db.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C,
+    t.gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_db.get(), d_dout.get(), d_inp16.get(), d_W.get(), N, C,
                                  OC, d_scratch.get());
   }
   t.sync();
@@ -641,6 +642,37 @@ TEST_F(CudaModelOpsTest, Bf16Products) {
   if (!kFull) return;
   check_bf16_linear(*this, 1024, 768, 3072, false, 93);
   check_bf16_linear(*this, 1024, 768, 50257, true, 94);
+}
+
+// The producers of the linear layers' bf16 inputs: the fp32 op's output rounded to bf16 as it is
+// stored, so against the CPU's fp32 op within one bf16 rounding (2^-8 relative, and the fp32
+// tolerance); the CPU's own bf16 producers are checked bitwise in gpt2_bf16_test.
+TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
+  constexpr double kOneRounding = 1.0 / 256 + kFwdTol;
+  const int B = 2, T = 40, C = 48, NH = 3, N = B * T;
+  const int64_t NC = int64_t{N} * C;
+  const Vf x = rnd(NC, 100), w = rnd(C, 101, 0.8f, 1.2f), b = rnd(C, 102, -0.1f, 0.1f), g = rnd(4 * NC, 103, -4.f, 4.f);
+  const Vf qkv = rnd(3 * NC, 104);
+  Vf ln(NC), mean(N), rstd(N), gelu(4 * NC), att(NC), lse(int64_t{B} * NH * T);
+  cpu().layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  cpu().gelu_forward(gelu.data(), g.data(), 4 * NC);
+  cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
+  DevF d_x(x), d_w(w), d_b(b), d_g(g), d_qkv(qkv), d_mean(N), d_rstd(N), d_lse(lse.size());
+  DevH d_ln(NC), d_gelu(4 * NC), d_att(NC);
+  gpu().layernorm_forward_bf16(d_ln.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
+  gpu().gelu_forward_bf16(d_gelu.get(), d_g.get(), 4 * NC);
+  gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+  sync();
+  auto widened = [](const std::vector<uint16_t>& h) {
+    Vf v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_f32(h[i]);
+    return v;
+  };
+  EXPECT_LT(rel_err(widened(d_ln.download()), ln), kOneRounding) << "layernorm";
+  EXPECT_LT(rel_err(d_mean.download(), mean), kFwdTol) << "layernorm mean";
+  EXPECT_LT(rel_err(widened(d_gelu.download()), gelu), kOneRounding) << "gelu";
+  EXPECT_LT(rel_err(widened(d_att.download()), att), kOneRounding) << "attention";
+  EXPECT_LT(rel_err(d_lse.download(), lse), kFwdTol) << "attention lse";
 }
 
 TEST_F(CudaModelOpsTest, Bf16Encoder) {

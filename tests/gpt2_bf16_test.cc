@@ -58,11 +58,12 @@ void say_path() {
 constexpr double kSameProduct = 2e-6;  // another summation order of the same fp32 products
 constexpr double kBf16 = 2e-2;         // bf16 (8 significant bits) against fp32
 
-// matmul (w_t false) or the LM head (w_t true, W is [OC, C]).
+// matmul (w_t false; its input x is bf16, as its producer writes it) or the LM head (w_t true, W
+// is [OC, C], x fp32 and rounded into scratch).
 void check_linear(int N, int C, int OC, bool w_t) {
   say_path();
   const Vf x = rnd(size_t(N) * C, 1), dout = rnd(size_t(N) * OC, 2), bias = rnd(OC, 3);
-  const Vh W = to_bf16(rnd(size_t(C) * OC, 4, 0.2f));
+  const Vh W = to_bf16(rnd(size_t(C) * OC, 4, 0.2f)), x16 = to_bf16(x);
   const Vf Wf = widen(W), xr = rounded(x), doutr = rounded(dout);
   Vh scratch(bf16_scratch_numel(N, C, OC), 0xffff);  // NaN patterns: every read element is written first
   // Forward.
@@ -72,7 +73,7 @@ void check_linear(int N, int C, int OC, bool w_t) {
     lm_head_forward(want.data(), xr.data(), Wf.data(), N, C, OC);
     lm_head_forward(exact.data(), x.data(), Wf.data(), N, C, OC);
   } else {
-    matmul_forward_bf16(out.data(), x.data(), W.data(), bias.data(), N, C, OC, scratch.data());
+    matmul_forward_bf16(out.data(), x16.data(), W.data(), bias.data(), N, C, OC);
     matmul_forward(want.data(), xr.data(), Wf.data(), bias.data(), N, C, OC);
     matmul_forward(exact.data(), x.data(), Wf.data(), bias.data(), N, C, OC);
   }
@@ -85,7 +86,7 @@ void check_linear(int N, int C, int OC, bool w_t) {
     lm_head_backward_bf16(dx.data(), dW.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
     lm_head_backward(dx_want.data(), dW_want.data(), doutr.data(), xr.data(), Wf.data(), N, C, OC);
   } else {
-    matmul_backward_bf16(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+    matmul_backward_bf16(dx.data(), dW.data(), db.data(), dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
     matmul_backward(dx_want.data(), dW_want.data(), nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC);
     matmul_backward(nullptr, nullptr, db_want.data(), dout.data(), x.data(), Wf.data(), N, C, OC);  // fp32 dout
   }
@@ -95,7 +96,7 @@ void check_linear(int N, int C, int OC, bool w_t) {
   // A null output is skipped; dW alone still rounds its operands.
   Vf dW2 = dW0;
   if (w_t) lm_head_backward_bf16(nullptr, dW2.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
-  else matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
+  else matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
   EXPECT_EQ(dW2, dW);
 }
 
@@ -130,10 +131,11 @@ void check_attention(int B, int T, int C, int NH) {
   say_path();
   const size_t n3 = size_t(B) * T * 3 * C, n = size_t(B) * T * C;
   const Vf qkv = rnd(n3, 20), dout = rnd(n, 21), dqkv0 = rnd(n3, 22);
-  Vf out(n), lse(size_t(B) * NH * T), out_f(n), lse_f(lse.size());
+  Vh out(n);
+  Vf lse(size_t(B) * NH * T), out_f(n), lse_f(lse.size());
   attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   attention_forward(out_f.data(), lse_f.data(), qkv.data(), B, T, C, NH);
-  EXPECT_LT(rel_err(out, out_f), kBf16);
+  EXPECT_LT(rel_err(widen(out), out_f), kBf16);
   EXPECT_LT(rel_err(lse, lse_f), kBf16);
   Vf dqkv = dqkv0, dqkv_f(n3, 0.f);
   attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH);
@@ -145,6 +147,25 @@ void check_attention(int B, int T, int C, int NH) {
 TEST(Bf16Compute, AttentionIsTheFp32AttentionToBf16Precision) {
   check_attention(2, 75, 32, 2);    // hs 16, a block and a tail
   check_attention(1, 130, 128, 2);  // hs 64, three blocks
+}
+
+// The producers of the linear layers' inputs write bitwise the fp32 op's output rounded to bf16
+// (rows of a width that is not a multiple of 8; an element count that leaves a tail).
+TEST(Bf16Compute, ProducersWriteTheFp32OutputRounded) {
+  const int N = 13, C = 45;
+  const Vf x = rnd(size_t(N) * C, 30, 3.f), w = rnd(C, 31), b = rnd(C, 32);
+  Vf ln(x.size()), mean(N), rstd(N), mean16(N), rstd16(N);
+  Vh ln16(x.size(), 0xffff);
+  layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward_bf16(ln16.data(), mean16.data(), rstd16.data(), x.data(), w.data(), b.data(), N, C);
+  EXPECT_EQ(ln16, to_bf16(ln));
+  EXPECT_EQ(mean16, mean);
+  EXPECT_EQ(rstd16, rstd);
+  Vf g(x.size());
+  Vh g16(x.size(), 0xffff);
+  gelu_forward(g.data(), x.data(), int64_t(x.size()));
+  gelu_forward_bf16(g16.data(), x.data(), int64_t(x.size()));
+  EXPECT_EQ(g16, to_bf16(g));
 }
 
 TEST(Bf16Compute, EncoderAddsTheWidenedRows) {
@@ -184,7 +205,8 @@ TEST(Bf16Compute, BlockIsTheFp32BlockToBf16Precision) {
   Vh scratch(block_bf16_scratch_numel(d), 0xffff);
   const BlockWeights w{packed.data(), unit.data(), scratch.data()};
 
-  BlockBuffers b16(d), b32(d);
+  BlockBuffers b16(d, /*bf16=*/true), b32(d);
+  EXPECT_LT(b16.acts_mem.size(), b32.acts_mem.size() * 4 / 5) << "bf16 compute keeps four activations in bf16";
   Vf out(BTC), want(BTC);
   block_forward(host_model_ops(), out.data(), b16.acts, w, inp.data(), d);
   block_forward(host_model_ops(), want.data(), b32.acts, unit_f.data(), inp.data(), d);
@@ -201,9 +223,10 @@ TEST(Bf16Compute, BlockIsTheFp32BlockToBf16Precision) {
 
   // Recompute (activation checkpointing) gives bitwise the kept activations' gradients.
   Vf dinp2(BTC), g2(P, 0.f);
-  std::fill(b32.acts_mem.begin(), b32.acts_mem.end(), NAN);
-  block_backward(host_model_ops(), dinp2.data(), g2.data(), dout.data(), b32.acts, w, inp.data(), d,
-                 b32.scratch.data(), true);
+  BlockBuffers again(d, /*bf16=*/true);
+  std::fill(again.acts_mem.begin(), again.acts_mem.end(), NAN);
+  block_backward(host_model_ops(), dinp2.data(), g2.data(), dout.data(), again.acts, w, inp.data(), d,
+                 again.scratch.data(), true);
   EXPECT_EQ(dinp2, dinp);
   EXPECT_EQ(g2, g);
 }

@@ -75,12 +75,21 @@ class CpuModelOps final : public ModelOps {
     Guard g(this, "encoder_forward_bf16", {out, inp, wte, wpe});
     h_.encoder_forward_bf16(out, inp, wte, wpe, B, T, C);
   }
-  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
-                           uint16_t* scratch) override {
-    Guard g(this, "matmul_forward_bf16", {out, inp, W, bias, scratch});
-    h_.matmul_forward_bf16(out, inp, W, bias, N, C, OC, scratch);
+  void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int N, int C) override {
+    Guard g(this, "layernorm_forward_bf16", {out, mean, rstd, inp, w, b});
+    h_.layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C);
   }
-  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+  void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) override {
+    Guard g(this, "gelu_forward_bf16", {out, inp});
+    h_.gelu_forward_bf16(out, inp, N);
+  }
+  void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                           int OC) override {
+    Guard g(this, "matmul_forward_bf16", {out, inp, W, bias});
+    h_.matmul_forward_bf16(out, inp, W, bias, N, C, OC);
+  }
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                             const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
     Guard g(this, "matmul_backward_bf16", {dinp, dW, dbias, dout, inp, W, scratch});
     h_.matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
@@ -104,7 +113,7 @@ class CpuModelOps final : public ModelOps {
     Guard g(this, "attention_backward", {dqkv, dout, qkv, lse});
     h_.attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
-  void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+  void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
     Guard g(this, "attention_forward_bf16", {out, lse, qkv});
     h_.attention_forward_bf16(out, lse, qkv, B, T, C, NH);
   }

@@ -121,9 +121,9 @@ __device__ __forceinline__ HeadOffsets head_offsets(int b, int h, int T, int C, 
 // (online softmax: earlier contributions are rescaled by exp(m_old - m_new)) and adds P v into the
 // output registers. Every row of a tile sees at least one unmasked key in every key tile it visits
 // (key kt * BT <= qt * BT <= row), so m is finite after the first tile and no exp(-inf + inf) occurs.
-template <int HSP>
+template <int HSP, class Out>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale) {
+    attention_forward_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale) {
   using G = AttnTile<HSP>;
   ZOE_DYNAMIC_SMEM(smem);
   float* Qs = smem;              // [BT][LD]  q * scale
@@ -181,10 +181,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int row = q0 + ty + 16 * i;
     if (row >= T) continue;
     const float inv = 1.f / l[i];
-    float* dst = out + off.io + static_cast<int64_t>(row) * C;
+    Out* dst = out + off.io + static_cast<int64_t>(row) * C;
     for (int j = 0; j < G::DJ; j++) {
       const int d = tx + 16 * j;
-      if (d < hs) dst[d] = o[i][j] * inv;
+      if (d < hs) store_out(dst + d, o[i][j] * inv);
     }
     if (tx == 0) lse[static_cast<int64_t>(bh) * T + row] = m[i] + logf(l[i]);
   }

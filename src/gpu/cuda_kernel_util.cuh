@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "gpu/dtype_bits.h"
+
 #ifndef ZOE_DYNAMIC_SMEM
 #define ZOE_DYNAMIC_SMEM(name) extern __shared__ float name[]
 #endif
@@ -76,5 +78,9 @@ __device__ __forceinline__ int64_t global_thread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// An output element: fp32 as computed, or rounded to bf16 (bf16 compute's product inputs).
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(uint16_t* p, float v) { *p = bits::f32_to_bf16(v); }
 
 }  // namespace zoe::gpu::kernels

@@ -24,11 +24,12 @@ __global__ void fill_rows_kernel(float* out, const float* row, int64_t n, int co
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
-// out may alias inp: each element is read, then written, by the same thread.
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+// out may alias inp (fp32): each element is read, then written, by the same thread.
+template <class Out>
+__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.f + tanhf(kGeluScale * (x + kGeluCube * x * x * x)));
+    store_out(out + i, 0.5f * x * (1.f + tanhf(kGeluScale * (x + kGeluCube * x * x * x))));
   }
 }
 
@@ -129,7 +130,8 @@ __global__ void encoder_dwte_kernel(float* dwte, const float* dout, const int32_
 
 // One warp per row (kThreads / 32 rows per block). Two passes, mean then squared deviations, as
 // the CPU: no cancellation for rows with a large mean. Biased variance, eps 1e-5.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+template <class Out>
+__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -144,8 +146,8 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     v += d * d;
   }
   const float r = 1.f / sqrtf(warp_sum(v) / C + 1e-5f);
-  float* o = out + static_cast<int64_t>(row) * C;
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + b[c];
+  Out* o = out + static_cast<int64_t>(row) * C;
+  for (int c = lane; c < C; c += 32) store_out(o + c, (x[c] - m) * r * w[c] + b[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;

@@ -295,8 +295,8 @@ void CudaModelOps::lm_head_backward(float* dinp, float* dwte, const float* dlogi
   if (dwte) gemm(false, true, C, V, N, inp, C, dlogits, V, dwte, C, 1.f, "lm_head_backward dwte");
 }
 
-// ---- bf16 compute: the same products on bf16 operands (weights in place, activations rounded
-// into the caller's scratch first), fp32 out.
+// ---- bf16 compute: the same products on bf16 operands (weights in place, a linear layer's input
+// bf16 from its producer, the other operands rounded into the caller's scratch first), fp32 out.
 
 void CudaModelOps::round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what) {
   if (n <= 0) return;
@@ -317,36 +317,31 @@ void CudaModelOps::encoder_forward_bf16(float* out, const int32_t* inp, const ui
   check_launch("encoder_forward_bf16");
 }
 
-void CudaModelOps::matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N,
-                                       int C, int OC, uint16_t* scratch) {
+void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
+                                       int C, int OC) {
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_forward_bf16: negative size", {N, C, OC})));
     return;
   }
   if (N == 0 || OC == 0) return;
-  round_to_bf16(scratch, inp, int64_t{N} * C, "matmul_forward_bf16 round");
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
     if (!check_launch("matmul_forward_bf16 bias")) return;
   }
-  gemm_bf16(false, false, OC, N, C, W, OC, scratch, C, out, OC, bias ? 1.f : 0.f, "matmul_forward_bf16");
+  gemm_bf16(false, false, OC, N, C, W, OC, inp, C, out, OC, bias ? 1.f : 0.f, "matmul_forward_bf16");
 }
 
-void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                                         const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
     return;
   }
-  uint16_t* inp16 = scratch;
-  uint16_t* dout16 = scratch + int64_t{N} * C;
+  uint16_t* dout16 = scratch;
   if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
   if (dinp) gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, 1.f, "matmul_backward_bf16 dinp");
-  if (dW) {
-    round_to_bf16(inp16, inp, int64_t{N} * C, "matmul_backward_bf16 round inp");
-    gemm_bf16(false, true, OC, C, N, dout16, OC, inp16, C, dW, OC, 1.f, "matmul_backward_bf16 dW");
-  }
+  if (dW) gemm_bf16(false, true, OC, C, N, dout16, OC, inp, C, dW, OC, 1.f, "matmul_backward_bf16 dW");
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
 }
 
@@ -458,17 +453,28 @@ void CudaModelOps::encoder_backward(float* dwte, float* dwpe, const float* dout,
 
 // ---- layernorm ------------------------------------------------------------------------------------
 
-void CudaModelOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int N, int C) {
+template <class Out>
+void CudaModelOps::layernorm_forward_any(Out* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int N, int C, const char* what) {
   if (N < 0 || C <= 0) {
-    if (N != 0) fail(Status::Invalid(shape_text("layernorm_forward: bad size", {N, C})));
+    if (N != 0) fail(Status::Invalid(shape_text((std::string(what) + ": bad size").c_str(), {N, C})));
     return;
   }
   if (N == 0) return;
   constexpr int rows_per_block = k::kThreads / 32;
   const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
-  ZOE_LAUNCH(blocks, k::kThreads, 0, stream_, k::layernorm_forward_kernel)(out, mean, rstd, inp, w, b, N, C);
-  check_launch("layernorm_forward");
+  ZOE_LAUNCH(blocks, k::kThreads, 0, stream_, k::layernorm_forward_kernel<Out>)(out, mean, rstd, inp, w, b, N, C);
+  check_launch(what);
+}
+
+void CudaModelOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                     const float* b, int N, int C) {
+  layernorm_forward_any(out, mean, rstd, inp, w, b, N, C, "layernorm_forward");
+}
+
+void CudaModelOps::layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                                          const float* b, int N, int C) {
+  layernorm_forward_any(out, mean, rstd, inp, w, b, N, C, "layernorm_forward_bf16");
 }
 
 void CudaModelOps::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
@@ -515,16 +521,16 @@ cudaError_t allow_smem(Kernel* kernel, size_t bytes) {
 
 }  // namespace
 
-template <int HSP>
-void CudaModelOps::attention_forward_hsp(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+template <int HSP, class Out>
+void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   using G = k::AttnTile<HSP>;
   const int hs = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem = sizeof(float) * G::kForwardFloats;
-  if (!check(allow_smem(k::attention_forward_kernel<HSP>, smem), "attention_forward shared memory")) return;
-  ZOE_LAUNCH(grid, k::kAttnThreads, smem, stream_, k::attention_forward_kernel<HSP>)(out, lse, qkv, T, C, NH, hs,
-                                                                                     scale);
+  if (!check(allow_smem(k::attention_forward_kernel<HSP, Out>, smem), "attention_forward shared memory")) return;
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem, stream_, k::attention_forward_kernel<HSP, Out>)(out, lse, qkv, T, C, NH,
+                                                                                          hs, scale);
   check_launch("attention_forward");
 }
 
@@ -549,7 +555,8 @@ void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const 
   check_launch("attention_backward dkv");
 }
 
-void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+template <class Out>
+void CudaModelOps::attention_forward_any(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   int hsp = 0;
   if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
     fail(std::move(s));
@@ -559,6 +566,14 @@ void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, i
   if (hsp == 32) attention_forward_hsp<32>(out, lse, qkv, B, T, C, NH);
   else if (hsp == 64) attention_forward_hsp<64>(out, lse, qkv, B, T, C, NH);
   else attention_forward_hsp<128>(out, lse, qkv, B, T, C, NH);
+}
+
+void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  attention_forward_any(out, lse, qkv, B, T, C, NH);
+}
+
+void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
 void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
@@ -578,8 +593,14 @@ void CudaModelOps::attention_backward(float* dqkv, const float* dout, const floa
 
 void CudaModelOps::gelu_forward(float* out, const float* inp, int64_t N) {
   if (N <= 0) return;
-  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel)(out, inp, N);
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<float>)(out, inp, N);
   check_launch("gelu_forward");
+}
+
+void CudaModelOps::gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) {
+  if (N <= 0) return;
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<uint16_t>)(out, inp, N);
+  check_launch("gelu_forward_bf16");
 }
 
 void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {

@@ -66,9 +66,12 @@ class CudaModelOps final : public ModelOps {
                         int C, int V) override;
   void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
                             int C) override;
-  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
-                           uint16_t* scratch) override;
-  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+  void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int N, int C) override;
+  void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) override;
+  void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                           int OC) override;
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                             const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override;
   void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                             uint16_t* scratch) override;
@@ -77,6 +80,8 @@ class CudaModelOps final : public ModelOps {
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                           int NH) override;
+  // The fp32 attention kernels, out rounded to bf16 as it is stored (no bf16 products yet).
+  void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override;
@@ -106,8 +111,13 @@ class CudaModelOps final : public ModelOps {
   // cuda_model_ops.cu only).
   template <class Val>
   void column_reduce(float* dst, const Val& val, int64_t N, int ncols, const char* what);
-  template <int HSP>
-  void attention_forward_hsp(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+  template <class Out>
+  void layernorm_forward_any(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                             int N, int C, const char* what);
+  template <class Out>
+  void attention_forward_any(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+  template <int HSP, class Out>
+  void attention_forward_hsp(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH);
   template <int HSP>
   void attention_backward_hsp(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
                               int C, int NH);

@@ -2,46 +2,58 @@
 #include "model/gpt2_block.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "model/gpt2_ops.h"
 #include "model/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 
-// Per token: ln1, qkv(3), atty, res1, ln2, fc(4), fc_gelu(4) = 15 C; 4 LN stats; NH lse.
-int64_t block_acts_numel(const BlockDims& d) {
-  return int64_t{d.B} * d.T * (15 * int64_t{d.C} + 4 + d.NH);
+// Per token: ln1, qkv(3), atty, res1, ln2, fc(4), fc_gelu(4) = 15 C; 4 LN stats; NH lse. bf16
+// compute: ln1, atty, ln2 and fc_gelu (7 C) in bf16, 3.5 C floats (BT*C is even: BT*7C/2 whole).
+int64_t block_acts_numel(const BlockDims& d, bool bf16) {
+  const int64_t BT = int64_t{d.B} * d.T, C = d.C;
+  return bf16 ? BT * (8 * C + 4 + d.NH) + (BT * 7 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
 }
 
-BlockActs block_acts_bind(float* base, const BlockDims& d) {
+BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
   const int64_t BT = int64_t{d.B} * d.T, BTC = BT * d.C;
   BlockActs a;
   float* p = base;
   auto take = [&](int64_t n) { float* r = p; p += n; return r; };
-  a.ln1 = take(BTC);
+  a.ln1 = bf16 ? nullptr : take(BTC);
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
   a.qkv = take(3 * BTC);
-  a.atty = take(BTC);
+  a.atty = bf16 ? nullptr : take(BTC);
   a.att_lse = take(BT * d.NH);
   a.res1 = take(BTC);
-  a.ln2 = take(BTC);
+  a.ln2 = bf16 ? nullptr : take(BTC);
   a.ln2_mean = take(BT);
   a.ln2_rstd = take(BT);
   a.fc = take(4 * BTC);
-  a.fc_gelu = take(4 * BTC);
+  a.fc_gelu = bf16 ? nullptr : take(4 * BTC);
+  if (bf16) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p);
+    auto take16 = [&](int64_t n) { uint16_t* r = h; h += n; return r; };
+    a.ln1_bf16 = take16(BTC);
+    a.atty_bf16 = take16(BTC);
+    a.ln2_bf16 = take16(BTC);
+    a.fc_gelu_bf16 = take16(4 * BTC);
+  }
   return a;
 }
 
 // Two [BT,4C] buffers reused along backward, plus dres1 and dln [BT,C].
 int64_t block_scratch_numel(const BlockDims& d) { return 10 * int64_t{d.B} * d.T * d.C; }
 
-BlockBuffers::BlockBuffers(const BlockDims& d)
-    : acts_mem(block_acts_numel(d)), scratch(block_scratch_numel(d)),
-      acts(block_acts_bind(acts_mem.data(), d)) {}
+BlockBuffers::BlockBuffers(const BlockDims& d, bool bf16)
+    : acts_mem(block_acts_numel(d, bf16)), scratch(block_scratch_numel(d)),
+      acts(block_acts_bind(acts_mem.data(), d, bf16)) {}
 
-// The widest product's operands: fc_proj's [BT,4C] input beside its [BT,C] output gradient.
-int64_t block_bf16_scratch_numel(const BlockDims& d) { return bf16_scratch_numel(d.B * d.T, 4 * d.C, d.C); }
+// The widest rounded dout: c_fc's [BT,4C] output gradient.
+int64_t block_bf16_scratch_numel(const BlockDims& d) { return int64_t{d.B} * d.T * 4 * d.C; }
 
 std::array<std::pair<int64_t, int64_t>, 8> block_vectors(int C) {
   const auto sizes = block_tensor_sizes(C);
@@ -80,15 +92,35 @@ Linears linears(const BlockWeights& w, int C) {
           {nullptr, b.fcproj_w, w.scratch}};
 }
 
-void forward(ModelOps& ops, const Linear& l, float* out, const float* inp, const float* bias, int N, int C, int OC) {
-  if (l.bf16) ops.matmul_forward_bf16(out, inp, l.bf16, bias, N, C, OC, l.scratch);
-  else ops.matmul_forward(out, inp, l.f32, bias, N, C, OC);
+// A linear layer's input: fp32, or in bf16 compute the bf16 copy its producer wrote.
+struct Input {
+  const float* f32;
+  const uint16_t* bf16;
+};
+
+void forward(ModelOps& ops, const Linear& l, float* out, Input inp, const float* bias, int N, int C, int OC) {
+  if (l.bf16) ops.matmul_forward_bf16(out, inp.bf16, l.bf16, bias, N, C, OC);
+  else ops.matmul_forward(out, inp.f32, l.f32, bias, N, C, OC);
 }
 
-void backward(ModelOps& ops, const Linear& l, float* dinp, float* dW, float* dbias, const float* dout,
-              const float* inp, int N, int C, int OC) {
-  if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp, l.bf16, N, C, OC, l.scratch);
-  else ops.matmul_backward(dinp, dW, dbias, dout, inp, l.f32, N, C, OC);
+void backward(ModelOps& ops, const Linear& l, float* dinp, float* dW, float* dbias, const float* dout, Input inp,
+              int N, int C, int OC) {
+  if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp.bf16, l.bf16, N, C, OC, l.scratch);
+  else ops.matmul_backward(dinp, dW, dbias, dout, inp.f32, l.f32, N, C, OC);
+}
+
+// LayerNorm into out, or (bf16 compute, out16 set) rounded into out16.
+void layernorm(ModelOps& ops, float* out, uint16_t* out16, float* mean, float* rstd, const float* inp,
+               const float* w, const float* b, int N, int C) {
+  if (out16) ops.layernorm_forward_bf16(out16, mean, rstd, inp, w, b, N, C);
+  else ops.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+}
+
+// bf16 weights need acts bound for bf16 and fp32 weights fp32 acts: a caller's bug otherwise.
+void check_acts(const BlockActs& a, const BlockWeights& w) {
+  if ((w.bf16 != nullptr) == (a.ln1_bf16 != nullptr)) return;
+  std::fprintf(stderr, "zoe: gpt2 block: %s weights with acts bound for the other compute\n", w.bf16 ? "bf16" : "fp32");
+  std::abort();
 }
 
 // The vectors, from the fp32 unit or from their packed widened copy (bf16 compute).
@@ -110,15 +142,17 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   const auto p = vectors(w, d.C);
   const Linears m = linears(w, d.C);
   const int BT = d.B * d.T, C = d.C;
-  ops.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
-  forward(ops, m.qkv, a.qkv, a.ln1, p.qkv_b, BT, C, 3 * C);
-  if (w.bf16) ops.attention_forward_bf16(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  check_acts(a, w);
+  layernorm(ops, a.ln1, a.ln1_bf16, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
+  forward(ops, m.qkv, a.qkv, {a.ln1, a.ln1_bf16}, p.qkv_b, BT, C, 3 * C);
+  if (w.bf16) ops.attention_forward_bf16(a.atty_bf16, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
   else ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
-  forward(ops, m.attproj, a.res1, a.atty, p.attproj_b, BT, C, C);
+  forward(ops, m.attproj, a.res1, {a.atty, a.atty_bf16}, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
-  ops.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
-  forward(ops, m.fc, a.fc, a.ln2, p.fc_b, BT, C, 4 * C);
-  ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
+  layernorm(ops, a.ln2, a.ln2_bf16, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
+  forward(ops, m.fc, a.fc, {a.ln2, a.ln2_bf16}, p.fc_b, BT, C, 4 * C);
+  if (w.bf16) ops.gelu_forward_bf16(a.fc_gelu_bf16, a.fc, int64_t{BT} * 4 * C);
+  else ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
 }
 
 }  // namespace
@@ -128,7 +162,7 @@ void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const Block
   const auto p = vectors(w, d.C);
   const int BT = d.B * d.T, C = d.C;
   forward_saved(ops, acts, w, inp, d);
-  forward(ops, linears(w, C).fcproj, out, acts.fc_gelu, p.fcproj_b, BT, 4 * C, C);
+  forward(ops, linears(w, C).fcproj, out, {acts.fc_gelu, acts.fc_gelu_bf16}, p.fcproj_b, BT, 4 * C, C);
   ops.residual_forward(out, out, acts.res1, int64_t{BT} * C);
 }
 
@@ -146,21 +180,22 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
   // MLP branch. dout reaches res1 directly (residual) and through the MLP.
   ops.zero(buf_a, 4 * BTC);
-  backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, a.fc_gelu, BT, 4 * C, C);
+  check_acts(a, w);
+  backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
   ops.zero(buf_b, 4 * BTC);
   ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC);
   ops.zero(dln, BTC);
-  backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, a.ln2, BT, C, 4 * C);
+  backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
   ops.copy(dres1, dout, BTC);
   ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
   ops.zero(buf_a, BTC);
-  backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, a.atty, BT, C, C);
+  backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
   if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   else ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   ops.zero(dln, BTC);
-  backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, a.ln1, BT, C, 3 * C);
+  backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);
   ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
 }

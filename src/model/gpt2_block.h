@@ -48,7 +48,10 @@ BlockTensors<P> block_tensors(P flat, int C) {
 }
 inline int64_t block_numel(int C) { return 12 * int64_t{C} * C + 13 * int64_t{C}; }
 
-// What backward needs from forward (all overwritten by forward). BT = B*T.
+// What backward needs from forward (all overwritten by forward). BT = B*T. In bf16 compute the
+// four inputs of the linear layers (ln1, atty, ln2, fc_gelu) are kept only rounded to bf16, as
+// their producers write them and as the products and their backward read them: the *_bf16
+// pointers are set and those four float pointers are null.
 struct BlockActs {
   float* ln1;       // [BT,C]   ln_1 output
   float* ln1_mean;  // [BT]
@@ -62,9 +65,11 @@ struct BlockActs {
   float* ln2_rstd;  // [BT]
   float* fc;        // [BT,4C]  mlp.c_fc output (GELU input)
   float* fc_gelu;   // [BT,4C]  GELU output (mlp.c_proj input)
+  uint16_t *ln1_bf16 = nullptr, *atty_bf16 = nullptr, *ln2_bf16 = nullptr, *fc_gelu_bf16 = nullptr;
 };
-int64_t block_acts_numel(const BlockDims& d);
-BlockActs block_acts_bind(float* base, const BlockDims& d);  // base: block_acts_numel floats
+// Floats of one block's BlockActs (fewer in bf16 compute); base: that many floats.
+int64_t block_acts_numel(const BlockDims& d, bool bf16 = false);
+BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16 = false);
 
 // Floats of scratch block_backward needs.
 int64_t block_scratch_numel(const BlockDims& d);
@@ -73,7 +78,7 @@ int64_t block_scratch_numel(const BlockDims& d);
 // `bf16` is the gathered bf16 unit, whose matrices the products read in place; `f32` then holds
 // only the unit's 8 vectors (LayerNorm weights, biases), widened and packed in unit order (13C
 // floats; block_vectors says where each lies in the unit); `scratch` (block_bf16_scratch_numel
-// elements) takes the activations rounded for each product.
+// elements) takes each backward's dout rounded. The acts are bound for bf16 (block_acts_bind).
 struct BlockWeights {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;  // null: fp32 compute
@@ -104,7 +109,7 @@ inline void block_backward(ModelOps& ops, float* dinp, float* dparams, const flo
 
 // Owns one BlockActs and one backward scratch: a convenience for tests and simple callers.
 struct BlockBuffers {
-  explicit BlockBuffers(const BlockDims& d);
+  explicit BlockBuffers(const BlockDims& d, bool bf16 = false);
   std::vector<float> acts_mem, scratch;
   BlockActs acts;
 };

@@ -51,7 +51,7 @@ Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
   }
   acts_mem_.assign(ckpt_ ? 1 : L, nullptr);
   for (auto& a : acts_mem_) {
-    ZOE_ASSIGN_OR_RETURN(a, take(block_acts_numel(dims_)));
+    ZOE_ASSIGN_OR_RETURN(a, take(block_acts_numel(dims_, bf16_)));
   }
   ZOE_ASSIGN_OR_RETURN(lnf_, take(BT * C));
   ZOE_ASSIGN_OR_RETURN(lnf_mean_, take(BT));
@@ -110,7 +110,7 @@ Status Gpt2Model::release_held(Engine& e) {
 BlockWeights Gpt2Model::block_weights(const uint16_t* unit) const { return {params_, unit, bf16_scratch_}; }
 
 Status Gpt2Model::block_forward(Engine& e, int l) {
-  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_, bf16_);
   if (!bf16_) {
     ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
     ZOE_SPAN("block " + std::to_string(l), "compute", Bucket::kForward);
@@ -126,7 +126,7 @@ Status Gpt2Model::block_forward(Engine& e, int l) {
 }
 
 Status Gpt2Model::block_backward(Engine& e, int l) {
-  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_);
+  BlockActs acts = block_acts_bind(acts_mem_[ckpt_ ? 0 : l], dims_, bf16_);
   BlockWeights w{params_};
   if (bf16_) {
     ZOE_ASSIGN_OR_RETURN(const uint16_t* unit, fetch_bf16(e, 1 + l, true));

@@ -48,18 +48,24 @@ void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const floa
                       const float* wte, int N, int C, int V);
 
 // ---- bf16 compute (as torch's CPU autocast): the weights are the gathered bf16 unit, read in
-// place (bf16 bit patterns, no fp32 copy); the fp32 activations a product reads (inp, dout,
-// dlogits) are rounded to bf16 into `scratch` first, and every product accumulates in fp32.
-// Outputs, their dtypes (fp32) and rules are those of the fp32 functions above. scratch holds
-// bf16_scratch_numel(N, C, OC) elements: N*C for a forward, N*(C+OC) for a backward (OC = V for
-// the LM head).
+// place (bf16 bit patterns, no fp32 copy), and every product accumulates in fp32. A linear
+// layer's input is bf16 already: its producer (layernorm_forward_bf16, attention_forward_bf16,
+// gelu_forward_bf16) wrote it rounded, and it is kept that way for the backward. The other
+// operands (dout, the LM head's input and dlogits) are rounded into `scratch` first: N*OC
+// elements for a linear backward, bf16_scratch_numel(N, C, V) for the LM head. Outputs, their
+// dtypes (fp32) and rules are those of the fp32 functions above.
 inline int64_t bf16_scratch_numel(int N, int C, int OC) { return int64_t{N} * (int64_t{C} + OC); }
 void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe, int B, int T,
                           int C);
-void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
-                         uint16_t* scratch);
-void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                         int OC);
+void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                           const uint16_t* W, int N, int C, int OC, uint16_t* scratch);
+// layernorm_forward and gelu_forward with their outputs rounded to bf16 (the same fp32 values,
+// then f32_to_bf16): the products after them read nothing else.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                            const float* b, int N, int C);
+void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N);
 void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                           uint16_t* scratch);
 void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
@@ -77,8 +83,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                         int T, int C, int NH);
 // The same in bf16 compute: q, k, v, dout and the probabilities rounded to bf16 for the products
-// (fp32 accumulation), softmax and lse fp32. lse is only for attention_backward_bf16.
-void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// (fp32 accumulation), softmax and lse fp32, out rounded to bf16. lse is only for
+// attention_backward_bf16.
+void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                              int NH);
 

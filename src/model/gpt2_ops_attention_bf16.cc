@@ -3,6 +3,7 @@
 // model's GEMM path (fp32 accumulation: oneDNN's bf16 kernels where the CPU has bf16 units), the
 // softmax, its gradient and the log-sum-exp stay fp32. Layout and rules are attention_forward's.
 //
+// The output is written rounded to bf16: only the projection after it reads it, as a bf16 operand.
 // One oneTBB task per (batch, head), as the fp32 kernel. A head's q, k, v (and dout) are rounded
 // into contiguous bf16 rows; queries then go in blocks of kQ rows, each against the keys before
 // its end only: the products skip what the causal mask would zero, up to the block's diagonal.
@@ -26,6 +27,7 @@ using detail::kTrans;
 struct HeadBuffers {
   std::vector<uint16_t> q, k, v, dout;  // [T][hs]
   std::vector<float> s, dp;             // [kQ][T]: scores / probabilities, dout . v
+  std::vector<float> o;                 // [kQ][hs]: a block's output before its rounding
   std::vector<uint16_t> p16, ds16;      // [kQ][T]
   // This thread's buffers, grown to fit: no allocation or zeroing per task.
   static HeadBuffers& mine(int T, int hs) {
@@ -36,6 +38,7 @@ struct HeadBuffers {
     };
     grow(b.q, head), grow(b.k, head), grow(b.v, head), grow(b.dout, head);
     grow(b.s, block), grow(b.dp, block), grow(b.p16, block), grow(b.ds16, block);
+    grow(b.o, size_t(kQ) * hs);
     return b;
   }
 };
@@ -74,7 +77,7 @@ struct Head {
   float scale;
 };
 
-void bf16_head_forward(float* out, int64_t ldo, float* lse, const float* qkv, int C, const Head& h, HeadBuffers& b) {
+void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const float* qkv, int C, const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs;
   round_rows(b.q.data(), qkv, h.ld, T, hs);
   round_rows(b.k.data(), qkv + C, h.ld, T, hs);
@@ -88,7 +91,8 @@ void bf16_head_forward(float* out, int64_t ldo, float* lse, const float* qkv, in
       lse[i0 + r] = block_softmax_row(s, i0 + r, n, h.scale);
       detail::round_range(b.p16.data() + int64_t{r} * T, s, n);
     }
-    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, b.v.data(), hs, 0.f, out + i0 * ldo, int(ldo));
+    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, b.v.data(), hs, 0.f, b.o.data(), hs);
+    for (int r = 0; r < rows; r++) detail::round_range(out + (i0 + r) * ldo, b.o.data() + int64_t{r} * hs, hs);
   }
 }
 
@@ -126,7 +130,7 @@ Head head_of(int T, int C, int NH) {
 
 }  // namespace
 
-void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   const Head h = head_of(T, C, NH);
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);

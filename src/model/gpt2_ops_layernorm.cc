@@ -7,23 +7,39 @@
 
 namespace zoe::gpt2 {
 
+// Rows [r0, r1) into out (fp32), or rounded to bf16 into out16 (the same values, rounded).
+static void layernorm_rows(float* out, uint16_t* out16, float* mean, float* rstd, const float* inp, const float* w,
+                           const float* b, int64_t r0, int64_t r1, int C) {
+  thread_local std::vector<float> row;
+  if (out16 && row.size() < size_t(C)) row.resize(C);
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
+    float m = 0.f;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    float v = 0.f;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    float s = 1.f / std::sqrt(v / C + 1e-5f);
+    float* o = out16 ? row.data() : out + r * C;
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+    if (out16) detail::round_range(out16 + r * C, o, C);
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C) {
   detail::parallel_range(N, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      const float* x = inp + r * C;
-      // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
-      float m = 0.f;
-      for (int c = 0; c < C; c++) m += x[c];
-      m /= C;
-      float v = 0.f;
-      for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-      float s = 1.f / std::sqrt(v / C + 1e-5f);
-      float* o = out + r * C;
-      for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
-      mean[r] = m;
-      rstd[r] = s;
-    }
+    layernorm_rows(out, nullptr, mean, rstd, inp, w, b, r0, r1, C);
+  });
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                            const float* b, int N, int C) {
+  detail::parallel_range(N, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
+    layernorm_rows(nullptr, out, mean, rstd, inp, w, b, r0, r1, C);
   });
 }
 

@@ -125,26 +125,21 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
   detail::parallel_range(n, 32768, [&](int64_t a, int64_t b) { detail::round_range(dst + a, src + a, b - a); });
 }
 
-// The bf16 functions mirror the fp32 ones above operand for operand; only the activations'
-// rounding into scratch comes first. scratch: [0, N*C) the C-wide operand, then the OC-wide one.
-void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
-                         uint16_t* scratch) {
-  round_to_bf16(scratch, inp, int64_t{N} * C);
+// The bf16 functions mirror the fp32 ones above operand for operand. A linear layer's input is
+// bf16 already (its producer wrote it rounded); dout is rounded into scratch, N*OC elements.
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                         int OC) {
   if (bias) seed_bias(out, bias, N, OC);
-  bgemm(kNoTrans, kNoTrans, N, OC, C, scratch, C, W, OC, bias ? 1.f : 0.f, out, OC);
+  bgemm(kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, bias ? 1.f : 0.f, out, OC);
 }
 
-void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                           const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
-  uint16_t* inp16 = scratch;
-  uint16_t* dout16 = scratch + int64_t{N} * C;
+  uint16_t* dout16 = scratch;
   // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
   if (dinp || dW || dbias) bias_backward(dbias, dout, N, OC, dinp || dW ? dout16 : nullptr);
   if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, 1.f, dinp, C);
-  if (dW) {
-    round_to_bf16(inp16, inp, int64_t{N} * C);
-    bgemm(kTrans, kNoTrans, C, OC, N, inp16, C, dout16, OC, 1.f, dW, OC);
-  }
+  if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, 1.f, dW, OC);
 }
 
 void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,

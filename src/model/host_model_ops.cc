@@ -51,11 +51,16 @@ class HostModelOps final : public ModelOps {
                             int C) override {
     gpt2::encoder_forward_bf16(out, inp, wte, wpe, B, T, C);
   }
-  void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N, int C, int OC,
-                           uint16_t* scratch) override {
-    gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC, scratch);
+  void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int N, int C) override {
+    gpt2::layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C);
   }
-  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+  void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) override { gpt2::gelu_forward_bf16(out, inp, N); }
+  void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                           int OC) override {
+    gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC);
+  }
+  void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                             const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
     gpt2::matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
   }
@@ -74,7 +79,7 @@ class HostModelOps final : public ModelOps {
                           int NH) override {
     gpt2::attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
-  void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+  void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
     gpt2::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
   }
   void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,

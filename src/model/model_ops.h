@@ -39,13 +39,17 @@ class ModelOps {
   virtual void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) = 0;
   virtual void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte,
                                 int N, int C, int V) = 0;
-  // bf16 compute (gpt2_ops.h, "bf16 compute"): weights are bf16 device memory read in place; the
-  // activations a product reads are rounded into scratch (device memory, bf16_scratch_numel).
+  // bf16 compute (gpt2_ops.h, "bf16 compute"): weights are bf16 device memory read in place; a
+  // linear layer's input is bf16, written so by its producer (the *_bf16 forwards below); the
+  // other activations a product reads are rounded into scratch (device memory).
   virtual void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe,
                                     int B, int T, int C) = 0;
-  virtual void matmul_forward_bf16(float* out, const float* inp, const uint16_t* W, const float* bias, int N,
-                                   int C, int OC, uint16_t* scratch) = 0;
-  virtual void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+  virtual void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
+                                      const float* b, int N, int C) = 0;
+  virtual void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) = 0;
+  virtual void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
+                                   int C, int OC) = 0;
+  virtual void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                                     const uint16_t* W, int N, int C, int OC, uint16_t* scratch) = 0;
   virtual void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                                     uint16_t* scratch) = 0;
@@ -54,11 +58,11 @@ class ModelOps {
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
                                   int C, int NH) = 0;
-  // bf16 compute's attention (gpt2_ops.h): bf16 products, fp32 softmax. A device without one
-  // runs the fp32 attention (the CUDA device does, for now).
-  virtual void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    attention_forward(out, lse, qkv, B, T, C, NH);
-  }
+  // bf16 compute's attention (gpt2_ops.h): bf16 products, fp32 softmax, out rounded to bf16. A
+  // device without bf16 products in its attention runs the fp32 kernels and rounds out (the CUDA
+  // device does, for now); the backward's default is the fp32 one.
+  virtual void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C,
+                                      int NH) = 0;
   virtual void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                                        int T, int C, int NH) {
     attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
