@@ -162,6 +162,36 @@ TEST_P(GemmPaths, SlicedProductsMatchAndDoNotDependOnTheThreadCount) {
   }
 }
 
+// A bias is added to every row, sliced or not, at beta 0 (C never read) and 1: the reference's
+// product onto C seeded with beta C + bias, within fp32 rounding.
+TEST_P(GemmPaths, BiasIsAddedToEveryRow) {
+  GemmPath p = GetParam();
+  for (GemmType t : {GemmType::kF32, GemmType::kBF16}) {
+    if (!gemm_supported(p, t)) continue;
+    for (GemmShape s : {GemmShape{false, false, 37, 300, 20, 20, 300, 301}, GemmShape{true, false, 600, 40, 9, 600, 40, 40}}) {
+      for (float beta : {0.f, 1.f}) {
+        Data x = make_data(s, 5, true);
+        std::vector<float> bias(s.N);
+        for (int j = 0; j < s.N; ++j) bias[j] = 0.25f * float(j % 7) - 0.5f;
+        const void* a = t == GemmType::kF32 ? static_cast<const void*>(x.a.data()) : x.a16.data();
+        const void* b = t == GemmType::kF32 ? static_cast<const void*>(x.b.data()) : x.b16.data();
+        std::vector<float> want = x.c, got = x.c, sliced = x.c;
+        if (beta == 0.f) std::fill(got.begin(), got.end() - 1, std::numeric_limits<float>::quiet_NaN());
+        for (int i = 0; i < s.M; ++i)
+          for (int j = 0; j < s.N; ++j) want[size_t(i) * s.ldc + j] = bias[j] + beta * want[size_t(i) * s.ldc + j];
+        for (int i = 0; i < s.M; ++i)  // the gaps between rows as the paths leave them
+          for (int j = s.N; j < s.ldc; ++j) got[size_t(i) * s.ldc + j] = sliced[size_t(i) * s.ldc + j] = x.c[size_t(i) * s.ldc + j];
+        ASSERT_TRUE(gemm(GemmPath::kReference, GemmType::kF32, s, x.a.data(), x.b.data(), 1.f, want.data()).ok());
+        ASSERT_TRUE(gemm(p, t, s, a, b, beta, got.data(), bias.data()).ok());
+        ASSERT_TRUE(gemm_sliced(p, t, s, a, b, beta, sliced.data(), bias.data()).ok());
+        const std::string what = std::string(gemm_path_name(p)) + " " + gemm_type_name(t) + " beta " + std::to_string(beta);
+        expect_close(s, x, 1.f, x.c, got, want, 1e-5, what.c_str());
+        expect_close(s, x, 1.f, x.c, sliced, want, 1e-5, (what + " sliced").c_str());
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, GemmPaths, ::testing::Values(GemmPath::kReference, GemmPath::kOpenBlas, GemmPath::kOneDnn),
                          [](const auto& i) { return std::string(gemm_path_name(i.param)); });
 

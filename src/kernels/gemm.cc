@@ -96,10 +96,24 @@ Result<GemmPath> gemm_path(GemmType t) {
   return gemm_supported(GemmPath::kOneDnn, t) ? GemmPath::kOneDnn : GemmPath::kOpenBlas;
 }
 
-Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C) {
+// C = bias (each row) + beta C, for the paths without a bias argument: the product then adds onto it.
+static void seed_rows(const GemmShape& s, float beta, float* C, const float* bias) {
+  for (int64_t r = 0; r < s.M; ++r) {
+    float* c = C + r * s.ldc;
+    for (int j = 0; j < s.N; ++j) c[j] = bias[j] + (beta == 0.f ? 0.f : beta * c[j]);
+  }
+}
+
+Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+            const float* bias) {
   if (!gemm_supported(p, t))
     return Status::Unsupported(fmt::format("no {} GEMM through {} here", gemm_type_name(t), gemm_path_name(p)));
   if (s.M == 0 || s.N == 0) return Status::Ok();
+  if (p == GemmPath::kOneDnn) return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C, bias);
+  if (bias) {
+    seed_rows(s, beta, C, bias);
+    beta = 1.f;
+  }
   switch (p) {
     case GemmPath::kOpenBlas:
       if (t == GemmType::kBF16) {
@@ -111,7 +125,7 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
         openblas(s, static_cast<const float*>(A), s.lda, static_cast<const float*>(B), s.ldb, beta, C);
       }
       return Status::Ok();
-    case GemmPath::kOneDnn: return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C);
+    case GemmPath::kOneDnn:
     case GemmPath::kReference: break;
   }
   if (t == GemmType::kBF16) {
@@ -137,7 +151,8 @@ static int64_t slice_width(int64_t extent) {
   return (w + 15) / 16 * 16;
 }
 
-Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C) {
+Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                   const float* bias) {
   const size_t esize = t == GemmType::kBF16 ? 2 : 4;
   const auto* a = static_cast<const char*>(A);
   const auto* b = static_cast<const char*>(B);
@@ -154,6 +169,7 @@ Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, co
       const char* ga = a;
       const char* gb = b;
       float* gc;
+      const float* gbias = bias;
       if (by_rows) {  // rows i0.. of op(A) and of C
         g.M = static_cast<int>(n);
         ga += (s.ta ? i0 : i0 * s.lda) * esize;
@@ -162,10 +178,11 @@ Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, co
         g.N = static_cast<int>(n);
         gb += (s.tb ? i0 * s.ldb : i0) * esize;
         gc = C + i0;
+        if (bias) gbias = bias + i0;
       }
-      Status st = gemm(p, t, g, ga, gb, beta, gc);
+      Status st = gemm(p, t, g, ga, gb, beta, gc, gbias);
       if (st.ok()) continue;
-      (void)gemm(GemmPath::kOpenBlas, t, g, ga, gb, beta, gc);
+      (void)gemm(GemmPath::kOpenBlas, t, g, ga, gb, beta, gc, gbias);
       std::lock_guard<std::mutex> l(mu);
       if (first.ok()) first = st;
     }

@@ -40,9 +40,11 @@ Result<GemmPath> gemm_path(GemmType t);
 // when the build has no oneDNN).
 std::string gemm_onednn_isa();
 
-// A and B hold fp32 (kF32) or bf16 bit patterns (kBF16, as uint16_t). An unsupported path is
-// kUnsupported; nothing else fails but an allocation inside oneDNN.
-Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C);
+// A and B hold fp32 (kF32) or bf16 bit patterns (kBF16, as uint16_t). bias (N floats, or null) is
+// added to every row of C: oneDNN's bias argument, a seeding of C on the other paths. An
+// unsupported path is kUnsupported; nothing else fails but an allocation inside oneDNN.
+Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+            const float* bias = nullptr);
 
 // The same product in slices of about 256 columns (or rows where C is taller than wide; an even
 // count of equal widths) that oneTBB's workers take as they come free, each one single-threaded
@@ -52,6 +54,7 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
 // alone: each element of C is one dot product over all of K whatever the thread count. A slice
 // whose path fails (oneDNN out of memory) is computed by OpenBLAS instead; the first such error
 // is returned, the product whole.
-Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C);
+Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                   const float* bias = nullptr);
 
 }  // namespace zoe

@@ -19,7 +19,7 @@ namespace {
 using dnnl::memory;
 
 struct Key {
-  bool bf16, ta, tb;
+  bool bf16, ta, tb, bias;
   int M, N, K, lda, ldb, ldc;
   float beta;
   bool operator==(const Key&) const = default;
@@ -28,14 +28,14 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<float>()(k.beta);
-    for (int v : {int(k.bf16), int(k.ta), int(k.tb), k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ size_t(v);
+    for (int v : {int(k.bf16), int(k.ta), int(k.tb), int(k.bias), k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ size_t(v);
     return h;
   }
 };
 
 struct Product {
   dnnl::matmul prim;
-  memory::desc a, b, c;
+  memory::desc a, b, c, bias;
 };
 
 dnnl::engine& cpu() {
@@ -52,14 +52,16 @@ memory::desc matrix(int rows, int cols, int ld, bool transposed, memory::data_ty
 Product make(const Key& k) {
   auto t = k.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   Product p{{}, matrix(k.M, k.K, k.lda, k.ta, t), matrix(k.K, k.N, k.ldb, k.tb, t),
-            matrix(k.M, k.N, k.ldc, false, memory::data_type::f32)};
+            matrix(k.M, k.N, k.ldc, false, memory::data_type::f32), {}};
+  if (k.bias) p.bias = memory::desc({1, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
   dnnl::primitive_attr attr;
   if (k.beta != 0) {  // C = beta C + product, as the post-op "sum"
     dnnl::post_ops ops;
     ops.append_sum(k.beta);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu());
+  auto desc = k.bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
+  dnnl::matmul::primitive_desc pd(desc, attr, cpu());
   p.prim = dnnl::matmul(pd);
   return p;
 }
@@ -88,18 +90,20 @@ std::string isa() {
   }
 }
 
-Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C) {
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C, const float* bias) {
   thread_local bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
   thread_local std::unordered_map<Key, Product, KeyHash> products;
   thread_local dnnl::stream stream(cpu());
-  Key k{bf16, s.ta, s.tb, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
+  Key k{bf16, s.ta, s.tb, bias != nullptr, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
   try {
     auto it = products.find(k);
     if (it == products.end()) it = products.emplace(k, make(k)).first;
     Product& p = it->second;
     memory a(p.a, cpu(), const_cast<void*>(A)), b(p.b, cpu(), const_cast<void*>(B)), c(p.c, cpu(), C);
-    p.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias, cpu(), const_cast<float*>(bias)));
+    p.prim.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     return Status::Runtime(fmt::format("oneDNN {} matmul {}x{}x{}: {}", bf16 ? "bf16" : "fp32", s.M, s.N, s.K, e.what()));

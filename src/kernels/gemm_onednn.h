@@ -9,6 +9,7 @@ namespace zoe::onednn {
 
 bool supported(bool bf16);
 std::string isa();
-Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C);
+// bias (N floats, or null): added to every row, as oneDNN's bias argument.
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C, const float* bias);
 
 }  // namespace zoe::onednn

@@ -1,4 +1,5 @@
 // GELU, tanh approximation (GPT-2's "gelu_new").
+#include <algorithm>
 #include <cstring>
 
 #include "model/gpt2_ops.h"
@@ -9,7 +10,6 @@ namespace zoe::gpt2 {
 namespace {
 
 using detail::v8f;
-using detail::v8h;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 constexpr int64_t kGrain = 16384;
@@ -32,17 +32,16 @@ ZOE_SIMD_CLONES void gelu_forward_range(float* out, const float* inp, int64_t i0
   if (i < i1) store8n(out + i, gelu8(load8n(inp + i, i1 - i)), i1 - i);
 }
 
-// The same values rounded to bf16, 8 at a time.
+// The same values rounded to bf16: 256 at a time into a buffer in L1, then rounded. Rounding
+// each vector as it is made ran 1.75x slower than the fp32 loop (Zen 4, AVX2 and AVX-512 clones
+// alike); this way 1.25x.
 ZOE_SIMD_CLONES void gelu_forward_bf16_range(uint16_t* out, const float* inp, int64_t i0, int64_t i1) {
-  using namespace detail;
-  int64_t i = i0;
-  for (; i + 8 <= i1; i += 8) {
-    const v8h h = bf16x8(gelu8(load8(inp + i)));
-    std::memcpy(out + i, &h, sizeof h);
-  }
-  if (i < i1) {
-    const v8h h = bf16x8(gelu8(load8n(inp + i, i1 - i)));
-    std::memcpy(out + i, &h, (i1 - i) * sizeof(uint16_t));
+  constexpr int64_t kBuf = 256;
+  float buf[kBuf];
+  for (int64_t i = i0; i < i1; i += kBuf) {
+    const int64_t n = std::min(kBuf, i1 - i);
+    gelu_forward_range(buf, inp + i, 0, n);
+    detail::round_range(out + i, buf, n);
   }
 }
 

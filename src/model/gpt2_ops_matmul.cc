@@ -31,8 +31,8 @@ GemmPath path(GemmType t) {
 // A product in slices over oneTBB's workers (kernels/gemm.h); a path that fails (oneDNN out of
 // memory) has left its slices to OpenBLAS, which says so once.
 void product(GemmType t, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
-             float beta, float* C, int ldc) {
-  Status st = gemm_sliced(path(t), t, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C);
+             float beta, float* C, int ldc, const float* bias = nullptr) {
+  Status st = gemm_sliced(path(t), t, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C, bias);
   if (st.ok()) return;
   static std::once_flag told;
   std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
@@ -127,10 +127,10 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
 
 // The bf16 functions mirror the fp32 ones above operand for operand. A linear layer's input is
 // bf16 already (its producer wrote it rounded); dout is rounded into scratch, N*OC elements.
+// The bias goes in with the product (oneDNN's bias argument): out is written once, never read.
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC) {
-  if (bias) seed_bias(out, bias, N, OC);
-  bgemm(kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, bias ? 1.f : 0.f, out, OC);
+  product(GemmType::kBF16, kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, 0.f, out, OC, bias);
 }
 
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
