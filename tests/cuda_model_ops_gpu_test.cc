@@ -269,8 +269,9 @@ void check_matmul(CudaModelOpsTest& t, int N, int C, int OC, bool with_bias, siz
            dbias0 = rnd(OC, seed + 6);
   DevF d_dout(dout, offset), d_dinp(dinp0, offset), d_dW(dW0, offset), d_dbias(dbias0, offset);
   Vf dinp = dinp0, dW = dW0, dbias = dbias0;
-  t.cpu().matmul_backward(dinp.data(), dW.data(), dbias.data(), dout.data(), inp.data(), W.data(), N, C, OC);
-  t.gpu().matmul_backward(d_dinp.get(), d_dW.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.cpu().matmul_backward(dinp.data(), dW.data(), dbias.data(), dout.data(), inp.data(), W.data(), N, C, OC, false);
+  t.gpu().matmul_backward(d_dinp.get(), d_dW.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC,
+                          false);
   t.sync();
   const Vf g_dinp = d_dinp.download(), g_dW = d_dW.download(), g_dbias = d_dbias.download();
   EXPECT_LT(rel_err(g_dinp, dinp, &dinp0), kBwdTol) << "dinp";
@@ -280,12 +281,12 @@ void check_matmul(CudaModelOpsTest& t, int N, int C, int OC, bool with_bias, siz
   d_dinp.upload(dinp0);
   d_dW.upload(dW0);
   d_dbias.upload(dbias0);
-  t.gpu().matmul_backward(nullptr, d_dW.get(), nullptr, d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.gpu().matmul_backward(nullptr, d_dW.get(), nullptr, d_dout.get(), d_inp.get(), d_W.get(), N, C, OC, false);
   t.sync();
   EXPECT_TRUE(bitwise_equal(d_dW.download(), g_dW)) << "dW alone / rerun";
   EXPECT_TRUE(bitwise_equal(d_dinp.download(), dinp0)) << "null dinp was written";
   EXPECT_TRUE(bitwise_equal(d_dbias.download(), dbias0)) << "null dbias was written";
-  t.gpu().matmul_backward(d_dinp.get(), nullptr, d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC);
+  t.gpu().matmul_backward(d_dinp.get(), nullptr, d_dbias.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC, false);
   t.sync();
   EXPECT_TRUE(bitwise_equal(d_dinp.download(), g_dinp)) << "dinp alone / rerun";
   EXPECT_TRUE(bitwise_equal(d_dbias.download(), g_dbias)) << "dbias alone / rerun";
@@ -407,11 +408,17 @@ void check_elementwise(CudaModelOpsTest& t, int64_t n, uint64_t seed) {
 
   d_x.upload(x);
   Vf dinp = dinp0;
-  t.cpu().gelu_backward(dinp.data(), x.data(), dout.data(), n);
+  t.cpu().gelu_backward(dinp.data(), x.data(), dout.data(), n, false);
   DevF d_dout(dout), d_dinp(dinp0);
-  t.gpu().gelu_backward(d_dinp.get(), d_x.get(), d_dout.get(), n);
+  t.gpu().gelu_backward(d_dinp.get(), d_x.get(), d_dout.get(), n, false);
   t.sync();
   EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "gelu backward";
+  Vf over(n, NAN);  // overwrite: the old contents (NaN) are never read
+  t.cpu().gelu_backward(over.data(), x.data(), dout.data(), n, true);
+  DevF d_over(Vf(n, NAN));
+  t.gpu().gelu_backward(d_over.get(), d_x.get(), d_dout.get(), n, true);
+  t.sync();
+  EXPECT_LT(rel_err(d_over.download(), over), kBwdTol) << "gelu backward, overwrite";
 
   t.cpu().residual_forward(out.data(), x.data(), y.data(), n);
   DevF d_y(y);
@@ -622,9 +629,17 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
     t.cpu().matmul_forward_bf16(out.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
     t.gpu().matmul_forward_bf16(d_out.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
     t.cpu().matmul_backward_bf16(dinp.data(), dW.data(), db.data(), dout.data(), inp16.data(), W.data(), N, C, OC,
-                                 scratch.data());
+                                 scratch.data(), false);
     t.gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_db.get(), d_dout.get(), d_inp16.get(), d_W.get(), N, C,
-                                 OC, d_scratch.get());
+                                 OC, d_scratch.get(), false);
+    Vf over(inp.size(), NAN);  // overwrite: the old dinp (NaN) is never read
+    t.cpu().matmul_backward_bf16(over.data(), nullptr, nullptr, dout.data(), inp16.data(), W.data(), N, C, OC,
+                                 scratch.data(), true);
+    DevF d_over(Vf(inp.size(), NAN));
+    t.gpu().matmul_backward_bf16(d_over.get(), nullptr, nullptr, d_dout.get(), d_inp16.get(), d_W.get(), N, C, OC,
+                                 d_scratch.get(), true);
+    t.sync();
+    EXPECT_LT(rel_err(d_over.download(), over), kBwdTol) << "dinp, overwrite";
   }
   t.sync();
   EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";

@@ -98,6 +98,24 @@ void check_linear(int N, int C, int OC, bool w_t) {
   if (w_t) lm_head_backward_bf16(nullptr, dW2.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
   else matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
   EXPECT_EQ(dW2, dW);
+  if (w_t) return;
+  // overwrite: dinp is the product alone, its old contents (NaN) never read; the fp32 path too.
+  Vf over(dx.size(), NAN), want_over(dx.size(), 0.f), over32(dx.size(), NAN);
+  matmul_backward_bf16(over.data(), nullptr, nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data(), true);
+  matmul_backward(want_over.data(), nullptr, nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC);
+  EXPECT_LT(rel_err(over, want_over), kSameProduct);
+  matmul_backward(over32.data(), nullptr, nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC, true);
+  EXPECT_EQ(over32, want_over);
+}
+
+// gelu_backward with overwrite is the accumulation onto zeros, bitwise, never reading dinp.
+TEST(Bf16Compute, GeluBackwardOverwriteIsTheSumOntoZeros) {
+  const size_t n = 1003;
+  const Vf x = rnd(n, 40, 4.f), dout = rnd(n, 41);
+  Vf acc(n, 0.f), over(n, NAN);
+  gelu_backward(acc.data(), x.data(), dout.data(), int64_t(n));
+  gelu_backward(over.data(), x.data(), dout.data(), int64_t(n), true);
+  EXPECT_EQ(over, acc);
 }
 
 TEST(Bf16Compute, MatmulIsTheFp32ProductOfItsRoundedOperands) {

@@ -57,9 +57,9 @@ class CpuModelOps final : public ModelOps {
     h_.matmul_forward(out, inp, W, bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W,
-                       int N, int C, int OC) override {
+                       int N, int C, int OC, bool overwrite) override {
     Guard g(this, "matmul_backward", {dinp, dW, dbias, dout, inp, W});
-    h_.matmul_backward(dinp, dW, dbias, dout, inp, W, N, C, OC);
+    h_.matmul_backward(dinp, dW, dbias, dout, inp, W, N, C, OC, overwrite);
   }
   void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override {
     Guard g(this, "lm_head_forward", {logits, inp, wte});
@@ -90,9 +90,9 @@ class CpuModelOps final : public ModelOps {
     h_.matmul_forward_bf16(out, inp, W, bias, N, C, OC);
   }
   void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) override {
     Guard g(this, "matmul_backward_bf16", {dinp, dW, dbias, dout, inp, W, scratch});
-    h_.matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
+    h_.matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch, overwrite);
   }
   void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                             uint16_t* scratch) override {
@@ -126,9 +126,9 @@ class CpuModelOps final : public ModelOps {
     Guard g(this, "gelu_forward", {out, inp});
     h_.gelu_forward(out, inp, N);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) override {
     Guard g(this, "gelu_backward", {dinp, inp, dout});
-    h_.gelu_backward(dinp, inp, dout, N);
+    h_.gelu_backward(dinp, inp, dout, N, overwrite);
   }
   void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override {
     Guard g(this, "residual_forward", {out, inp1, inp2});

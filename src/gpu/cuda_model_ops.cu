@@ -267,12 +267,12 @@ void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, 
 }
 
 void CudaModelOps::matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                                   const float* W, int N, int C, int OC) {
+                                   const float* W, int N, int C, int OC, bool overwrite) {
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_backward: negative size", {N, C, OC})));
     return;
   }
-  if (dinp) gemm(true, false, C, N, OC, W, OC, dout, OC, dinp, C, 1.f, "matmul_backward dinp");
+  if (dinp) gemm(true, false, C, N, OC, W, OC, dout, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward dinp");
   if (dW) gemm(false, true, OC, C, N, dout, OC, inp, C, dW, OC, 1.f, "matmul_backward dW");
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward dbias");
 }
@@ -333,14 +333,16 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
 }
 
 void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                                        const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
+                                        const uint16_t* W, int N, int C, int OC, uint16_t* scratch,
+                                        bool overwrite) {
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
     return;
   }
   uint16_t* dout16 = scratch;
   if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
-  if (dinp) gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, 1.f, "matmul_backward_bf16 dinp");
+  if (dinp)
+    gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dinp");
   if (dW) gemm_bf16(false, true, OC, C, N, dout16, OC, inp, C, dW, OC, 1.f, "matmul_backward_bf16 dW");
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
 }
@@ -603,9 +605,9 @@ void CudaModelOps::gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N)
   check_launch("gelu_forward_bf16");
 }
 
-void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) {
   if (N <= 0) return;
-  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_kernel)(dinp, inp, dout, N);
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_kernel)(dinp, inp, dout, N, overwrite);
   check_launch("gelu_backward");
 }
 

@@ -60,7 +60,7 @@ class CudaModelOps final : public ModelOps {
   void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W,
-                       int N, int C, int OC) override;
+                       int N, int C, int OC, bool overwrite) override;
   void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override;
   void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte, int N,
                         int C, int V) override;
@@ -72,7 +72,7 @@ class CudaModelOps final : public ModelOps {
   void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                            int OC) override;
   void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override;
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) override;
   void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                             uint16_t* scratch) override;
   void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
@@ -83,7 +83,7 @@ class CudaModelOps final : public ModelOps {
   // The fp32 attention kernels, out rounded to bf16 as it is stored (no bf16 products yet).
   void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) override;
   void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override;
   void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dscale) override;

@@ -103,10 +103,11 @@ void forward(ModelOps& ops, const Linear& l, float* out, Input inp, const float*
   else ops.matmul_forward(out, inp.f32, l.f32, bias, N, C, OC);
 }
 
+// dinp is overwritten (each is the first to write its buffer in block_backward); dW, dbias add up.
 void backward(ModelOps& ops, const Linear& l, float* dinp, float* dW, float* dbias, const float* dout, Input inp,
               int N, int C, int OC) {
-  if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp.bf16, l.bf16, N, C, OC, l.scratch);
-  else ops.matmul_backward(dinp, dW, dbias, dout, inp.f32, l.f32, N, C, OC);
+  if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp.bf16, l.bf16, N, C, OC, l.scratch, true);
+  else ops.matmul_backward(dinp, dW, dbias, dout, inp.f32, l.f32, N, C, OC, true);
 }
 
 // LayerNorm into out, or (bf16 compute, out16 set) rounded into out16.
@@ -178,23 +179,19 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   float* buf_b = buf_a + 4 * BTC;    // [BT,4C]: d fc, then d qkv
   float* dres1 = buf_b + 4 * BTC;    // [BT,C]
   float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
-  // MLP branch. dout reaches res1 directly (residual) and through the MLP.
-  ops.zero(buf_a, 4 * BTC);
+  // MLP branch. dout reaches res1 directly (residual) and through the MLP. The first write of
+  // each buffer overwrites it (no zeroing pass); only the attention's dqkv accumulates.
   check_acts(a, w);
   backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
-  ops.zero(buf_b, 4 * BTC);
-  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC);
-  ops.zero(dln, BTC);
+  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);
   backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
   ops.copy(dres1, dout, BTC);
   ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
-  ops.zero(buf_a, BTC);
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
   if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   else ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
-  ops.zero(dln, BTC);
   backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);
   ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);

@@ -38,8 +38,9 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                     int OC);
 // dinp[N,C] += dout @ W^T, dW[C,OC] += inp^T @ dout, dbias[OC] += column sums of dout.
+// overwrite: dinp = dout @ W^T (its old contents never read).
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                     const float* W, int N, int C, int OC);
+                     const float* W, int N, int C, int OC, bool overwrite = false);
 
 // Tied LM head: logits[N,V] = inp[N,C] @ wte^T, wte [V,C] (no bias).
 void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V);
@@ -60,7 +61,7 @@ void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, c
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC);
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch);
+                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite = false);
 // layernorm_forward and gelu_forward with their outputs rounded to bf16 (the same fp32 values,
 // then f32_to_bf16): the products after them read nothing else.
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -91,8 +92,8 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
 
 // out[N] = GELU(inp), tanh approximation. out may alias inp.
 void gelu_forward(float* out, const float* inp, int64_t N);
-// dinp[N] += GELU'(inp) * dout.
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
+// dinp[N] += GELU'(inp) * dout (overwrite: =).
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite = false);
 
 // out[N] = inp1 + inp2. out may alias either input.
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N);

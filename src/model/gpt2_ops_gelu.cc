@@ -45,15 +45,20 @@ ZOE_SIMD_CLONES void gelu_forward_bf16_range(uint16_t* out, const float* inp, in
   }
 }
 
-ZOE_SIMD_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout,
-                                         int64_t i0, int64_t i1) {
+// overwrite: dinp's old contents are not read (the sum starts from 0).
+ZOE_SIMD_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t i0, int64_t i1,
+                                         bool overwrite) {
   using namespace detail;
   int64_t i = i0;
-  for (; i + 8 <= i1; i += 8)
-    store8(dinp + i, load8(dinp + i) + gelu_grad8(load8(inp + i)) * load8(dout + i));
+  for (; i + 8 <= i1; i += 8) {
+    const v8f old = overwrite ? v8f{} : load8(dinp + i);
+    store8(dinp + i, old + gelu_grad8(load8(inp + i)) * load8(dout + i));
+  }
   const int64_t n = i1 - i;
-  if (n > 0)
-    store8n(dinp + i, load8n(dinp + i, n) + gelu_grad8(load8n(inp + i, n)) * load8n(dout + i, n), n);
+  if (n > 0) {
+    const v8f old = overwrite ? v8f{} : load8n(dinp + i, n);
+    store8n(dinp + i, old + gelu_grad8(load8n(inp + i, n)) * load8n(dout + i, n), n);
+  }
 }
 
 }  // namespace
@@ -67,9 +72,9 @@ void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) {
   detail::parallel_range(N, kGrain, [&](int64_t i0, int64_t i1) { gelu_forward_bf16_range(out, inp, i0, i1); });
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) {
   detail::parallel_range(N, kGrain, [&](int64_t i0, int64_t i1) {
-    gelu_backward_range(dinp, inp, dout, i0, i1);
+    gelu_backward_range(dinp, inp, dout, i0, i1, overwrite);
   });
 }
 

@@ -83,9 +83,9 @@ static void bias_backward(float* dbias, const float* dout, int N, int OC, uint16
 }
 
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                     const float* W, int N, int C, int OC) {
+                     const float* W, int N, int C, int OC, bool overwrite) {
   if (dinp)
-    sgemm(kNoTrans, kTrans, N, C, OC, dout, OC, W, OC, 1.f, dinp, C);
+    sgemm(kNoTrans, kTrans, N, C, OC, dout, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
   if (dW)
     sgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, 1.f, dW, OC);
   if (dbias) bias_backward(dbias, dout, N, OC);
@@ -134,11 +134,11 @@ void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, con
 }
 
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch) {
+                          const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) {
   uint16_t* dout16 = scratch;
   // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
   if (dinp || dW || dbias) bias_backward(dbias, dout, N, OC, dinp || dW ? dout16 : nullptr);
-  if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, 1.f, dinp, C);
+  if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
   if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, 1.f, dW, OC);
 }
 

@@ -37,8 +37,8 @@ class HostModelOps final : public ModelOps {
     gpt2::matmul_forward(out, inp, W, bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W,
-                       int N, int C, int OC) override {
-    gpt2::matmul_backward(dinp, dW, dbias, dout, inp, W, N, C, OC);
+                       int N, int C, int OC, bool overwrite) override {
+    gpt2::matmul_backward(dinp, dW, dbias, dout, inp, W, N, C, OC, overwrite);
   }
   void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) override {
     gpt2::lm_head_forward(logits, inp, wte, N, C, V);
@@ -61,8 +61,8 @@ class HostModelOps final : public ModelOps {
     gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC);
   }
   void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch) override {
-    gpt2::matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch);
+                            const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) override {
+    gpt2::matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch, overwrite);
   }
   void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                             uint16_t* scratch) override {
@@ -87,8 +87,8 @@ class HostModelOps final : public ModelOps {
     gpt2::attention_backward_bf16(dqkv, dout, qkv, lse, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override { gpt2::gelu_forward(out, inp, N); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
-    gpt2::gelu_backward(dinp, inp, dout, N);
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) override {
+    gpt2::gelu_backward(dinp, inp, dout, N, overwrite);
   }
   void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override {
     gpt2::residual_forward(out, inp1, inp2, N);

@@ -4,7 +4,8 @@
 // model reads a result on the host only through Device::download.
 //
 // The semantics, sizes and output rules are those of the fp32 CPU reference in gpt2_ops.h
-// (forward outputs overwritten, backward outputs ACCUMULATED, a null d* skipped); host_model_ops()
+// (forward outputs overwritten, backward outputs ACCUMULATED, a null d* skipped; where a backward
+// takes `overwrite`, its dinp is overwritten instead: no zeroing pass first); host_model_ops()
 // runs exactly those functions on host memory (tests, and the CPU device's ops underneath).
 #pragma once
 #include <cstdint>
@@ -35,7 +36,7 @@ class ModelOps {
   virtual void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                               int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                               const float* W, int N, int C, int OC) = 0;
+                               const float* W, int N, int C, int OC, bool overwrite) = 0;
   virtual void lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) = 0;
   virtual void lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp, const float* wte,
                                 int N, int C, int V) = 0;
@@ -50,7 +51,7 @@ class ModelOps {
   virtual void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
                                    int C, int OC) = 0;
   virtual void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
-                                    const uint16_t* W, int N, int C, int OC, uint16_t* scratch) = 0;
+                                    const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) = 0;
   virtual void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                                     uint16_t* scratch) = 0;
   virtual void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp,
@@ -68,7 +69,7 @@ class ModelOps {
     attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) = 0;
   virtual void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) = 0;
   // *loss (device memory) = the mean over N positions of -log softmax(logits)[target];
   // dlogits as gpt2::crossentropy_forward_backward (may alias logits; null: forward only).
