@@ -100,7 +100,7 @@ Result<GemmPath> gemm_path(GemmType t) {
 static void seed_rows(const GemmShape& s, float beta, float* C, const float* bias) {
   for (int64_t r = 0; r < s.M; ++r) {
     float* c = C + r * s.ldc;
-    for (int j = 0; j < s.N; ++j) c[j] = bias[j] + (beta == 0.f ? 0.f : beta * c[j]);
+    for (int j = 0; j < s.N; ++j) c[j] = beta == 0.f ? bias[j] : bias[j] + beta * c[j];
   }
 }
 

@@ -11,7 +11,7 @@
 namespace zoe::gpt2 {
 
 // Per token: ln1, qkv(3), atty, res1, ln2, fc(4), fc_gelu(4) = 15 C; 4 LN stats; NH lse. bf16
-// compute: ln1, atty, ln2 and fc_gelu (7 C) in bf16, 3.5 C floats (BT*C is even: BT*7C/2 whole).
+// compute: ln1, atty, ln2 and fc_gelu (7 C) in bf16, after the floats, rounded up to whole floats.
 int64_t block_acts_numel(const BlockDims& d, bool bf16) {
   const int64_t BT = int64_t{d.B} * d.T, C = d.C;
   return bf16 ? BT * (8 * C + 4 + d.NH) + (BT * 7 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
@@ -179,8 +179,9 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   float* buf_b = buf_a + 4 * BTC;    // [BT,4C]: d fc, then d qkv
   float* dres1 = buf_b + 4 * BTC;    // [BT,C]
   float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
-  // MLP branch. dout reaches res1 directly (residual) and through the MLP. The first write of
-  // each buffer overwrites it (no zeroing pass); only the attention's dqkv accumulates.
+  // MLP branch. dout reaches res1 directly (residual) and through the MLP. Each buffer's first
+  // write overwrites it (a product's dinp, GELU's gradient, a copy): no zeroing pass, but for the
+  // attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
   backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
   ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);

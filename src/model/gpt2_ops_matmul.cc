@@ -47,20 +47,13 @@ using detail::kNoTrans;
 using detail::kTrans;
 using detail::bgemm;
 
-void seed_bias(float* out, const float* bias, int N, int OC) {
-  detail::parallel_range(N, detail::row_grain(OC), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++)
-      for (int o = 0; o < OC; o++) out[r * OC + o] = bias[o];
-  });
-}
-
 }  // namespace
 
+// The bias goes in with the product (kernels/gemm.h: oneDNN's bias argument, or each slice of out
+// seeded with it before the product adds onto it): one pass less over out.
 void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                     int OC) {
-  // Seed out with the bias rows and let sgemm add onto them (beta = 1): one pass less over out.
-  if (bias) seed_bias(out, bias, N, OC);
-  sgemm(kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, bias ? 1.f : 0.f, out, OC);
+  product(GemmType::kF32, kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, 0.f, out, OC, bias);
 }
 
 // Rows of dout, columns [o0, o1): dbias[o] += dout[r][o] (rows in order) where dbias is given,
@@ -127,7 +120,6 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
 
 // The bf16 functions mirror the fp32 ones above operand for operand. A linear layer's input is
 // bf16 already (its producer wrote it rounded); dout is rounded into scratch, N*OC elements.
-// The bias goes in with the product (oneDNN's bias argument): out is written once, never read.
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC) {
   product(GemmType::kBF16, kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, 0.f, out, OC, bias);

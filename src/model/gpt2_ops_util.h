@@ -113,16 +113,11 @@ ZOE_INLINE float max_of(const float* x, int64_t n) {
 // (zoe/dtype.h) lane by lane, branch-free so that it vectorises.
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
 ZOE_INLINE v8h bf16x8(v8f x) {
   const v8u u = std::bit_cast<v8u>(x);
   const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const v8u quiet = (u >> 16) | 0x40u;
-  // Each lane is below 2^16: its low half, picked by a shuffle (a convert of 32-bit to 16-bit
-  // lanes has no AVX2 instruction, and GCC narrowed it lane by lane: GELU's bf16 output cost
-  // 1.5x its fp32 one).
-  const v16h h = std::bit_cast<v16h>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-  return __builtin_shufflevector(h, h, 0, 2, 4, 6, 8, 10, 12, 14);
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, v8h);
 }
 
 // y[j] = e^(x[j] - shift) for j < n (y may alias x, or be null); returns their sum, in a fixed
