@@ -26,7 +26,10 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(j.at("bench"), "offload");
   ASSERT_EQ(j.at("results").size(), 2u);  // scheduler on, off
-  for (const auto& r : j["results"]) {
+  for (size_t i = 0; i < j["results"].size(); ++i) {
+    const auto& r = j["results"][i];
+    const bool scheduler_on = i == 0;
+    EXPECT_TRUE(r.at("case").get<std::string>().ends_with(scheduler_on ? "scheduler on" : "scheduler off"));
     double step = r.at("step_s"), compute = r.at("compute_only_s"), io = r.at("io_only_s");
     EXPECT_GT(step, 0);
     EXPECT_GT(compute, 0);
@@ -41,10 +44,16 @@ TEST(OffloadBench, ReportsStepComputeAndIoTimesWithinAQuarterBudget) {
       EXPECT_LT(r.at(k).get<double>(), 60) << k;
     }
     EXPECT_GE(r.at("cpu_sys_s").get<double>(), 0);
-    // Parameters on NVMe, a quarter of the state on the device: the step's fetches read some.
-    EXPECT_GT(r.at("nvme_read_mb").get<double>(), 0);
+    // Parameters on NVMe, a quarter of the state on the device: the step's fetches reach the
+    // store. With the scheduler on, the previous update's writes are often still pending when the
+    // forward fetches its parameters, and reads served from them are forwarded, not read: on a
+    // slow disk all of them can be. Without it, the optimizer's state is read from the device.
+    const double read = r.at("nvme_read_mb"), forwarded = r.at("nvme_forwarded_mb");
+    EXPECT_GE(read, 0);
+    EXPECT_GE(forwarded, 0);
+    EXPECT_GT(read + forwarded, 0);
+    if (!scheduler_on) EXPECT_GT(read, 0);
     EXPECT_GE(r.at("io_thread_hashed_mb").get<double>(), 0);
-    EXPECT_GE(r.at("nvme_forwarded_mb").get<double>(), 0);
     EXPECT_GE(r.at("nvme_written_mb").get<double>(), 0);
     EXPECT_TRUE(r.at("checksums").get<bool>());
     // One ratio a round; the quiet ones are some of them; steal is never negative.
