@@ -53,8 +53,10 @@ TEST(TrainReport, NvmeBytesAddUpToWhatTheKernelMoved) {
     EXPECT_TRUE(done) << "stage " << stage;
     EXPECT_EQ(steps, 4);
     // Every step reads the optimizer's state and writes it back (the last write-backs may land
-    // after its line: the done line's).
-    EXPECT_EQ(steps_reading, 4) << "stage " << stage;
+    // after its line: the done line's). A step's reads of state whose write-back is still pending
+    // are served from that write (forwarded, not a device read): on a slow disk a whole step's
+    // can be, so not every line need show reads (CI saw 3 of 4). The sums below are exact.
+    EXPECT_GE(steps_reading, 1) << "stage " << stage;
     EXPECT_GE(steps_writing, 3) << "stage " << stage;
     EXPECT_EQ(read, env.completed_bytes(IoOp::kRead)) << "stage " << stage;
     EXPECT_EQ(written, env.completed_bytes(IoOp::kWrite)) << "stage " << stage;
