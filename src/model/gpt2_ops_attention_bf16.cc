@@ -26,7 +26,7 @@ using detail::kTrans;
 // A head's bf16 operands and the fp32 / bf16 planes of one query block.
 struct HeadBuffers {
   std::vector<uint16_t> q, k, v, dout;  // [T][hs]
-  std::vector<float> s, dp;             // [kQ][T]: scores / probabilities, dout . v
+  std::vector<float> s, dp;             // [kQ][T]: scores, then their exponentials; dout . v
   std::vector<float> o;                 // [kQ][hs]: a block's output before its rounding
   std::vector<uint16_t> p16, ds16;      // [kQ][T]
   // This thread's buffers, grown to fit: no allocation or zeroing per task.
@@ -48,27 +48,78 @@ void round_rows(uint16_t* dst, const float* src, int64_t ld, int rows, int hs) {
   for (int i = 0; i < rows; i++) detail::round_range(dst + int64_t{i} * hs, src + i * ld, hs);
 }
 
-// Row i (query i0 + r) of a block: scores s[0, n) (raw q.k) become probabilities over keys
-// j <= i, zero after; returns the log-sum-exp of the scaled scores.
-ZOE_SIMD_CLONES float block_softmax_row(float* s, int i, int n, float scale) {
-  for (int j = 0; j <= i; j++) s[j] *= scale;
-  const float m = detail::max_of(s, i + 1);
-  const float sum = detail::exp_shift_sum(s, s, m, i + 1);
-  const float inv = 1.f / sum;
-  for (int j = 0; j <= i; j++) s[j] *= inv;
-  std::fill(s + i + 1, s + n, 0.f);
+using detail::exp8;
+using detail::load8;
+using detail::load8n;
+using detail::store8;
+using detail::store8n;
+using detail::v8f;
+
+// p16[0, len) = x * s rounded to bf16 (the rounding of round_range).
+ZOE_INLINE void round_scaled(uint16_t* p16, const float* x, float s, int len) {
+  int j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const detail::v8h h = detail::bf16x8(load8(x + j) * s);
+    std::memcpy(p16 + j, &h, sizeof h);
+  }
+  for (; j < len; j++) p16[j] = f32_to_bf16(x[j] * s);
+}
+
+// Row i (query i0 + r) of a block, one pass for the exponentials and one for the rounding: raw
+// scores s[0, i] become e^(scale s - m) in place, p16[0, n) their normalised bf16, zero after i
+// (the PV product reads n columns). Returns the log-sum-exp of the scaled scores.
+ZOE_SIMD_CLONES float block_softmax_row(uint16_t* p16, float* s, int i, int n, float scale) {
+  const int len = i + 1;
+  const float m = detail::max_of(s, len) * scale;  // scale > 0: the max of the scaled scores
+  v8f acc = {};
+  int j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const v8f e = exp8(load8(s + j) * scale - m);
+    store8(s + j, e);
+    acc += e;
+  }
+  if (j < len) {
+    v8f e = exp8(load8n(s + j, len - j) * scale - m);
+    for (int k = len - j; k < 8; k++) e[k] = 0.f;
+    store8n(s + j, e, len - j);
+    acc += e;
+  }
+  const float sum = detail::hsum(acc);
+  round_scaled(p16, s, 1.f / sum, len);
+  std::fill(p16 + len, p16 + n, uint16_t{0});
   return m + std::log(sum);
 }
 
-// The backward's row: p = e^(scale s - lse) and ds = scale p (dp - sum p dp) for j <= i, zero after.
-ZOE_SIMD_CLONES void block_softmax_grad_row(float* p, float* dp, int i, int n, float scale, float lse) {
-  for (int j = 0; j <= i; j++) p[j] *= scale;
-  detail::exp_shift_sum(p, p, lse, i + 1);
-  float pdp = 0.f;
-  for (int j = 0; j <= i; j++) pdp += p[j] * dp[j];
-  for (int j = 0; j <= i; j++) dp[j] = scale * p[j] * (dp[j] - pdp);
-  std::fill(p + i + 1, p + n, 0.f);
-  std::fill(dp + i + 1, dp + n, 0.f);
+// The backward's row, in two passes: p = e^(scale s - lse) with sum p dp, then p16 = p and
+// ds16 = scale p (dp - sum p dp) rounded, for j <= i; both zero after, up to n.
+ZOE_SIMD_CLONES void block_softmax_grad_row(uint16_t* p16, uint16_t* ds16, float* p, const float* dp, int i, int n,
+                                            float scale, float lse) {
+  const int len = i + 1;
+  v8f acc = {};
+  int j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const v8f e = exp8(load8(p + j) * scale - lse);
+    store8(p + j, e);
+    acc += e * load8(dp + j);
+  }
+  if (j < len) {  // dp's lanes past the row are zero, so are their products
+    const v8f e = exp8(load8n(p + j, len - j) * scale - lse);
+    store8n(p + j, e, len - j);
+    acc += e * load8n(dp + j, len - j);
+  }
+  const float pdp = detail::hsum(acc);
+  for (j = 0; j + 8 <= len; j += 8) {
+    const v8f pv = load8(p + j);
+    const detail::v8h h = detail::bf16x8(pv), d = detail::bf16x8(scale * pv * (load8(dp + j) - pdp));
+    std::memcpy(p16 + j, &h, sizeof h);
+    std::memcpy(ds16 + j, &d, sizeof d);
+  }
+  for (; j < len; j++) {
+    p16[j] = f32_to_bf16(p[j]);
+    ds16[j] = f32_to_bf16(scale * p[j] * (dp[j] - pdp));
+  }
+  std::fill(p16 + len, p16 + n, uint16_t{0});
+  std::fill(ds16 + len, ds16 + n, uint16_t{0});
 }
 
 struct Head {
@@ -86,11 +137,8 @@ void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const float* qkv,
     const int rows = std::min(kQ, T - i0), n = i0 + rows;  // keys any row of the block sees
     detail::bgemm(kNoTrans, kTrans, rows, n, hs, b.q.data() + int64_t{i0} * hs, hs, b.k.data(), hs, 0.f,
                   b.s.data(), T);
-    for (int r = 0; r < rows; r++) {
-      float* s = b.s.data() + int64_t{r} * T;
-      lse[i0 + r] = block_softmax_row(s, i0 + r, n, h.scale);
-      detail::round_range(b.p16.data() + int64_t{r} * T, s, n);
-    }
+    for (int r = 0; r < rows; r++)
+      lse[i0 + r] = block_softmax_row(b.p16.data() + int64_t{r} * T, b.s.data() + int64_t{r} * T, i0 + r, n, h.scale);
     detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, b.v.data(), hs, 0.f, b.o.data(), hs);
     for (int r = 0; r < rows; r++) detail::round_range(out + (i0 + r) * ldo, b.o.data() + int64_t{r} * hs, hs);
   }
@@ -110,11 +158,9 @@ void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const float
     detail::bgemm(kNoTrans, kTrans, rows, n, hs, q, hs, b.k.data(), hs, 0.f, b.s.data(), T);
     detail::bgemm(kNoTrans, kTrans, rows, n, hs, dO, hs, b.v.data(), hs, 0.f, b.dp.data(), T);
     for (int r = 0; r < rows; r++) {
-      float* p = b.s.data() + int64_t{r} * T;
-      float* ds = b.dp.data() + int64_t{r} * T;
-      block_softmax_grad_row(p, ds, i0 + r, n, h.scale, lse[i0 + r]);
-      detail::round_range(b.p16.data() + int64_t{r} * T, p, n);
-      detail::round_range(b.ds16.data() + int64_t{r} * T, ds, n);
+      const int64_t at = int64_t{r} * T;
+      block_softmax_grad_row(b.p16.data() + at, b.ds16.data() + at, b.s.data() + at, b.dp.data() + at, i0 + r, n,
+                             h.scale, lse[i0 + r]);
     }
     // dq[block] += ds k;  dk[0, n) += ds^T q[block];  dv[0, n) += p^T dout[block].
     detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.ds16.data(), T, b.k.data(), hs, 1.f, dqkv + i0 * h.ld, ld);
