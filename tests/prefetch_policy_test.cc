@@ -66,11 +66,11 @@ TEST(PrefetchPolicy, LoadsAheadInPlanOrderWithinTheBucket) {
   std::vector<int> plan = {0, 1, 2, 3, 4};
   std::vector<R> st(5, R::kAbsent);
   st[0] = R::kGathered;  // in use
-  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({1, 2}));  // a third would make 30 > 25
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({1, 2, 3}));  // 3 starts at 20 < 25; 4 would at 30
   st[1] = R::kLoading;
-  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({2}));     // 1 is in flight and counts
-  st[2] = R::kGathered;                                        // kept: costs nothing ahead
-  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({3}));
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({2, 3}));     // 1 is in flight and counts
+  st[2] = R::kGathered;                                           // kept: costs nothing ahead
+  EXPECT_EQ(p.ahead(plan, 1, st, kRoom), on_device({3, 4}));
   EXPECT_TRUE(PrefetchPolicy({10}, limits(0, 1000, 0)).ahead({0}, 0, {R::kAbsent}, kRoom).empty());  // off
 }
 
@@ -79,7 +79,13 @@ TEST(PrefetchPolicy, StopsAtTheFirstUnitThatDoesNotFitAndCountsRepeatsOnce) {
   std::vector<R> st(4, R::kAbsent);
   EXPECT_EQ(p.ahead({0, 0, 2, 2, 3}, 0, st, kRoom), on_device({0, 2, 3}));
   PrefetchPolicy small({10, 50, 10, 10}, limits(40, 1000, 0));
-  EXPECT_EQ(small.ahead({0, 1, 2}, 0, st, kRoom), on_device({0}));  // not 2: order is the point
+  // 1 starts with 10 on their way and crosses the bucket; 2 does not start: order is the point.
+  EXPECT_EQ(small.ahead({0, 1, 2}, 0, st, kRoom), on_device({0, 1}));
+  // A unit larger than the whole bucket is still loaded one ahead (DeepSpeed's rule), never two.
+  EXPECT_EQ(small.ahead({1, 0}, 0, st, kRoom), on_device({1}));
+  std::vector<R> loading = st;
+  loading[1] = R::kLoading;  // on its way already: counted, so nothing after it starts
+  EXPECT_EQ(small.ahead({1, 0}, 0, loading, kRoom), on_device({}));
   PrefetchPolicy live({10, 50, 10, 10}, limits(100, 25, 0));
   st[3] = R::kGathered;  // 10 live
   EXPECT_EQ(live.ahead({0, 2}, 0, st, kRoom), on_device({0}));     // 10 + 10 + 10 > 25

@@ -22,8 +22,8 @@ std::vector<AheadLoad> PrefetchPolicy::ahead(const std::vector<int>& plan, size_
     if (seen[u]) continue;
     seen[u] = 1;
     if (state[u] == Residency::kGathered) continue;
+    if (in_flight >= limits_.bucket_elems) break;
     in_flight += elems_[u];
-    if (in_flight > limits_.bucket_elems) break;
     if (state[u] == Residency::kLoading || state[u] == Residency::kStaged) continue;  // counted, on its way
     if (live + elems_[u] > limits_.max_live_elems) break;
     live += elems_[u];

@@ -5,8 +5,11 @@
 // room and the limits, so it is tested with fakes and runs the same on every device.
 //
 // DeepSpeed's meaning of the limits, in elements:
-//   bucket_elems       (stage3_prefetch_bucket_size): elements loading ahead of the next fetch;
-//                      0 turns prefetching off;
+//   bucket_elems       (stage3_prefetch_bucket_size): a load starts ahead while fewer elements
+//                      than this are on their way (DeepSpeed's coordinator checks before it
+//                      adds, so the unit that crosses the bucket still goes: a unit larger than
+//                      the bucket, as a 2560-wide block against the default 5e7, is loaded one
+//                      ahead instead of never); 0 turns prefetching off;
 //   max_live_elems     (stage3_max_live_parameters): gathered plus loading elements at once;
 //   max_reuse_distance (stage3_max_reuse_distance): a released unit stays gathered when the
 //                      plan fetches it again within this many elements; 0 never keeps.
@@ -45,9 +48,9 @@ class PrefetchPolicy {
   // it has less than that).
   //
   // Units to start loading now, in plan order: the distinct units from plan[next] on that are
-  // absent, as long as the elements loading ahead stay within the bucket and everything live
-  // within max_live_elems. Stops at the first unit that does not fit (the order is the point).
-  // A unit the room left cannot take is staged.
+  // absent, as long as fewer elements than the bucket are on their way before each and
+  // everything live stays within max_live_elems. Stops at the first unit that does not fit (the
+  // order is the point). A unit the room left cannot take is staged.
   std::vector<AheadLoad> ahead(const std::vector<int>& plan, size_t next, const std::vector<Residency>& state,
                                int64_t room) const;
 
