@@ -628,6 +628,15 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
   } else {
     t.cpu().matmul_forward_bf16(out.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
     t.gpu().matmul_forward_bf16(d_out.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
+    // The bf16 output (c_attn's): the fp32 one rounded, so within one bf16 rounding of the CPU's.
+    std::vector<uint16_t> out16(int64_t{N} * OC);
+    DevH d_out16(out16.size());
+    t.cpu().matmul_forward_bf16(out16.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
+    t.gpu().matmul_forward_bf16(d_out16.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
+    t.sync();
+    const std::vector<uint16_t> got16 = d_out16.download();
+    for (size_t i = 0; i < out16.size(); i++)
+      ASSERT_LE(std::abs(int(got16[i]) - int(out16[i])), 1) << "out16 " << i;
     t.cpu().matmul_backward_bf16(dinp.data(), dW.data(), db.data(), dout.data(), inp16.data(), W.data(), N, C, OC,
                                  scratch.data(), false);
     t.gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_db.get(), d_dout.get(), d_inp16.get(), d_W.get(), N, C,
@@ -667,16 +676,24 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   const int B = 2, T = 40, C = 48, NH = 3, N = B * T;
   const int64_t NC = int64_t{N} * C;
   const Vf x = rnd(NC, 100), w = rnd(C, 101, 0.8f, 1.2f), b = rnd(C, 102, -0.1f, 0.1f), g = rnd(4 * NC, 103, -4.f, 4.f);
-  const Vf qkv = rnd(3 * NC, 104);
-  Vf ln(NC), mean(N), rstd(N), gelu(4 * NC), att(NC), lse(int64_t{B} * NH * T);
+  // qkv comes in bf16 (c_attn's product writes it so): the reference is the fp32 attention on
+  // the same values widened, forward and backward.
+  std::vector<uint16_t> qkv16(3 * NC);
+  gpt2::round_to_bf16(qkv16.data(), rnd(3 * NC, 104).data(), 3 * NC);
+  Vf qkv(3 * NC);
+  for (int64_t i = 0; i < 3 * NC; i++) qkv[i] = bf16_to_f32(qkv16[i]);
+  const Vf dout = rnd(NC, 105), dqkv0 = rnd(3 * NC, 106);
+  Vf ln(NC), mean(N), rstd(N), gelu(4 * NC), att(NC), lse(int64_t{B} * NH * T), dqkv = dqkv0;
   cpu().layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   cpu().gelu_forward(gelu.data(), g.data(), 4 * NC);
   cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
-  DevF d_x(x), d_w(w), d_b(b), d_g(g), d_qkv(qkv), d_mean(N), d_rstd(N), d_lse(lse.size());
-  DevH d_ln(NC), d_gelu(4 * NC), d_att(NC);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH);
+  DevF d_x(x), d_w(w), d_b(b), d_g(g), d_mean(N), d_rstd(N), d_lse(lse.size()), d_dout(dout), d_dqkv(dqkv0);
+  DevH d_ln(NC), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16);
   gpu().layernorm_forward_bf16(d_ln.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
   gpu().gelu_forward_bf16(d_gelu.get(), d_g.get(), 4 * NC);
   gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+  gpu().attention_backward_bf16(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
   sync();
   auto widened = [](const std::vector<uint16_t>& h) {
     Vf v(h.size());
@@ -688,6 +705,7 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   EXPECT_LT(rel_err(widened(d_gelu.download()), gelu), kOneRounding) << "gelu";
   EXPECT_LT(rel_err(widened(d_att.download()), att), kOneRounding) << "attention";
   EXPECT_LT(rel_err(d_lse.download(), lse), kFwdTol) << "attention lse";
+  EXPECT_LT(rel_err(d_dqkv.download(), dqkv, &dqkv0), kBwdTol) << "attention dqkv";
 }
 
 TEST_F(CudaModelOpsTest, Bf16Encoder) {

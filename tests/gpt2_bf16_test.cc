@@ -79,6 +79,18 @@ void check_linear(int N, int C, int OC, bool w_t) {
   }
   EXPECT_LT(rel_err(out, want), kSameProduct);
   EXPECT_LT(rel_err(out, exact), kBf16);
+  if (!w_t) {  // the bf16 output: the fp32 one rounded (one bf16 step apart at most: the two may
+               // accumulate in another order, and a sum near a rounding tie then rounds the other way)
+    Vh out16(out.size(), 0xffff);
+    matmul_forward_bf16(out16.data(), x16.data(), W.data(), bias.data(), N, C, OC);
+    const Vh want16 = to_bf16(out);
+    int off_by_one = 0;
+    for (size_t i = 0; i < out16.size(); i++) {
+      ASSERT_LE(std::abs(int(out16[i]) - int(want16[i])), 1) << i;
+      off_by_one += out16[i] != want16[i];
+    }
+    EXPECT_LT(off_by_one, int(out16.size() / 50) + 1);  // rare: not a systematic bias
+  }
   // Backward, accumulating onto a start.
   const Vf dx0 = rnd(size_t(N) * C, 5), dW0 = rnd(size_t(C) * OC, 6), db0 = rnd(OC, 7);
   Vf dx = dx0, dW = dW0, db = db0, dx_want = dx0, dW_want = dW0, db_want = db0;
@@ -143,20 +155,22 @@ TEST(Bf16Compute, RoundingIsF32ToBf16OnEveryValue) {
   for (size_t i = 0; i < x.size(); i++) ASSERT_EQ(got[i], f32_to_bf16(x[i])) << std::hex << bits[i];
 }
 
-// bf16 attention against the fp32 kernel: the output, the log-sum-exp and the gradient each
-// within bf16's precision; T past one 64-query block and not a multiple of it, two head sizes.
+// bf16 attention (qkv in bf16, as c_attn's product writes it) against the fp32 kernel on the
+// fp32 qkv: the output, the log-sum-exp and the gradient each within bf16's precision; T past one
+// 64-query block and not a multiple of it, two head sizes.
 void check_attention(int B, int T, int C, int NH) {
   say_path();
   const size_t n3 = size_t(B) * T * 3 * C, n = size_t(B) * T * C;
   const Vf qkv = rnd(n3, 20), dout = rnd(n, 21), dqkv0 = rnd(n3, 22);
+  const Vh qkv16 = to_bf16(qkv);
   Vh out(n);
   Vf lse(size_t(B) * NH * T), out_f(n), lse_f(lse.size());
-  attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  attention_forward_bf16(out.data(), lse.data(), qkv16.data(), B, T, C, NH);
   attention_forward(out_f.data(), lse_f.data(), qkv.data(), B, T, C, NH);
   EXPECT_LT(rel_err(widen(out), out_f), kBf16);
   EXPECT_LT(rel_err(lse, lse_f), kBf16);
   Vf dqkv = dqkv0, dqkv_f(n3, 0.f);
-  attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH);
+  attention_backward_bf16(dqkv.data(), dout.data(), qkv16.data(), lse.data(), B, T, C, NH);
   attention_backward(dqkv_f.data(), dout.data(), qkv.data(), lse_f.data(), B, T, C, NH);
   for (size_t i = 0; i < n3; i++) dqkv[i] -= dqkv0[i];  // accumulated onto the start
   EXPECT_LT(rel_err(dqkv, dqkv_f), kBf16);

@@ -10,6 +10,8 @@
 // rows padded to HSP + 1 floats (score tiles to BT + 1): the strided accesses below then hit 16
 // different banks.
 //
+// qkv is fp32, or bf16 in bf16 compute (In = uint16_t), widened as its tiles are loaded; the
+// arithmetic is fp32 either way.
 // HSP is the head size rounded up to 32, 64 or 128 (the tiles are zero-padded): any hs <= 128.
 // Query rows past T are zero-padded too; their results are never written.
 //
@@ -48,16 +50,16 @@ struct AttnTile {
   static_assert(HSP % 32 == 0 && HSP <= 128, "padded head size is 32, 64 or 128");
 };
 
-// Rows [row0, row0 + BT) of one head (hs floats at src + row * ld) into a [BT][HSP + 1] tile,
-// times k. Rows >= T and channels >= hs are zero. Consecutive threads read consecutive channels.
-template <int HSP>
-__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t ld, int row0, int T, int hs,
-                                          float k) {
+// Rows [row0, row0 + BT) of one head (hs elements, fp32 or bf16, at src + row * ld) into a
+// [BT][HSP + 1] fp32 tile, times k. Rows >= T and channels >= hs are zero. Consecutive threads
+// read consecutive channels.
+template <int HSP, class In>
+__device__ __forceinline__ void load_rows(float* dst, const In* src, int64_t ld, int row0, int T, int hs, float k) {
   using G = AttnTile<HSP>;
   for (int e = threadIdx.x; e < G::BT * HSP; e += kAttnThreads) {
     const int r = e / HSP, d = e % HSP;
     const int row = row0 + r;
-    dst[r * G::LD + d] = (row < T && d < hs) ? k * src[static_cast<int64_t>(row) * ld + d] : 0.f;
+    dst[r * G::LD + d] = (row < T && d < hs) ? k * widen(src[static_cast<int64_t>(row) * ld + d]) : 0.f;
   }
 }
 
@@ -121,9 +123,9 @@ __device__ __forceinline__ HeadOffsets head_offsets(int b, int h, int T, int C, 
 // (online softmax: earlier contributions are rescaled by exp(m_old - m_new)) and adds P v into the
 // output registers. Every row of a tile sees at least one unmasked key in every key tile it visits
 // (key kt * BT <= qt * BT <= row), so m is finite after the first tile and no exp(-inf + inf) occurs.
-template <int HSP, class Out>
+template <int HSP, class Out, class In>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_forward_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale) {
+    attention_forward_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, int hs, float scale) {
   using G = AttnTile<HSP>;
   ZOE_DYNAMIC_SMEM(smem);
   float* Qs = smem;              // [BT][LD]  q * scale
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int64_t ld = 3 * static_cast<int64_t>(C);
   const HeadOffsets off = head_offsets(b, h, T, C, hs);
-  const float* q = qkv + off.qkv;
+  const In* q = qkv + off.qkv;
   const int q0 = qt * G::BT;
   load_rows<HSP>(Qs, q, ld, q0, T, hs, scale);
 
@@ -194,9 +196,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // Block (x, b * NH + h) handles query tile qt = nt - 1 - x. D[B,NH,T] (scratch) receives
 // D_i = sum_j P_ij dP_ij for the dkv kernel; dqkv's q channels are accumulated.
-template <int HSP>
+template <int HSP, class In>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_dq_kernel(float* dqkv, float* Dg, const float* dout, const float* qkv, const float* lse, int T, int C,
+    attention_dq_kernel(float* dqkv, float* Dg, const float* dout, const In* qkv, const float* lse, int T, int C,
                         int NH, int hs, float scale) {
   using G = AttnTile<HSP>;
   ZOE_DYNAMIC_SMEM(smem);
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int64_t ld = 3 * static_cast<int64_t>(C);
   const HeadOffsets off = head_offsets(b, h, T, C, hs);
-  const float* q = qkv + off.qkv;
+  const In* q = qkv + off.qkv;
   const int q0 = qt * G::BT;
   load_rows<HSP>(Qs, q, ld, q0, T, hs, scale);
   load_rows<HSP>(dOs, dout + off.io, C, q0, T, hs, 1.f);
@@ -285,9 +287,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // Block (kt, b * NH + h) handles key tile kt; its rows are keys, so scores are computed
 // transposed (k . q). Query tiles qt >= kt are visited in ascending order.
-template <int HSP>
+template <int HSP, class In>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* Dg, int T,
+    attention_dkv_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* Dg, int T,
                          int C, int NH, int hs, float scale) {
   using G = AttnTile<HSP>;
   ZOE_DYNAMIC_SMEM(smem);
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int64_t ld = 3 * static_cast<int64_t>(C);
   const HeadOffsets off = head_offsets(b, h, T, C, hs);
-  const float* q = qkv + off.qkv;
+  const In* q = qkv + off.qkv;
   const int k0 = kt * G::BT;
   load_rows<HSP>(Ks, q + C, ld, k0, T, hs, 1.f);
   load_rows<HSP>(Vs, q + 2 * C, ld, k0, T, hs, 1.f);

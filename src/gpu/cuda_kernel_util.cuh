@@ -82,5 +82,8 @@ __device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(
 // An output element: fp32 as computed, or rounded to bf16 (bf16 compute's product inputs).
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_out(uint16_t* p, float v) { *p = bits::f32_to_bf16(v); }
+// An input element in fp32: as stored, or widened from bf16 bits.
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(uint16_t x) { return bits::bf16_to_f32(x); }
 
 }  // namespace zoe::gpu::kernels

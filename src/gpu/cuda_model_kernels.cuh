@@ -52,9 +52,6 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
 
 // ---- encoder ------------------------------------------------------------------------------------
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(uint16_t x) { return bits::bf16_to_f32(x); }
-
 // W: float, or uint16_t (bf16 bit patterns) in bf16 compute; the sum in fp32 either way.
 template <class W>
 __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const W* wte, const W* wpe, int64_t BT, int T,

@@ -332,6 +332,19 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
   gemm_bf16(false, false, OC, N, C, W, OC, inp, C, out, OC, bias ? 1.f : 0.f, "matmul_forward_bf16");
 }
 
+void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias,
+                                       int N, int C, int OC) {
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_forward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  if (N == 0 || OC == 0) return;
+  auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * OC));
+  if (!f) return;
+  matmul_forward_bf16(f, inp, W, bias, N, C, OC);
+  round_to_bf16(out, f, int64_t{N} * OC, "matmul_forward_bf16 round out");
+}
+
 void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                                         const uint16_t* W, int N, int C, int OC, uint16_t* scratch,
                                         bool overwrite) {
@@ -523,21 +536,21 @@ cudaError_t allow_smem(Kernel* kernel, size_t bytes) {
 
 }  // namespace
 
-template <int HSP, class Out>
-void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+template <int HSP, class Out, class In>
+void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH) {
   using G = k::AttnTile<HSP>;
   const int hs = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem = sizeof(float) * G::kForwardFloats;
-  if (!check(allow_smem(k::attention_forward_kernel<HSP, Out>, smem), "attention_forward shared memory")) return;
-  ZOE_LAUNCH(grid, k::kAttnThreads, smem, stream_, k::attention_forward_kernel<HSP, Out>)(out, lse, qkv, T, C, NH,
-                                                                                          hs, scale);
+  if (!check(allow_smem(k::attention_forward_kernel<HSP, Out, In>, smem), "attention_forward shared memory")) return;
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem, stream_, k::attention_forward_kernel<HSP, Out, In>)(out, lse, qkv, T, C,
+                                                                                              NH, hs, scale);
   check_launch("attention_forward");
 }
 
-template <int HSP>
-void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
+template <int HSP, class In>
+void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const In* qkv, const float* lse, int B,
                                           int T, int C, int NH) {
   using G = k::AttnTile<HSP>;
   const int hs = C / NH;
@@ -546,19 +559,19 @@ void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const 
   if (!D) return;
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem_dq = sizeof(float) * G::kDqFloats, smem_dkv = sizeof(float) * G::kDkvFloats;
-  if (!check(allow_smem(k::attention_dq_kernel<HSP>, smem_dq), "attention_backward shared memory") ||
-      !check(allow_smem(k::attention_dkv_kernel<HSP>, smem_dkv), "attention_backward shared memory"))
+  if (!check(allow_smem(k::attention_dq_kernel<HSP, In>, smem_dq), "attention_backward shared memory") ||
+      !check(allow_smem(k::attention_dkv_kernel<HSP, In>, smem_dkv), "attention_backward shared memory"))
     return;
-  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dq, stream_, k::attention_dq_kernel<HSP>)(dqkv, D, dout, qkv, lse, T, C,
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dq, stream_, k::attention_dq_kernel<HSP, In>)(dqkv, D, dout, qkv, lse, T, C,
                                                                                    NH, hs, scale);
   if (!check_launch("attention_backward dq")) return;
-  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dkv, stream_, k::attention_dkv_kernel<HSP>)(dqkv, dout, qkv, lse, D, T, C,
+  ZOE_LAUNCH(grid, k::kAttnThreads, smem_dkv, stream_, k::attention_dkv_kernel<HSP, In>)(dqkv, dout, qkv, lse, D, T, C,
                                                                                      NH, hs, scale);
   check_launch("attention_backward dkv");
 }
 
-template <class Out>
-void CudaModelOps::attention_forward_any(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+template <class Out, class In>
+void CudaModelOps::attention_forward_any(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH) {
   int hsp = 0;
   if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
     fail(std::move(s));
@@ -574,12 +587,24 @@ void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, i
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
-void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C,
+                                          int NH) {
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
 void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                                       int T, int C, int NH) {
+  attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
+}
+
+void CudaModelOps::attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse,
+                                           int B, int T, int C, int NH) {
+  attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
+}
+
+template <class In>
+void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const In* qkv, const float* lse, int B,
+                                          int T, int C, int NH) {
   int hsp = 0;
   if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
     fail(std::move(s));

@@ -71,6 +71,9 @@ class CudaModelOps final : public ModelOps {
   void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) override;
   void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                            int OC) override;
+  // The fp32 product into scratch, then rounded (no bf16-output plan yet).
+  void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                           int OC) override;
   void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                             const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) override;
   void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
@@ -80,8 +83,11 @@ class CudaModelOps final : public ModelOps {
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                           int NH) override;
-  // The fp32 attention kernels, out rounded to bf16 as it is stored (no bf16 products yet).
-  void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override;
+  // The fp32 attention kernels on qkv widened as its tiles load, out rounded to bf16 as it is
+  // stored (no bf16 products yet).
+  void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) override;
+  void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B, int T,
+                               int C, int NH) override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) override;
   void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) override;
@@ -114,13 +120,16 @@ class CudaModelOps final : public ModelOps {
   template <class Out>
   void layernorm_forward_any(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                              int N, int C, const char* what);
-  template <class Out>
-  void attention_forward_any(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-  template <int HSP, class Out>
-  void attention_forward_hsp(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-  template <int HSP>
-  void attention_backward_hsp(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
-                              int C, int NH);
+  template <class Out, class In>
+  void attention_forward_any(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH);
+  template <int HSP, class Out, class In>
+  void attention_forward_hsp(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH);
+  template <class In>
+  void attention_backward_any(float* dqkv, const float* dout, const In* qkv, const float* lse, int B, int T, int C,
+                              int NH);
+  template <int HSP, class In>
+  void attention_backward_hsp(float* dqkv, const float* dout, const In* qkv, const float* lse, int B, int T, int C,
+                              int NH);
 
   cudaStream_t stream_;
   bool allow_tf32_;

@@ -109,7 +109,7 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
   if (!gemm_supported(p, t))
     return Status::Unsupported(fmt::format("no {} GEMM through {} here", gemm_type_name(t), gemm_path_name(p)));
   if (s.M == 0 || s.N == 0) return Status::Ok();
-  if (p == GemmPath::kOneDnn) return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C, bias);
+  if (p == GemmPath::kOneDnn) return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C, false, bias);
   if (bias) {
     seed_rows(s, beta, C, bias);
     beta = 1.f;
@@ -140,6 +140,22 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
   return Status::Ok();
 }
 
+Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C, const float* bias) {
+  if (!gemm_supported(p, t))
+    return Status::Unsupported(fmt::format("no {} GEMM through {} here", gemm_type_name(t), gemm_path_name(p)));
+  if (s.M == 0 || s.N == 0) return Status::Ok();
+  // oneDNN writes bf16 from bf16 operands itself (2.6 has no fp32 -> bf16 matmul).
+  if (p == GemmPath::kOneDnn && t == GemmType::kBF16) return onednn::matmul(true, s, A, B, 0.f, C, true, bias);
+  thread_local std::vector<float> f;  // the fp32 result, compact, then rounded into C
+  f.resize(size_t(s.M) * s.N);
+  GemmShape g = s;
+  g.ldc = s.N;
+  ZOE_RETURN_IF_ERROR(gemm(p, t, g, A, B, 0.f, f.data(), bias));
+  for (int64_t r = 0; r < s.M; ++r)
+    for (int64_t j = 0; j < s.N; ++j) C[r * s.ldc + j] = f32_to_bf16(f[r * s.N + j]);
+  return Status::Ok();
+}
+
 // Slices of about 256 in an even count of equal widths (multiples of 16), from the shape alone:
 // two workers end together. Five 256-wide slices of a 1152-wide product (qkv) kept one of two
 // cores idle a fifth of it, 256 + 128 of a 384-wide one a third (RESULTS, "GEMM slices").
@@ -151,8 +167,20 @@ static int64_t slice_width(int64_t extent) {
   return (w + 15) / 16 * 16;
 }
 
-Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
-                   const float* bias) {
+namespace {
+
+Status gemm_into(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                 const float* bias) {
+  return gemm(p, t, s, A, B, beta, C, bias);
+}
+Status gemm_into(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float, uint16_t* C,
+                 const float* bias) {
+  return gemm(p, t, s, A, B, C, bias);
+}
+
+template <class Out>
+Status sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, Out* C,
+              const float* bias) {
   const size_t esize = t == GemmType::kBF16 ? 2 : 4;
   const auto* a = static_cast<const char*>(A);
   const auto* b = static_cast<const char*>(B);
@@ -168,7 +196,7 @@ Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, co
       GemmShape g = s;
       const char* ga = a;
       const char* gb = b;
-      float* gc;
+      Out* gc;
       const float* gbias = bias;
       if (by_rows) {  // rows i0.. of op(A) and of C
         g.M = static_cast<int>(n);
@@ -180,14 +208,26 @@ Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, co
         gc = C + i0;
         if (bias) gbias = bias + i0;
       }
-      Status st = gemm(p, t, g, ga, gb, beta, gc, gbias);
+      Status st = gemm_into(p, t, g, ga, gb, beta, gc, gbias);
       if (st.ok()) continue;
-      (void)gemm(GemmPath::kOpenBlas, t, g, ga, gb, beta, gc, gbias);
+      (void)gemm_into(GemmPath::kOpenBlas, t, g, ga, gb, beta, gc, gbias);
       std::lock_guard<std::mutex> l(mu);
       if (first.ok()) first = st;
     }
   });
   return first;
+}
+
+}  // namespace
+
+Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                   const float* bias) {
+  return sliced(p, t, s, A, B, beta, C, bias);
+}
+
+Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C,
+                   const float* bias) {
+  return sliced(p, t, s, A, B, 0.f, C, bias);
 }
 
 }  // namespace zoe

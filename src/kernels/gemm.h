@@ -46,6 +46,12 @@ std::string gemm_onednn_isa();
 Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
             const float* bias = nullptr);
 
+// The same product with C in bf16 (bit patterns): each element is the fp32 result, bias included,
+// rounded to nearest even (f32_to_bf16); C is written, never read. oneDNN writes it so itself
+// from bf16 operands; the other cases round their fp32 result.
+Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C,
+            const float* bias = nullptr);
+
 // The same product in slices of about 256 columns (or rows where C is taller than wide; an even
 // count of equal widths) that oneTBB's workers take as they come free, each one single-threaded
 // gemm(). A BLAS's own threads would split a product once, in equal parts, and spin after it:
@@ -55,6 +61,8 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
 // whose path fails (oneDNN out of memory) is computed by OpenBLAS instead; the first such error
 // is returned, the product whole.
 Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                   const float* bias = nullptr);
+Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C,
                    const float* bias = nullptr);
 
 }  // namespace zoe

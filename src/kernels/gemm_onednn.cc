@@ -19,7 +19,7 @@ namespace {
 using dnnl::memory;
 
 struct Key {
-  bool bf16, ta, tb, bias;
+  bool bf16, ta, tb, bias, c_bf16;
   int M, N, K, lda, ldb, ldc;
   float beta;
   bool operator==(const Key&) const = default;
@@ -28,7 +28,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<float>()(k.beta);
-    for (int v : {int(k.bf16), int(k.ta), int(k.tb), int(k.bias), k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ size_t(v);
+    for (int v : {int(k.bf16), int(k.ta), int(k.tb), int(k.bias), int(k.c_bf16), k.M, k.N, k.K, k.lda, k.ldb, k.ldc})
+      h = h * 1000003u ^ size_t(v);
     return h;
   }
 };
@@ -56,7 +57,7 @@ memory::desc matrix(int rows, int cols, int ld, bool transposed, memory::data_ty
 Product make(const Key& k) {
   auto t = k.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const memory::desc a = matrix(k.M, k.K, k.lda, k.ta, t), b = matrix(k.K, k.N, k.ldb, k.tb, t),
-                     c = matrix(k.M, k.N, k.ldc, false, memory::data_type::f32);
+                     c = matrix(k.M, k.N, k.ldc, false, k.c_bf16 ? memory::data_type::bf16 : memory::data_type::f32);
   const memory::desc bias = k.bias ? memory::desc({1, k.N}, memory::data_type::f32, memory::dims{k.N, 1}) : memory::desc();
   dnnl::primitive_attr attr;
   if (k.beta != 0) {  // C = beta C + product, as the post-op "sum"
@@ -100,12 +101,13 @@ std::string isa() {
   }
 }
 
-Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C, const float* bias) {
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, void* C, bool c_bf16,
+              const float* bias) {
   thread_local bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
   thread_local std::unordered_map<Key, Product, KeyHash> products;
   thread_local dnnl::stream stream(cpu());
-  Key k{bf16, s.ta, s.tb, bias != nullptr, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
+  Key k{bf16, s.ta, s.tb, bias != nullptr, c_bf16, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
   try {
     auto it = products.find(k);
     if (it == products.end()) it = products.emplace(k, make(k)).first;

@@ -9,7 +9,9 @@ namespace zoe::onednn {
 
 bool supported(bool bf16);
 std::string isa();
-// bias (N floats, or null): added to every row, as oneDNN's bias argument.
-Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, float* C, const float* bias);
+// bias (N floats, or null): added to every row, as oneDNN's bias argument. C holds fp32, or bf16
+// bit patterns where c_bf16 (the fp32 result rounded to nearest even; beta 0).
+Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, void* C, bool c_bf16,
+              const float* bias);
 
 }  // namespace zoe::onednn

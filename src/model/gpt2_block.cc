@@ -11,10 +11,11 @@
 namespace zoe::gpt2 {
 
 // Per token: ln1, qkv(3), atty, res1, ln2, fc(4), fc_gelu(4) = 15 C; 4 LN stats; NH lse. bf16
-// compute: ln1, atty, ln2 and fc_gelu (7 C) in bf16, after the floats, rounded up to whole floats.
+// compute: ln1, qkv, atty, ln2 and fc_gelu (10 C) in bf16, after the floats (res1 and fc, 5 C),
+// rounded up to whole floats.
 int64_t block_acts_numel(const BlockDims& d, bool bf16) {
   const int64_t BT = int64_t{d.B} * d.T, C = d.C;
-  return bf16 ? BT * (8 * C + 4 + d.NH) + (BT * 7 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
+  return bf16 ? BT * (5 * C + 4 + d.NH) + (BT * 10 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
 }
 
 BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
@@ -25,7 +26,7 @@ BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
   a.ln1 = bf16 ? nullptr : take(BTC);
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
-  a.qkv = take(3 * BTC);
+  a.qkv = bf16 ? nullptr : take(3 * BTC);
   a.atty = bf16 ? nullptr : take(BTC);
   a.att_lse = take(BT * d.NH);
   a.res1 = take(BTC);
@@ -38,6 +39,7 @@ BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
     uint16_t* h = reinterpret_cast<uint16_t*>(p);
     auto take16 = [&](int64_t n) { uint16_t* r = h; h += n; return r; };
     a.ln1_bf16 = take16(BTC);
+    a.qkv_bf16 = take16(3 * BTC);
     a.atty_bf16 = take16(BTC);
     a.ln2_bf16 = take16(BTC);
     a.fc_gelu_bf16 = take16(4 * BTC);
@@ -145,9 +147,13 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   const int BT = d.B * d.T, C = d.C;
   check_acts(a, w);
   layernorm(ops, a.ln1, a.ln1_bf16, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
-  forward(ops, m.qkv, a.qkv, {a.ln1, a.ln1_bf16}, p.qkv_b, BT, C, 3 * C);
-  if (w.bf16) ops.attention_forward_bf16(a.atty_bf16, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
-  else ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  if (w.bf16) {  // qkv in bf16: the attention is its only reader
+    ops.matmul_forward_bf16(a.qkv_bf16, a.ln1_bf16, m.qkv.bf16, p.qkv_b, BT, C, 3 * C);
+    ops.attention_forward_bf16(a.atty_bf16, a.att_lse, a.qkv_bf16, d.B, d.T, C, d.NH);
+  } else {
+    forward(ops, m.qkv, a.qkv, {a.ln1, a.ln1_bf16}, p.qkv_b, BT, C, 3 * C);
+    ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
+  }
   forward(ops, m.attproj, a.res1, {a.atty, a.atty_bf16}, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   layernorm(ops, a.ln2, a.ln2_bf16, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
@@ -191,7 +197,7 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // Attention branch; dout is not read below, so dinp may alias it.
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
-  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH);
   else ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);

@@ -60,6 +60,10 @@ void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, c
                           int C);
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC);
+// The same with out rounded to bf16 (the fp32 result, bias included, then f32_to_bf16), for a
+// product whose only reader takes bf16: c_attn's, which the attention reads.
+void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                         int OC);
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                           const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite = false);
 // layernorm_forward and gelu_forward with their outputs rounded to bf16 (the same fp32 values,
@@ -83,12 +87,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // dqkv[B,T,3C] += gradient through q, k and v; dout [B,T,C]; lse from the forward.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                         int T, int C, int NH);
-// The same in bf16 compute: q, k, v, dout and the probabilities rounded to bf16 for the products
-// (fp32 accumulation), softmax and lse fp32, out rounded to bf16. lse is only for
-// attention_backward_bf16.
-void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
-                             int NH);
+// The same in bf16 compute: qkv is bf16 (c_attn's product wrote it rounded), dout and the
+// probabilities are rounded to bf16 for the products (fp32 accumulation), softmax and lse fp32,
+// out rounded to bf16, dqkv fp32. lse is only for attention_backward_bf16.
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B, int T,
+                             int C, int NH);
 
 // out[N] = GELU(inp), tanh approximation. out may alias inp.
 void gelu_forward(float* out, const float* inp, int64_t N);

@@ -3,10 +3,11 @@
 // model's GEMM path (fp32 accumulation: oneDNN's bf16 kernels where the CPU has bf16 units), the
 // softmax, its gradient and the log-sum-exp stay fp32. Layout and rules are attention_forward's.
 //
-// The output is written rounded to bf16: only the projection after it reads it, as a bf16 operand.
-// One oneTBB task per (batch, head), as the fp32 kernel. A head's q, k, v (and dout) are rounded
-// into contiguous bf16 rows; queries then go in blocks of kQ rows, each against the keys before
-// its end only: the products skip what the causal mask would zero, up to the block's diagonal.
+// qkv is bf16 (c_attn's product writes it so): the products read a head's q, k and v in place,
+// rows 3C apart. The output is written rounded to bf16: only the projection after it reads it, as
+// a bf16 operand. One oneTBB task per (batch, head), as the fp32 kernel. A head's dout is rounded
+// into contiguous bf16 rows; queries go in blocks of kQ rows, each against the keys before its
+// end only: the products skip what the causal mask would zero, up to the block's diagonal.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -23,9 +24,9 @@ constexpr int kQ = 64;  // queries per block
 using detail::kNoTrans;
 using detail::kTrans;
 
-// A head's bf16 operands and the fp32 / bf16 planes of one query block.
+// A head's rounded dout and the fp32 / bf16 planes of one query block.
 struct HeadBuffers {
-  std::vector<uint16_t> q, k, v, dout;  // [T][hs]
+  std::vector<uint16_t> dout;           // [T][hs]
   std::vector<float> s, dp;             // [kQ][T]: scores, then their exponentials; dout . v
   std::vector<float> o;                 // [kQ][hs]: a block's output before its rounding
   std::vector<uint16_t> p16, ds16;      // [kQ][T]
@@ -36,7 +37,7 @@ struct HeadBuffers {
     auto grow = [](auto& v, size_t n) {
       if (v.size() < n) v.resize(n);
     };
-    grow(b.q, head), grow(b.k, head), grow(b.v, head), grow(b.dout, head);
+    grow(b.dout, head);
     grow(b.s, block), grow(b.dp, block), grow(b.p16, block), grow(b.ds16, block);
     grow(b.o, size_t(kQ) * hs);
     return b;
@@ -128,43 +129,40 @@ struct Head {
   float scale;
 };
 
-void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const float* qkv, int C, const Head& h, HeadBuffers& b) {
-  const int T = h.T, hs = h.hs;
-  round_rows(b.q.data(), qkv, h.ld, T, hs);
-  round_rows(b.k.data(), qkv + C, h.ld, T, hs);
-  round_rows(b.v.data(), qkv + 2 * C, h.ld, T, hs);
+// qkv: the head's q in [B,T,3C] (k at +C, v at +2C), rows h.ld apart.
+void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const uint16_t* qkv, int C, const Head& h,
+                       HeadBuffers& b) {
+  const int T = h.T, hs = h.hs, ld = int(h.ld);
+  const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
   for (int i0 = 0; i0 < T; i0 += kQ) {
     const int rows = std::min(kQ, T - i0), n = i0 + rows;  // keys any row of the block sees
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, b.q.data() + int64_t{i0} * hs, hs, b.k.data(), hs, 0.f,
-                  b.s.data(), T);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q + i0 * h.ld, ld, k, ld, 0.f, b.s.data(), T);
     for (int r = 0; r < rows; r++)
       lse[i0 + r] = block_softmax_row(b.p16.data() + int64_t{r} * T, b.s.data() + int64_t{r} * T, i0 + r, n, h.scale);
-    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, b.v.data(), hs, 0.f, b.o.data(), hs);
+    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, v, ld, 0.f, b.o.data(), hs);
     for (int r = 0; r < rows; r++) detail::round_range(out + (i0 + r) * ldo, b.o.data() + int64_t{r} * hs, hs);
   }
 }
 
-void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const float* qkv, const float* lse, int C,
+void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const uint16_t* qkv, const float* lse, int C,
                         const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs, ld = int(h.ld);
-  round_rows(b.q.data(), qkv, h.ld, T, hs);
-  round_rows(b.k.data(), qkv + C, h.ld, T, hs);
-  round_rows(b.v.data(), qkv + 2 * C, h.ld, T, hs);
+  const uint16_t *k = qkv + C, *v = qkv + 2 * C;
   round_rows(b.dout.data(), dout, ldo, T, hs);
   for (int i0 = 0; i0 < T; i0 += kQ) {
     const int rows = std::min(kQ, T - i0), n = i0 + rows;
-    const uint16_t* q = b.q.data() + int64_t{i0} * hs;
+    const uint16_t* q = qkv + i0 * h.ld;
     const uint16_t* dO = b.dout.data() + int64_t{i0} * hs;
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q, hs, b.k.data(), hs, 0.f, b.s.data(), T);
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, dO, hs, b.v.data(), hs, 0.f, b.dp.data(), T);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q, ld, k, ld, 0.f, b.s.data(), T);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, dO, hs, v, ld, 0.f, b.dp.data(), T);
     for (int r = 0; r < rows; r++) {
       const int64_t at = int64_t{r} * T;
       block_softmax_grad_row(b.p16.data() + at, b.ds16.data() + at, b.s.data() + at, b.dp.data() + at, i0 + r, n,
                              h.scale, lse[i0 + r]);
     }
     // dq[block] += ds k;  dk[0, n) += ds^T q[block];  dv[0, n) += p^T dout[block].
-    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.ds16.data(), T, b.k.data(), hs, 1.f, dqkv + i0 * h.ld, ld);
-    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.ds16.data(), T, q, hs, 1.f, dqkv + C, ld);
+    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.ds16.data(), T, k, ld, 1.f, dqkv + i0 * h.ld, ld);
+    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.ds16.data(), T, q, ld, 1.f, dqkv + C, ld);
     detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.p16.data(), T, dO, hs, 1.f, dqkv + 2 * C, ld);
   }
 }
@@ -176,7 +174,7 @@ Head head_of(int T, int C, int NH) {
 
 }  // namespace
 
-void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
   const Head h = head_of(T, C, NH);
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);
@@ -188,8 +186,8 @@ void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, 
 }
 
 // Each (b, h) task writes only its own head's q, k, v channels of dqkv: no two tasks collide.
-void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
-                             int NH) {
+void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B, int T,
+                             int C, int NH) {
   const Head h = head_of(T, C, NH);
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);

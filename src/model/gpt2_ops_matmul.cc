@@ -30,12 +30,15 @@ GemmPath path(GemmType t) {
 
 // A product in slices over oneTBB's workers (kernels/gemm.h); a path that fails (oneDNN out of
 // memory) has left its slices to OpenBLAS, which says so once.
+void warn_fallback(const Status& st) {
+  static std::once_flag told;
+  std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
+}
+
 void product(GemmType t, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
              float beta, float* C, int ldc, const float* bias = nullptr) {
   Status st = gemm_sliced(path(t), t, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C, bias);
-  if (st.ok()) return;
-  static std::once_flag told;
-  std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
+  if (!st.ok()) warn_fallback(st);
 }
 
 void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
@@ -123,6 +126,13 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n) {
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC) {
   product(GemmType::kBF16, kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, 0.f, out, OC, bias);
+}
+
+void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                         int OC) {
+  Status st = gemm_sliced(path(GemmType::kBF16), GemmType::kBF16, GemmShape{kNoTrans, kNoTrans, N, OC, C, C, OC, OC},
+                          inp, W, out, bias);
+  if (!st.ok()) warn_fallback(st);
 }
 
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,

@@ -60,6 +60,10 @@ class HostModelOps final : public ModelOps {
                            int OC) override {
     gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC);
   }
+  void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
+                           int OC) override {
+    gpt2::matmul_forward_bf16(out, inp, W, bias, N, C, OC);
+  }
   void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                             const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) override {
     gpt2::matmul_backward_bf16(dinp, dW, dbias, dout, inp, W, N, C, OC, scratch, overwrite);
@@ -79,10 +83,10 @@ class HostModelOps final : public ModelOps {
                           int NH) override {
     gpt2::attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
   }
-  void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C, int NH) override {
+  void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) override {
     gpt2::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
   }
-  void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
+  void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B, int T,
                                int C, int NH) override {
     gpt2::attention_backward_bf16(dqkv, dout, qkv, lse, B, T, C, NH);
   }

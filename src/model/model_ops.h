@@ -50,6 +50,9 @@ class ModelOps {
   virtual void gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) = 0;
   virtual void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
                                    int C, int OC) = 0;
+  // The same with out rounded to bf16 (c_attn's: the attention reads qkv in bf16).
+  virtual void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
+                                   int C, int OC) = 0;
   virtual void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                                     const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) = 0;
   virtual void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
@@ -59,15 +62,13 @@ class ModelOps {
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T,
                                   int C, int NH) = 0;
-  // bf16 compute's attention (gpt2_ops.h): bf16 products, fp32 softmax, out rounded to bf16. A
-  // device without bf16 products in its attention runs the fp32 kernels and rounds out (the CUDA
-  // device does, for now); the backward's default is the fp32 one.
-  virtual void attention_forward_bf16(uint16_t* out, float* lse, const float* qkv, int B, int T, int C,
+  // bf16 compute's attention (gpt2_ops.h): qkv in bf16, bf16 products, fp32 softmax, out rounded
+  // to bf16, dqkv fp32. A device without bf16 products in its attention widens qkv and runs its
+  // fp32 arithmetic (the CUDA device does, for now).
+  virtual void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C,
                                       int NH) = 0;
-  virtual void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
-                                       int T, int C, int NH) {
-    attention_backward(dqkv, dout, qkv, lse, B, T, C, NH);
-  }
+  virtual void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B,
+                                       int T, int C, int NH) = 0;
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) = 0;
   virtual void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) = 0;
