@@ -100,9 +100,19 @@ struct Input {
   const uint16_t* bf16;
 };
 
-void forward(ModelOps& ops, const Linear& l, float* out, Input inp, const float* bias, int N, int C, int OC) {
-  if (l.bf16) ops.matmul_forward_bf16(out, inp.bf16, l.bf16, bias, N, C, OC);
-  else ops.matmul_forward(out, inp.f32, l.f32, bias, N, C, OC);
+// A linear layer's output: fp32, or in bf16 compute, where `bf16` is set, rounded to bf16 (c_attn's:
+// the attention, its only reader, takes bf16).
+struct Output {
+  Output(float* f) : f32(f) {}
+  Output(float* f, uint16_t* h) : f32(f), bf16(h) {}
+  float* f32;
+  uint16_t* bf16 = nullptr;
+};
+
+void forward(ModelOps& ops, const Linear& l, Output out, Input inp, const float* bias, int N, int C, int OC) {
+  if (l.bf16 && out.bf16) ops.matmul_forward_bf16(out.bf16, inp.bf16, l.bf16, bias, N, C, OC);
+  else if (l.bf16) ops.matmul_forward_bf16(out.f32, inp.bf16, l.bf16, bias, N, C, OC);
+  else ops.matmul_forward(out.f32, inp.f32, l.f32, bias, N, C, OC);
 }
 
 // dinp is overwritten (each is the first to write its buffer in block_backward); dW, dbias add up.
@@ -147,13 +157,9 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   const int BT = d.B * d.T, C = d.C;
   check_acts(a, w);
   layernorm(ops, a.ln1, a.ln1_bf16, a.ln1_mean, a.ln1_rstd, inp, p.ln1_w, p.ln1_b, BT, C);
-  if (w.bf16) {  // qkv in bf16: the attention is its only reader
-    ops.matmul_forward_bf16(a.qkv_bf16, a.ln1_bf16, m.qkv.bf16, p.qkv_b, BT, C, 3 * C);
-    ops.attention_forward_bf16(a.atty_bf16, a.att_lse, a.qkv_bf16, d.B, d.T, C, d.NH);
-  } else {
-    forward(ops, m.qkv, a.qkv, {a.ln1, a.ln1_bf16}, p.qkv_b, BT, C, 3 * C);
-    ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
-  }
+  forward(ops, m.qkv, {a.qkv, a.qkv_bf16}, {a.ln1, a.ln1_bf16}, p.qkv_b, BT, C, 3 * C);
+  if (w.bf16) ops.attention_forward_bf16(a.atty_bf16, a.att_lse, a.qkv_bf16, d.B, d.T, C, d.NH);
+  else ops.attention_forward(a.atty, a.att_lse, a.qkv, d.B, d.T, C, d.NH);
   forward(ops, m.attproj, a.res1, {a.atty, a.atty_bf16}, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   layernorm(ops, a.ln2, a.ln2_bf16, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
