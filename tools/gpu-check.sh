@@ -282,6 +282,28 @@ deps_env() {
   export OMPI_MCA_rmaps_base_oversubscribe=1
 }
 
+# NCCL: CMakeLists.txt looks next to the CUDA toolkit (as on CI's image). A GPU image may instead
+# have only the copy PyTorch's wheels bring (nvidia-nccl-*: lib/libnccl.so.2, include/nccl.h, no
+# unversioned link for find_library): then it is named to CMake (nccl_cmake_args) and to the loader.
+nccl_env() {
+  local lib inc roots=()
+  compgen -G "/usr/local/cuda/lib64/libnccl.so*" >/dev/null && [[ -f /usr/local/cuda/include/nccl.h ]] && return 0
+  mapfile -t roots < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+  lib=$(find "${roots[@]}" /usr/lib /usr/local -name 'libnccl.so*' -path '*nccl*' 2>/dev/null | sort | head -n1)
+  [[ -n $lib ]] || return 0
+  inc=$(find "$(dirname "$(dirname "$lib")")" /usr/include /usr/local/include -name nccl.h 2>/dev/null | head -n1)
+  [[ -n $inc ]] || inc=$(find "$REPO/.gpudeps/include" -name nccl.h 2>/dev/null | head -n1)
+  export ZOE_NCCL_LIB=$lib ZOE_NCCL_INC=${inc:+$(dirname "$inc")}
+  export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "nccl: $ZOE_NCCL_LIB, header in ${ZOE_NCCL_INC:-(none found)}"
+}
+
+nccl_cmake_args() {
+  [[ -n ${ZOE_NCCL_LIB:-} ]] && echo "-DNCCL_LIB=$ZOE_NCCL_LIB"
+  [[ -n ${ZOE_NCCL_INC:-} ]] && echo "-DNCCL_INCLUDE_DIR=$ZOE_NCCL_INC"
+  return 0
+}
+
 # CMake and ninja may be pip's, in the bin folder of the python3 that holds PyTorch, with that
 # folder off PATH (python3 itself reached through a link): then that folder joins PATH.
 add_python_bin() {
@@ -334,7 +356,7 @@ step_unpack() { unpack_deps "$DEPS_ROOT"; }
 
 step_configure() {
   # shellcheck disable=SC2046  # the helpers print several words on purpose
-  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") \
+  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") $(nccl_cmake_args) \
     -DZOE_CUDA=ON -DZOE_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
 }
 
@@ -568,6 +590,7 @@ check() {
   SRC=$(source_info)
   add_python_bin
   deps_env "$DEPS_ROOT"
+  nccl_env >>"$LOG" 2>&1
   local ok_pre=0 ok_unpack=0 ok_conf=0 ok_build=0
   run_step preflight 30 step_preflight && ok_pre=1
   run_step unpack 60 step_unpack && ok_unpack=1
@@ -577,8 +600,8 @@ check() {
   else skip_step build "configure did not pass"; fi
   if [[ $mode == run ]]; then
     if ((ok_build)); then
-      run_step ctest_gpu 90 step_ctest_gpu
-      run_step bench_gpu 90 step_bench_gpu "$out/bench_gpu.json"
+      run_step ctest_gpu 150 step_ctest_gpu
+      run_step bench_gpu 150 step_bench_gpu "$out/bench_gpu.json"
     else
       skip_step ctest_gpu "build did not pass"
       skip_step bench_gpu "build did not pass"
