@@ -364,7 +364,11 @@ step_configure() {
 step_build() {
   local targets=(zoe) f
   for f in "$REPO"/tests/*_gpu_test.cc; do targets+=("$(basename "$f" .cc)"); done
-  cmake --build "$BUILD" -j "${ZOE_JOBS:-16}" --target "${targets[@]}"
+  # keep going past a failed file: one run on a lent machine should show every error
+  local keep=-k
+  command -v ninja >/dev/null && keep="-k 0"
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD" -j "${ZOE_JOBS:-16}" --target "${targets[@]}" -- $keep
 }
 
 step_ctest_gpu() {
