@@ -18,8 +18,8 @@ namespace {
 
 constexpr int kMaxRanges = 48;            // the launch arguments stay under 4 KiB
 constexpr int kThreads = 256;
-constexpr int kVec = 8;                   // elements per thread access: 2 x 16 B of fp32, 16 B of 16-bit
-constexpr uint64_t kTile = kThreads * kVec * 2;
+constexpr int kGroup = 4;                 // elements per thread access: 16 B of fp32, 8 B of 16-bit
+constexpr uint64_t kTile = kThreads * kGroup * 4;
 constexpr uint8_t kNoCopy = 3;            // out_dtype when there is no weight copy
 
 struct RangeArg {
@@ -86,7 +86,7 @@ __device__ __forceinline__ void store_copy(void* out, uint64_t i, float p) {
   if constexpr (P == uint8_t(DType::kF16)) static_cast<uint16_t*>(out)[i] = to_f16(p);
 }
 
-// One element by itself (unaligned ranges and the last n % kVec). Returns 1 if not finite.
+// One element by itself (unaligned ranges and the last n % kGroup). Returns 1 if not finite.
 template <uint8_t G, uint8_t P>
 __device__ __forceinline__ unsigned step_one(const AdamConsts& c, const RangeArg& r, uint64_t i) {
   float p = r.master[i], m = r.m[i], v = r.v[i];
@@ -98,60 +98,66 @@ __device__ __forceinline__ unsigned step_one(const AdamConsts& c, const RangeArg
   return 0;
 }
 
-// kVec elements from i (a multiple of kVec) with 16-byte loads and stores.
-template <uint8_t G, uint8_t P>
-__device__ __forceinline__ unsigned step_vec(const AdamConsts& c, const RangeArg& r, uint64_t i) {
-  float p[kVec], m[kVec], v[kVec], g[kVec];
-  *reinterpret_cast<float4*>(p) = reinterpret_cast<const float4*>(r.master + i)[0];
-  *reinterpret_cast<float4*>(p + 4) = reinterpret_cast<const float4*>(r.master + i)[1];
-  *reinterpret_cast<float4*>(m) = reinterpret_cast<const float4*>(r.m + i)[0];
-  *reinterpret_cast<float4*>(m + 4) = reinterpret_cast<const float4*>(r.m + i)[1];
-  *reinterpret_cast<float4*>(v) = reinterpret_cast<const float4*>(r.v + i)[0];
-  *reinterpret_cast<float4*>(v + 4) = reinterpret_cast<const float4*>(r.v + i)[1];
-  if constexpr (G == uint8_t(DType::kF32)) {
-    *reinterpret_cast<float4*>(g) = reinterpret_cast<const float4*>(static_cast<const float*>(r.grad) + i)[0];
-    *reinterpret_cast<float4*>(g + 4) = reinterpret_cast<const float4*>(static_cast<const float*>(r.grad) + i)[1];
-  } else {
-    uint16_t h[kVec];
-    *reinterpret_cast<uint4*>(h) = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(r.grad) + i);
-    for (int k = 0; k < kVec; ++k) g[k] = from_grad<G>(h, k);
-  }
-  unsigned finite_bits = 0;
-  for (int k = 0; k < kVec; ++k) finite_bits |= unsigned(adam_element(c, g[k], p[k], m[k], v[k])) << k;
-  // Lanes that were not finite hold what was read: storing them keeps their state bit for bit.
-  reinterpret_cast<float4*>(r.master + i)[0] = *reinterpret_cast<float4*>(p);
-  reinterpret_cast<float4*>(r.master + i)[1] = *reinterpret_cast<float4*>(p + 4);
-  reinterpret_cast<float4*>(r.m + i)[0] = *reinterpret_cast<float4*>(m);
-  reinterpret_cast<float4*>(r.m + i)[1] = *reinterpret_cast<float4*>(m + 4);
-  reinterpret_cast<float4*>(r.v + i)[0] = *reinterpret_cast<float4*>(v);
-  reinterpret_cast<float4*>(r.v + i)[1] = *reinterpret_cast<float4*>(v + 4);
-  if constexpr (P != kNoCopy) {
-    if (finite_bits == (1u << kVec) - 1) {
-      if constexpr (P == uint8_t(DType::kF32)) {
-        reinterpret_cast<float4*>(static_cast<float*>(r.out) + i)[0] = *reinterpret_cast<float4*>(p);
-        reinterpret_cast<float4*>(static_cast<float*>(r.out) + i)[1] = *reinterpret_cast<float4*>(p + 4);
-      } else {
-        uint16_t h[kVec];
-        for (int k = 0; k < kVec; ++k) h[k] = P == uint8_t(DType::kBF16) ? to_bf16(p[k]) : to_f16(p[k]);
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(r.out) + i) = *reinterpret_cast<uint4*>(h);
-      }
-    } else {  // rare: only the finite lanes get a new weight copy
-      for (int k = 0; k < kVec; ++k)
-        if (finite_bits & (1u << k)) store_copy<P>(r.out, i + k, p[k]);
+// kGroups groups of kGroup elements, at i, i + stride, ...: each group one 16-byte load or store
+// of every fp32 array (8 bytes of a 16-bit one). Neighbouring threads take neighbouring groups, so
+// a warp's access is one contiguous 512 bytes (256 for 16-bit); all groups are loaded before any
+// is computed, to keep more bytes in flight.
+template <uint8_t G, uint8_t P, int kGroups>
+__device__ __forceinline__ unsigned step_vec(const AdamConsts& c, const RangeArg& r, uint64_t i, uint64_t stride) {
+  constexpr int kN = kGroup * kGroups;
+  float p[kN], m[kN], v[kN], g[kN];
+  for (int q = 0; q < kGroups; ++q) {
+    const uint64_t at = i + q * stride;
+    *reinterpret_cast<float4*>(p + q * kGroup) = *reinterpret_cast<const float4*>(r.master + at);
+    *reinterpret_cast<float4*>(m + q * kGroup) = *reinterpret_cast<const float4*>(r.m + at);
+    *reinterpret_cast<float4*>(v + q * kGroup) = *reinterpret_cast<const float4*>(r.v + at);
+    if constexpr (G == uint8_t(DType::kF32)) {
+      *reinterpret_cast<float4*>(g + q * kGroup) = *reinterpret_cast<const float4*>(static_cast<const float*>(r.grad) + at);
+    } else {
+      uint16_t h[kGroup];
+      *reinterpret_cast<uint2*>(h) = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(r.grad) + at);
+      for (int k = 0; k < kGroup; ++k) g[q * kGroup + k] = from_grad<G>(h, k);
     }
   }
-  return kVec - __popc(finite_bits);
+  unsigned finite_bits = 0;
+  for (int k = 0; k < kN; ++k) finite_bits |= unsigned(adam_element(c, g[k], p[k], m[k], v[k])) << k;
+  // Lanes that were not finite hold what was read: storing them keeps their state bit for bit.
+  for (int q = 0; q < kGroups; ++q) {
+    const uint64_t at = i + q * stride;
+    *reinterpret_cast<float4*>(r.master + at) = *reinterpret_cast<float4*>(p + q * kGroup);
+    *reinterpret_cast<float4*>(r.m + at) = *reinterpret_cast<float4*>(m + q * kGroup);
+    *reinterpret_cast<float4*>(r.v + at) = *reinterpret_cast<float4*>(v + q * kGroup);
+    if constexpr (P == kNoCopy) continue;
+    const unsigned bits = (finite_bits >> (q * kGroup)) & ((1u << kGroup) - 1);
+    if (bits == (1u << kGroup) - 1) {
+      if constexpr (P == uint8_t(DType::kF32)) {
+        *reinterpret_cast<float4*>(static_cast<float*>(r.out) + at) = *reinterpret_cast<float4*>(p + q * kGroup);
+      } else {
+        uint16_t h[kGroup];
+        for (int k = 0; k < kGroup; ++k)
+          h[k] = P == uint8_t(DType::kBF16) ? to_bf16(p[q * kGroup + k]) : to_f16(p[q * kGroup + k]);
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.out) + at) = *reinterpret_cast<uint2*>(h);
+      }
+    } else {  // rare: only the finite lanes get a new weight copy
+      for (int k = 0; k < kGroup; ++k)
+        if (bits & (1u << k)) store_copy<P>(r.out, at + k, p[q * kGroup + k]);
+    }
+  }
+  return kN - __popc(finite_bits);
 }
 
-// Elements [begin, end) of one range by the whole block. begin is a multiple of kVec.
+// Elements [begin, end) of one range by the whole block. begin is a multiple of kGroup.
 template <uint8_t G, uint8_t P>
 __device__ unsigned step_tile(const AdamConsts& c, const RangeArg& r, uint64_t begin, uint64_t end) {
   unsigned bad = 0;
   uint64_t scalar_from = begin;
   if (r.vectorized) {
-    const uint64_t vec_end = begin + (end - begin) / kVec * kVec;
-    for (uint64_t i = begin + uint64_t(threadIdx.x) * kVec; i < vec_end; i += uint64_t(blockDim.x) * kVec)
-      bad += step_vec<G, P>(c, r, i);
+    const uint64_t stride = uint64_t(blockDim.x) * kGroup, vec_end = begin + (end - begin) / kGroup * kGroup;
+    uint64_t base = begin;
+    for (; base + 2 * stride <= vec_end; base += 2 * stride)
+      bad += step_vec<G, P, 2>(c, r, base + uint64_t(threadIdx.x) * kGroup, stride);
+    for (uint64_t i = base + uint64_t(threadIdx.x) * kGroup; i < vec_end; i += stride)
+      bad += step_vec<G, P, 1>(c, r, i, stride);
     scalar_from = vec_end;
   }
   for (uint64_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x) bad += step_one<G, P>(c, r, i);
