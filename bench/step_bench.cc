@@ -234,13 +234,25 @@ nlohmann::json result_row(const std::string& model, int threads, double tokens, 
     best_ratio = measured / best.get<double>();
   }
   double gflops = gemm_flops / z.step_s / 1e9;
+  // The products' own time (every matmul_* and lm_head_* op, their rounding and bias passes
+  // included) and the step's ceiling on this machine: its products at the measured peak and
+  // nothing else, tokens / (GEMM FLOPs / peak). No schedule of the same FLOPs beats it.
+  double products_s = 0;
+  for (const auto& [op, s] : z.op_s)
+    if (op.rfind("matmul_", 0) == 0 || op.rfind("lm_head_", 0) == 0) products_s += s;
+  nlohmann::json products_frac, ceiling, ceiling_ratio;
+  if (products_s > 0 && peak > 0) products_frac = gemm_flops / products_s / 1e9 / peak;
+  if (peak > 0) ceiling = tokens / (gemm_flops / (peak * 1e9));
+  if (peak > 0 && !best.is_null()) ceiling_ratio = ceiling.get<double>() / best.get<double>();
   return {{"case", fmt::format("{} threads {}", model, threads)}, {"threads", threads}, {"measured", measured},
           {"baseline", baseline}, {"ratio", ratio}, {"unit", "tokens/s"}, {"step_s", z.step_s},
           {"median_step_s", z.median_s},
           {"time_s", {{"forward", z.forward}, {"backward", z.backward}, {"optimizer", z.optimizer}}},
           {"loss", {z.first_loss, z.last_loss}}, {"torch", torch}, {"torch_modes", modes}, {"op_s", z.op_s},
           {"best_torch", best}, {"ratio_to_best_torch", best_ratio},
-          {"gemm_gflops", gflops}, {"gemm_fraction_of_peak", peak > 0 ? nlohmann::json(gflops / peak) : nlohmann::json()}};
+          {"gemm_gflops", gflops}, {"gemm_fraction_of_peak", peak > 0 ? nlohmann::json(gflops / peak) : nlohmann::json()},
+          {"products_s", products_s}, {"products_fraction_of_peak", products_frac},
+          {"ceiling_tokens_per_s", ceiling}, {"ceiling_ratio_to_best_torch", ceiling_ratio}};
 }
 
 void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
@@ -257,6 +269,16 @@ void print_row(std::FILE* human, const nlohmann::json& r, const Timing& z) {
   std::string frac = r["gemm_fraction_of_peak"].is_null() ? "-" : fmt::format("{:.2f}", r["gemm_fraction_of_peak"].get<double>());
   std::fprintf(human, "%7s zoe's GEMMs: %.1f GFLOP/s, %s of the %s peak\n", "", r["gemm_gflops"].get<double>(),
                frac.c_str(), r["gemm_peak_type"].get<std::string>().c_str());
+  if (!r["products_fraction_of_peak"].is_null())
+    std::fprintf(human, "%7s zoe's products in their own time: %.1f ms a step, %.2f of the peak\n", "",
+                 r["products_s"].get<double>() * 1e3, r["products_fraction_of_peak"].get<double>());
+  if (!r["ceiling_tokens_per_s"].is_null()) {
+    std::string vs = r["ceiling_ratio_to_best_torch"].is_null()
+                         ? ""
+                         : fmt::format(", {:.2f}x the best torch row", r["ceiling_ratio_to_best_torch"].get<double>());
+    std::fprintf(human, "%7s ceiling (the products at the peak, nothing else): %.0f tok/s%s\n", "",
+                 r["ceiling_tokens_per_s"].get<double>(), vs.c_str());
+  }
   // Where the step's compute goes, op by op (the device's timing; empty on a GPU).
   std::vector<std::pair<double, std::string>> ops;
   for (const auto& [op, s] : z.op_s) ops.emplace_back(s, op);
