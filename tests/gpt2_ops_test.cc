@@ -4,8 +4,10 @@
 #include <tbb/global_control.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/gpt2_block.h"
@@ -170,6 +172,35 @@ TEST(Gpt2Ops, LayerNorm) {
   check_layernorm(10, 8);
   check_layernorm(7, 13);
   check_layernorm(200, 5);  // more rows than one reduction chunk
+}
+
+// Rows are normalised several at a time (their sums side by side); each row's sums keep the order
+// of a row alone, so a call over N rows is bitwise N calls over one row each, fp32 and bf16.
+TEST(Gpt2Ops, LayerNormRowsTogetherAreBitwiseEachRowAlone) {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int N : {1, 7, 8, 9, 37}) {
+    for (int C : {5, 384}) {
+      Vf x(size_t(N) * C), w(C), b(C);
+      for (float& v : x) v = u(g) + 30.f;  // a large mean: long chains of rounding
+      for (float& v : w) v = u(g);
+      for (float& v : b) v = u(g);
+      Vf out(x.size()), mean(N), rstd(N), out1(x.size()), mean1(N), rstd1(N);
+      std::vector<uint16_t> h(x.size()), h1(x.size());
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      layernorm_forward_bf16(h.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      for (int r = 0; r < N; r++) {
+        const int64_t o = int64_t{r} * C;
+        layernorm_forward(out1.data() + o, &mean1[r], &rstd1[r], x.data() + o, w.data(), b.data(), 1, C);
+        layernorm_forward_bf16(h1.data() + o, &mean1[r], &rstd1[r], x.data() + o, w.data(), b.data(), 1, C);
+      }
+      SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+      EXPECT_EQ(0, std::memcmp(out.data(), out1.data(), out.size() * 4));
+      EXPECT_EQ(0, std::memcmp(mean.data(), mean1.data(), mean.size() * 4));
+      EXPECT_EQ(0, std::memcmp(rstd.data(), rstd1.data(), rstd.size() * 4));
+      EXPECT_EQ(0, std::memcmp(h.data(), h1.data(), h.size() * 2));
+    }
+  }
 }
 
 // ---- matmul and LM head ---------------------------------------------------------------------

@@ -7,25 +7,46 @@
 
 namespace zoe::gpt2 {
 
+// A row's sums are sequential fp32 chains (the reference order, kept bitwise), so one row alone
+// waits on the adder's latency at every element. kGroup rows at a time run kGroup independent
+// chains side by side: each row's sums still add in the same order, so the results are the same
+// bits, only the latency overlaps.
+constexpr int kGroup = 8;
+
+// mean and rstd of R rows from x (row k at x + k * C): two passes, mean then squared deviations,
+// so no cancellation for rows with a large mean.
+template <int R>
+static void row_stats(const float* x, int C, float* mean, float* rstd) {
+  float m[R], v[R];
+  for (int k = 0; k < R; k++) m[k] = 0.f, v[k] = 0.f;
+  for (int c = 0; c < C; c++)
+    for (int k = 0; k < R; k++) m[k] += x[int64_t{k} * C + c];
+  for (int k = 0; k < R; k++) m[k] /= C;
+  for (int c = 0; c < C; c++)
+    for (int k = 0; k < R; k++) {
+      const float d = x[int64_t{k} * C + c] - m[k];
+      v[k] += d * d;
+    }
+  for (int k = 0; k < R; k++) {
+    mean[k] = m[k];
+    rstd[k] = 1.f / std::sqrt(v[k] / C + 1e-5f);
+  }
+}
+
 // Rows [r0, r1) into out (fp32), or rounded to bf16 into out16 (the same values, rounded).
 static void layernorm_rows(float* out, uint16_t* out16, float* mean, float* rstd, const float* inp, const float* w,
                            const float* b, int64_t r0, int64_t r1, int C) {
   thread_local std::vector<float> row;
   if (out16 && row.size() < size_t(C)) row.resize(C);
-  for (int64_t r = r0; r < r1; r++) {
+  int64_t r = r0;
+  for (; r + kGroup <= r1; r += kGroup) row_stats<kGroup>(inp + r * C, C, mean + r, rstd + r);
+  for (; r < r1; r++) row_stats<1>(inp + r * C, C, mean + r, rstd + r);
+  for (r = r0; r < r1; r++) {
     const float* x = inp + r * C;
-    // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
-    float m = 0.f;
-    for (int c = 0; c < C; c++) m += x[c];
-    m /= C;
-    float v = 0.f;
-    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-    float s = 1.f / std::sqrt(v / C + 1e-5f);
+    const float m = mean[r], s = rstd[r];
     float* o = out16 ? row.data() : out + r * C;
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
     if (out16) detail::round_range(out16 + r * C, o, C);
-    mean[r] = m;
-    rstd[r] = s;
   }
 }
 
