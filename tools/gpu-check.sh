@@ -17,7 +17,8 @@
 # The run is bounded: each step has a timeout and the whole stays under ZOE_CHECK_TOTAL_S (440 s);
 # a failed step does not stop the later independent ones, and the summary is always written. The
 # exit status is 0 only when every step passed. Knobs: ZOE_JOBS (16), ZOE_CHECK_BUILD_S (240),
-# ZOE_CHECK_TOTAL_S (440), ZOE_GPUDEPS_BUDGET_MIB (48). A --build-only run on 2 cores here needs
+# ZOE_CHECK_TOTAL_S (440), ZOE_GPUDEPS_BUDGET_MIB (48), ZOE_SOURCE_COMMIT (the commit the summary
+# names, where the copy's .git is not the tree's). A --build-only run on 2 cores here needs
 # more time than the GPU machine's 16: ZOE_JOBS=2 ZOE_CHECK_BUILD_S=3000 ZOE_CHECK_TOTAL_S=3600.
 set -uo pipefail
 
@@ -475,9 +476,14 @@ gpu_info() {  # name, driver, memory of each GPU; empty without nvidia-smi or a 
   timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 }
 
-source_info() {  # "commit dirty origin": from git where .git travelled, else from --prepare's stamp
+# "commit dirty origin": ZOE_SOURCE_COMMIT where the caller names it (a copy of the tree can carry a
+# .git older than its files: the device tool sends the session's starting one), else from git
+# where .git travelled, else from --prepare's stamp.
+source_info() {
   local c d=false
-  if c=$(git -C "$REPO" rev-parse HEAD 2>/dev/null); then
+  if [[ -n ${ZOE_SOURCE_COMMIT:-} ]]; then
+    echo "$ZOE_SOURCE_COMMIT false caller"
+  elif c=$(git -C "$REPO" rev-parse HEAD 2>/dev/null); then
     [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null) ]] && d=true
     echo "$c $d git"
   elif [[ -f $DEBS/SOURCE ]]; then
