@@ -142,6 +142,14 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
     ZOE_ASSIGN_OR_RETURN(nlohmann::json t, time_torch_step(s, py, 1));
     results.push_back(row("gpt2 124M B8 T1024 fp32 tokens/s", tokens / resident.step_s,
                           tokens / t["step_s"].get<double>(), "tokens/s", "PyTorch on the same GPU"));
+    // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
+    // products, fp32 master and Adam) against PyTorch's autocast to bf16.
+    StepBenchOptions b = s;
+    b.bf16 = true;
+    ZOE_ASSIGN_OR_RETURN(StepTiming zb, time_zoe_step(b, 1));
+    ZOE_ASSIGN_OR_RETURN(nlohmann::json tb, time_torch_step(b, py, 1, "autocast_bf16"));
+    results.push_back(row("gpt2 124M B8 T1024 bf16 tokens/s", tokens / zb.step_s, tokens / tb["step_s"].get<double>(),
+                          "tokens/s", "PyTorch autocast bf16 on the same GPU"));
   }
   // The offloaded step: what the resident run held as persistent state shrinks to a quarter; its
   // transient bytes (activations, staging) stay, plus stage 3's gather and reduction buffers of

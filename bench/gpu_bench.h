@@ -4,7 +4,8 @@
 //   adam       CudaDevice::adam's bytes moved per second vs a device-to-device copy of the same
 //              bytes (every byte Adam reads or writes, read and written once);
 //   gpt2       zoe's GPT-2 tokens/s (resident, stage 0) vs PyTorch training the same model on the
-//              same GPU (bench/torch_gpt2_step.py --device cuda);
+//              same GPU (bench/torch_gpt2_step.py --device cuda), in fp32 and in bf16 (zoe's bf16
+//              compute against PyTorch's autocast);
 //   offload    a stage-3 step with the device budget cut to a quarter of the resident run's
 //              persistent bytes (plus its activations), parameters and optimizer state on NVMe,
 //              vs the resident step (ratio = offloaded / resident step time, lower is better).
