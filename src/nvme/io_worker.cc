@@ -147,15 +147,19 @@ void IoWorker::run() {
   }
 }
 
-// A batch's reads are verified one by one; after each hash the requests the handled ones freed
-// are started, so the device is not idle while the rest of the batch is hashed (a batch can be
-// the whole queue). A submit that fails in between is dealt with once the batch is handled.
+// A batch's reads are verified one by one. Once fewer than half the queue is in flight, the
+// requests the handled ones freed are started after each hash, so the device is not idle while
+// the rest of the batch is hashed (a batch can be the whole queue); above that they wait for the
+// batch's end and start together, where the kernel merges neighbours (on virtio, checksummed
+// 256 KiB reads started one by one went as 256 KiB requests at 0.74-0.89 of the plain store's
+// merged 512 KiB ones). A submit that fails in between is dealt with once the batch is handled.
 void IoWorker::handle_batch(std::vector<IoCompletion>& cq) {
   Status late;
   for (size_t i = 0; i < cq.size(); ++i) {
     const uint64_t hashed = hashed_bytes_.load(std::memory_order_relaxed);
     handle(cq[i]);
     if (!late.ok() || i + 1 == cq.size() || hashed_bytes_.load(std::memory_order_relaxed) == hashed) continue;
+    if (2 * in_flight_ >= static_cast<int>(tasks_.size())) continue;
     fill();
     if (!to_hash_.empty() || in_flight_ > 0) {
       late = queue_->submit_and_wait(0, &cq);
