@@ -144,12 +144,17 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
                           tokens / t["step_s"].get<double>(), "tokens/s", "PyTorch on the same GPU"));
     // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
     // products, fp32 master and Adam) against PyTorch's autocast to bf16.
+    // Not yet run on a GPU when written: a failure here is reported beside the table and the
+    // rows after it still run.
     StepBenchOptions b = s;
     b.bf16 = true;
-    ZOE_ASSIGN_OR_RETURN(StepTiming zb, time_zoe_step(b, 1));
-    ZOE_ASSIGN_OR_RETURN(nlohmann::json tb, time_torch_step(b, py, 1, "autocast_bf16"));
-    results.push_back(row("gpt2 124M B8 T1024 bf16 tokens/s", tokens / zb.step_s, tokens / tb["step_s"].get<double>(),
-                          "tokens/s", "PyTorch autocast bf16 on the same GPU"));
+    Result<StepTiming> zb = time_zoe_step(b, 1);
+    Result<nlohmann::json> tb = zb.ok() ? time_torch_step(b, py, 1, "autocast_bf16") : Result<nlohmann::json>(zb.status());
+    if (tb.ok())
+      results.push_back(row("gpt2 124M B8 T1024 bf16 tokens/s", tokens / zb->step_s,
+                            tokens / (*tb)["step_s"].get<double>(), "tokens/s", "PyTorch autocast bf16 on the same GPU"));
+    else
+      std::fprintf(stderr, "zoe bench gpu: the bf16 GPT-2 row failed: %s\n", tb.status().message().c_str());
   }
   // The offloaded step: what the resident run held as persistent state shrinks to a quarter; its
   // transient bytes (activations, staging) stay, plus stage 3's gather and reduction buffers of
