@@ -46,7 +46,17 @@ std::vector<Case> cases() {
 struct Data {
   std::vector<float> a, b, c;
   std::vector<uint16_t> a16, b16;
+  // The operands as a product of type t reads them.
+  const void* A(GemmType t) const { return t == GemmType::kF32 ? static_cast<const void*>(a.data()) : a16.data(); }
+  const void* B(GemmType t) const { return t == GemmType::kF32 ? static_cast<const void*>(b.data()) : b16.data(); }
 };
+
+// A bias of N values, the same in every test that adds one.
+std::vector<float> test_bias(int N) {
+  std::vector<float> bias(N);
+  for (int j = 0; j < N; ++j) bias[j] = 0.25f * float(j % 7) - 0.5f;
+  return bias;
+}
 
 Data make_data(const GemmShape& s, uint32_t seed, bool bf16_exact) {
   std::mt19937 g(seed);
@@ -130,8 +140,8 @@ TEST_P(GemmPaths, BetaZeroNeverReadsC) {
     GemmShape s{false, true, 8, 16, 32, 32, 32, 16};
     Data x = make_data(s, 3, true);
     std::vector<float> c(x.c.size(), std::numeric_limits<float>::quiet_NaN());
-    const void* a = t == GemmType::kF32 ? static_cast<const void*>(x.a.data()) : x.a16.data();
-    const void* b = t == GemmType::kF32 ? static_cast<const void*>(x.b.data()) : x.b16.data();
+    const void* a = x.A(t);
+    const void* b = x.B(t);
     ASSERT_TRUE(gemm(p, t, s, a, b, 0.f, c.data()).ok());
     for (int i = 0; i < s.M * s.N; ++i) ASSERT_TRUE(std::isfinite(c[i])) << gemm_path_name(p) << " " << gemm_type_name(t);
   }
@@ -144,8 +154,8 @@ TEST_P(GemmPaths, SlicedProductsMatchAndDoNotDependOnTheThreadCount) {
     if (!gemm_supported(p, t)) continue;
     for (GemmShape s : {GemmShape{false, true, 40, 700, 33, 33, 33, 700}, GemmShape{true, false, 600, 70, 31, 600, 70, 70}}) {
       Data x = make_data(s, 4, true);
-      const void* a = t == GemmType::kF32 ? static_cast<const void*>(x.a.data()) : x.a16.data();
-      const void* b = t == GemmType::kF32 ? static_cast<const void*>(x.b.data()) : x.b16.data();
+      const void* a = x.A(t);
+      const void* b = x.B(t);
       std::vector<float> want = x.c, one = x.c, two = x.c;
       ASSERT_TRUE(gemm(GemmPath::kReference, GemmType::kF32, s, x.a.data(), x.b.data(), 1.f, want.data()).ok());
       {
@@ -171,10 +181,9 @@ TEST_P(GemmPaths, BiasIsAddedToEveryRow) {
     for (GemmShape s : {GemmShape{false, false, 37, 300, 20, 20, 300, 301}, GemmShape{true, false, 600, 40, 9, 600, 40, 40}}) {
       for (float beta : {0.f, 1.f}) {
         Data x = make_data(s, 5, true);
-        std::vector<float> bias(s.N);
-        for (int j = 0; j < s.N; ++j) bias[j] = 0.25f * float(j % 7) - 0.5f;
-        const void* a = t == GemmType::kF32 ? static_cast<const void*>(x.a.data()) : x.a16.data();
-        const void* b = t == GemmType::kF32 ? static_cast<const void*>(x.b.data()) : x.b16.data();
+        const std::vector<float> bias = test_bias(s.N);
+        const void* a = x.A(t);
+        const void* b = x.B(t);
         std::vector<float> want = x.c, got = x.c, sliced = x.c;
         if (beta == 0.f) std::fill(got.begin(), got.end() - 1, std::numeric_limits<float>::quiet_NaN());
         for (int i = 0; i < s.M; ++i)
@@ -201,10 +210,9 @@ TEST_P(GemmPaths, Bf16OutputIsTheFp32ResultRounded) {
     if (!gemm_supported(p, t)) continue;
     for (GemmShape s : {GemmShape{false, false, 37, 300, 20, 20, 300, 301}, GemmShape{true, true, 600, 40, 9, 600, 9, 41}}) {
       Data x = make_data(s, 6, true);
-      std::vector<float> bias(s.N);
-      for (int j = 0; j < s.N; ++j) bias[j] = 0.25f * float(j % 7) - 0.5f;
-      const void* a = t == GemmType::kF32 ? static_cast<const void*>(x.a.data()) : x.a16.data();
-      const void* b = t == GemmType::kF32 ? static_cast<const void*>(x.b.data()) : x.b16.data();
+      const std::vector<float> bias = test_bias(s.N);
+      const void* a = x.A(t);
+      const void* b = x.B(t);
       std::vector<float> f(size_t(s.M) * s.ldc);
       ASSERT_TRUE(gemm(p, t, s, a, b, 0.f, f.data(), bias.data()).ok());
       for (bool sliced : {false, true}) {

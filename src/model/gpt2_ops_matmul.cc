@@ -28,13 +28,13 @@ GemmPath path(GemmType t) {
   return bf16;
 }
 
-// A product in slices over oneTBB's workers (kernels/gemm.h); a path that fails (oneDNN out of
-// memory) has left its slices to OpenBLAS, which says so once.
+// A path that failed (oneDNN out of memory) has left its slices to OpenBLAS: said once.
 void warn_fallback(const Status& st) {
   static std::once_flag told;
   std::call_once(told, [&] { std::fprintf(stderr, "zoe: warning: %s; that product used OpenBLAS\n", st.message().c_str()); });
 }
 
+// A product in slices over oneTBB's workers (kernels/gemm.h).
 void product(GemmType t, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
              float beta, float* C, int ldc, const float* bias = nullptr) {
   Status st = gemm_sliced(path(t), t, GemmShape{ta, tb, M, N, K, lda, ldb, ldc}, A, B, beta, C, bias);
