@@ -430,6 +430,32 @@ TEST_F(NvmeStoreTest, BackgroundBlocksGoOutInBatchesTheKernelCanMerge) {
   EXPECT_EQ(env.largest_submission(IoOp::kRead), 8);
 }
 
+// Background batches follow each other without the queue draining in between: at 1 MiB blocks
+// and depth 32, four batches (16 MiB) go out at once while the device holds them, no more.
+TEST_F(NvmeStoreTest, BackgroundBatchesOverlapUpToTheirShareOfTheQueue) {
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  o.block_size = 1 << 20;
+  o.queue_depth = 32;
+  auto store = open(o, {{"state", 32 << 20}});
+  ASSERT_TRUE(store);
+  const std::vector<uint8_t> x = random_bytes(32 << 20, 7);
+  AlignedBuffer src(x.size()), back(x.size());
+  std::memcpy(src.p, x.data(), x.size());
+  env.hold(IoOp::kWrite, true);
+  Ticket t = store->write_async(0, 0, src.p, x.size(), in_background());
+  for (int i = 0; i < 200 && env.requests(IoOp::kWrite) < 16; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // and nothing more comes
+  EXPECT_EQ(env.requests(IoOp::kWrite), 16) << "background requests in flight while the device holds them";
+  env.hold(IoOp::kWrite, false);
+  ASSERT_TRUE(store->wait(t).ok());
+  EXPECT_EQ(env.requests(IoOp::kWrite), 32);
+  ASSERT_TRUE(store->read(0, 0, back.p, x.size()).ok());
+  EXPECT_EQ(0, std::memcmp(back.p, x.data(), x.size()));
+}
+
 // wait_idle() returns only once every transfer submitted has completed; traffic() then counts
 // all of them (the report's final NVMe bytes rest on it).
 TEST_F(NvmeStoreTest, WaitIdleReturnsOnceEveryTransferSubmittedHasCompleted) {

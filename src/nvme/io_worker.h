@@ -117,6 +117,7 @@ class IoWorker {
   std::vector<Task> tasks_;       // one slot per request the queue may hold
   std::vector<int> free_slots_;
   int in_flight_ = 0;
+  int background_in_flight_ = 0;  // of in_flight_: background transfers' requests
   int reap_failures_ = 0;         // failed reaps in a row since the queue failed
   std::vector<int> abandoned_bounce_;
   std::vector<int> to_hash_;      // write slots whose sums hash_pending() makes, once they are submitted
