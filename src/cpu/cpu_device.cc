@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "common/profiler.h"
 #include "kernels/adam.h"
+#include "kernels/sum_squares.h"
 #include "cpu/cpu_model_ops.h"
 
 namespace zoe {
@@ -298,35 +299,12 @@ Status CpuDevice::sum_chunks(void* out, const void* chunks, int n, size_t count,
   return Status::Ok();
 }
 
-namespace {
-
-// The sum of squares of elements [lo, hi), in double: element i goes into running sum
-// (i - lo) % 8 and the eight are added in a fixed order, so the loop vectorizes and is not one
-// chain of dependent adds (the gradient norm of 50 M elements took 50 ms so), and the result
-// depends neither on the ISA nor on the thread count.
-template <typename Load>
-double block_sum_squares(Load load, size_t lo, size_t hi) {
-  double s[8] = {};
-  size_t i = lo;
-  for (; i + 8 <= hi; i += 8)
-    for (size_t j = 0; j < 8; ++j) {
-      const double v = load(i + j);
-      s[j] += v * v;
-    }
-  for (size_t j = 0; i < hi; ++i, ++j) {
-    const double v = load(i);
-    s[j] += v * v;
-  }
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-}  // namespace
-
 Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out) {
   ZOE_RETURN_IF_ERROR(check_reachable(out, sizeof(double), "sum_squares output"));
   for (size_t k = 0; k < count; ++k)
     ZOE_RETURN_IF_ERROR(check_reachable(spans[k].x, spans[k].n * dtype_size(spans[k].dtype), "sum_squares input"));
   MemoryFence::Open o(fence_.get());
+  const Isa isa = best_isa();  // every ISA gives the same bits (kernels/sum_squares.h)
   double total = 0;
   for (size_t k = 0; k < count; ++k) {
     const ArrayView& sp = spans[k];
@@ -334,23 +312,7 @@ Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out)
     std::vector<double> partial(blocks, 0.0);
     tbb::parallel_for(size_t{0}, blocks, [&](size_t b) {
       size_t lo = b * kReduceBlock, hi = std::min(sp.n, lo + kReduceBlock);
-      switch (sp.dtype) {
-        case DType::kF32: {
-          const float* x = static_cast<const float*>(sp.x);
-          partial[b] = block_sum_squares([x](size_t i) { return x[i]; }, lo, hi);
-          break;
-        }
-        case DType::kBF16: {
-          const uint16_t* x = static_cast<const uint16_t*>(sp.x);
-          partial[b] = block_sum_squares([x](size_t i) { return bf16_to_f32(x[i]); }, lo, hi);
-          break;
-        }
-        case DType::kF16: {
-          const uint16_t* x = static_cast<const uint16_t*>(sp.x);
-          partial[b] = block_sum_squares([x](size_t i) { return f16_to_f32(x[i]); }, lo, hi);
-          break;
-        }
-      }
+      partial[b] = sum_squares_range(sp.dtype, sp.x, lo, hi, isa);
     });
     double s = 0;
     for (double p : partial) s += p;
