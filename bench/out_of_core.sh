@@ -4,7 +4,8 @@
 # with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
 # against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
-# directory first (1 MiB blocks, depth 32, as the job's aio settings), reads then writes.
+# directory first (1 MiB blocks, depth 32, as the job's aio settings; a 16 GiB file, the scale at
+# which the disk's rates hold for a step's ~97 GB), reads then writes.
 # The update runs after the backward with clipping at 1.0; OOC_UPDATE_IN_BACKWARD=1 runs it during
 # the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and writes,
 # as soon as its gradient is final), without clipping.
@@ -58,12 +59,17 @@ cat > "$dir/config.json" <<EOF
     "steps": 3, "update_in_backward": $in_backward}
 }
 EOF
-# The disk's rates in this directory, now: what each step's bound is made of.
-build/zoe bench nvme --dir "$dir/rate" --iters 3 --json > "$dir/nvme_rate.json"
+# The disk's rates in this directory, now, at the job's block size and depth and at the job's
+# scale: a step moves ~97 GB, and this disk sustains less than it takes in a burst (1 GiB files:
+# write 5.9 GB/s; a 30 GB overwrite, fio: 3.95-4.59, falling from 5.3 to 2.9 GB/s within it).
+# A 16 GiB file, one rep (a pass of 16 GiB is its own average): what each step's bound is made of.
+rate_bytes=${OOC_RATE_BYTES:-17179869184}
+build/zoe bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
+  --iters "${OOC_RATE_ITERS:-1}" --json > "$dir/nvme_rate.json"
 rm -rf "$dir/rate"
 start=$(date +%s)
 build/zoe train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
-echo "total wall time (start-up, init, 3 steps): $(( $(date +%s) - start )) s"
+echo "total wall time (start-up, init, every step): $(( $(date +%s) - start )) s"
 python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"ledger"' in l]
@@ -76,8 +82,9 @@ for tier in ("device", "host", "nvme"):
     print(f"ledger {tier:6s}: " + ", ".join(f"{k} {gb(v)}" for k, v in r0[tier].items()))
 print(f"peak device {gb(r0['peak_device_bytes'])}, peak host {gb(r0['peak_host_bytes'])}, "
       f"peak RSS {gb(r0['peak_rss_bytes'])} = {r0['peak_rss_bytes'] / state:.3f} of the state ({gb(state)})")
-print(f"disk (zoe bench nvme, 1 MiB blocks, depth 32, this directory): read {rate['read'] / 1e9:.2f} GB/s, "
-      f"write {rate['write'] / 1e9:.2f} GB/s")
+rate_file = json.load(open(sys.argv[3])).get("file_bytes", 0)
+print(f"disk (zoe bench nvme, 1 MiB blocks, depth 32, {rate_file / 2**30:.0f} GiB file, this directory): "
+      f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
 print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | bound_s | "
       "step/bound | loss")
 for l in lines:

@@ -43,9 +43,11 @@ int main(int argc, char** argv) {
   bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
   bench->add_flag("--no-checksums", ba.no_checksums, "offload: swap blocks without xxh3 sums (zoe.checksums false)");
   bench->add_option("--aio-block-size", ba.aio_block_size,
-                    "offload: aio.block_size of the swap store (default 1 MiB; `zoe bench nvme` finds the best)")
+                    "offload: aio.block_size of the swap store (default 1 MiB; `zoe bench nvme` finds the best); "
+                    "nvme: this block size only (default 256 KiB, 1, 4 and 16 MiB)")
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 30));
-  bench->add_option("--aio-queue-depth", ba.aio_queue_depth, "offload: aio.queue_depth of the swap store (default 8)")
+  bench->add_option("--aio-queue-depth", ba.aio_queue_depth,
+                    "offload: aio.queue_depth of the swap store (default 8); nvme: this depth only (default 8 and 32)")
       ->check(CLI::Range(1, 4096));
 
   ExportArgs xa;
