@@ -476,12 +476,12 @@ constexpr size_t kBackgroundBytes = size_t{16} << 20;
 // merge into one request of the disk, so a virtual disk takes one notification and raises one
 // interrupt for the batch instead of one per block (each costs a VM exit). A batch is what one
 // disk request holds (kMergedRequestBytes), at most half the queue. Whole batches follow each
-// other without the queue draining in between, up to kBackgroundBytes in flight (at least one):
-// with one batch at a time the disk idled between batches, and the optimizer's write-backs, which
-// its windows wait for, ran at 0.85-0.95 of foreground writes. Nothing starts while a foreground
-// request is in flight; one that arrives waits for at most kBackgroundBytes.
+// other without the queue draining in between, up to kBackgroundBytes in flight (at least one),
+// beside the last foreground requests of a transfer too (fill() asks only once no foreground
+// block is left to start): waiting for the queue to drain before each batch left the disk
+// half-idle at every foreground transfer's tail and between batches. A foreground request that
+// arrives waits for at most kBackgroundBytes.
 size_t IoWorker::background_room() const {
-  if (in_flight_ > background_in_flight_) return 0;  // a foreground request is in flight
   const size_t half = std::max<size_t>(1, tasks_.size() / 2);
   const size_t batch = std::clamp<size_t>(kMergedRequestBytes / block_, 1, half);
   const size_t most = std::max(batch, std::min(half, kBackgroundBytes / block_));
