@@ -6,7 +6,8 @@
 # (every kernel of a 2-step GPT-2 124M job, B8 T1024 fp32, stage 0: the time of each kernel name,
 # summed) and OUTDIR/ncu_gpt2_bf16.txt (the same job with bf16 weights and compute). ncu needs the
 # machine's counters (Firecracker runtimes have them; gVisor's do not) and
-# runs with --clock-control none (the clocks as the driver sets them). Each part has a timeout.
+# runs with --clock-control none (the clocks as the driver sets them). Each part has a timeout;
+# ZOE_PROFILE_PARTS="gpt2_bf16" (any of adam gpt2 gpt2_bf16) runs only those.
 set -uo pipefail
 [[ $# == 1 ]] || { echo "usage: tools/gpu-profile.sh OUTDIR" >&2; exit 2; }
 REPO=$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")
@@ -23,10 +24,12 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 NCU=("$NCU" --clock-control none)
 rc=0
 
-timeout 150 "${NCU[@]}" --kernel-name regex:adam_kernel --launch-skip 2 --launch-count 1 \
+# ZOE_PROFILE_PARTS: which of adam, gpt2, gpt2_bf16 to run (default all three).
+PARTS=" ${ZOE_PROFILE_PARTS:-adam gpt2 gpt2_bf16} "
+[[ $PARTS == *" adam "* ]] && { timeout 150 "${NCU[@]}" --kernel-name regex:adam_kernel --launch-skip 2 --launch-count 1 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-  "$ZOE" bench gpu --no-torch --iters 3 >"$OUT/ncu_adam.txt" 2>&1 || { echo "ncu adam: exit $?"; rc=1; }
+  "$ZOE" bench gpu --no-torch --iters 3 >"$OUT/ncu_adam.txt" 2>&1 || { echo "ncu adam: exit $?"; rc=1; }; }
 
 # gpt2_step NAME ARGS...: every kernel of a 2-step GPT-2 124M job (B8 T1024, stage 0), summed per name.
 gpt2_step() {
@@ -40,8 +43,8 @@ gpt2_step() {
     --set zero_optimization.offload_optimizer.device='"none"' --set zoe.device_memory_budget=64000000000 \
     --set zoe.steps=2 --set zoe.checkpoint.dir='""' "$@" >"$OUT/$name.txt" 2>&1 || { echo "ncu $name: exit $?"; rc=1; }
 }
-gpt2_step ncu_gpt2 --set bf16.enabled=false
+[[ $PARTS == *" gpt2 "* ]] && gpt2_step ncu_gpt2 --set bf16.enabled=false
 # bf16 weights and bf16 compute (the bench's bf16 row): cuBLASLt's tensor-core products beside
 # zoe's own attention and elementwise kernels.
-gpt2_step ncu_gpt2_bf16 --set bf16.enabled=true --set zoe.compute_dtype='"bf16"'
+[[ $PARTS == *" gpt2_bf16 "* ]] && gpt2_step ncu_gpt2_bf16 --set bf16.enabled=true --set zoe.compute_dtype='"bf16"'
 exit $rc

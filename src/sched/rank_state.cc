@@ -9,10 +9,10 @@ namespace zoe {
 
 namespace {
 
-// The pinned pool: at most 1 GiB, at most a quarter of the host budget, at most what three
+// The pinned pool: at most 2 GiB, at most a quarter of the host budget, at most what three
 // windows of the state on NVMe need; the optimizer's sub-group is sub_group_size elements, or
 // fewer when three of them do not fit in what the stores' I/O buffers leave of the pool.
-constexpr uint64_t kMaxPoolBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;
 
 }  // namespace
 
