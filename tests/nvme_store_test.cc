@@ -456,6 +456,33 @@ TEST_F(NvmeStoreTest, BackgroundBatchesOverlapUpToTheirShareOfTheQueue) {
   EXPECT_EQ(0, std::memcmp(back.p, x.data(), x.size()));
 }
 
+// ... and they start beside a foreground transfer's last requests, not only once the queue is
+// empty: with 8 foreground writes held in flight, 16 background ones join them.
+TEST_F(NvmeStoreTest, BackgroundBatchesStartBesideForegroundRequestsInFlight) {
+  FaultInjectingEnv env(NvmeEnv::Default());
+  NvmeStoreOptions o = options();
+  o.env = &env;
+  o.block_size = 1 << 20;
+  o.queue_depth = 32;
+  auto store = open(o, {{"state", 40 << 20}});
+  ASSERT_TRUE(store);
+  const std::vector<uint8_t> x = random_bytes(40 << 20, 8);
+  AlignedBuffer src(x.size()), back(x.size());
+  std::memcpy(src.p, x.data(), x.size());
+  env.hold(IoOp::kWrite, true);
+  Ticket fg = store->write_async(0, 0, src.p, 8 << 20);
+  Ticket bg = store->write_async(0, 8 << 20, src.p + (8 << 20), 32 << 20, in_background());
+  for (int i = 0; i < 200 && env.requests(IoOp::kWrite) < 24; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(env.requests(IoOp::kWrite), 8 + 16) << "foreground and background requests in flight together";
+  env.hold(IoOp::kWrite, false);
+  ASSERT_TRUE(store->wait(fg).ok());
+  ASSERT_TRUE(store->wait(bg).ok());
+  ASSERT_TRUE(store->read(0, 0, back.p, x.size()).ok());
+  EXPECT_EQ(0, std::memcmp(back.p, x.data(), x.size()));
+}
+
 // wait_idle() returns only once every transfer submitted has completed; traffic() then counts
 // all of them (the report's final NVMe bytes rest on it).
 TEST_F(NvmeStoreTest, WaitIdleReturnsOnceEveryTransferSubmittedHasCompleted) {
