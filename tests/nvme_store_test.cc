@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -430,57 +432,64 @@ TEST_F(NvmeStoreTest, BackgroundBlocksGoOutInBatchesTheKernelCanMerge) {
   EXPECT_EQ(env.largest_submission(IoOp::kRead), 8);
 }
 
-// Background batches follow each other without the queue draining in between: at 1 MiB blocks
-// and depth 32, four batches (16 MiB) go out at once while the device holds them, no more.
-TEST_F(NvmeStoreTest, BackgroundBatchesOverlapUpToTheirShareOfTheQueue) {
-  FaultInjectingEnv env(NvmeEnv::Default());
-  NvmeStoreOptions o = options();
-  o.env = &env;
-  o.block_size = 1 << 20;
-  o.queue_depth = 32;
-  auto store = open(o, {{"state", 32 << 20}});
-  ASSERT_TRUE(store);
-  const std::vector<uint8_t> x = random_bytes(32 << 20, 7);
-  AlignedBuffer src(x.size()), back(x.size());
-  std::memcpy(src.p, x.data(), x.size());
-  env.hold(IoOp::kWrite, true);
-  Ticket t = store->write_async(0, 0, src.p, x.size(), in_background());
-  for (int i = 0; i < 200 && env.requests(IoOp::kWrite) < 16; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // and nothing more comes
-  EXPECT_EQ(env.requests(IoOp::kWrite), 16) << "background requests in flight while the device holds them";
-  env.hold(IoOp::kWrite, false);
-  ASSERT_TRUE(store->wait(t).ok());
-  EXPECT_EQ(env.requests(IoOp::kWrite), 32);
-  ASSERT_TRUE(store->read(0, 0, back.p, x.size()).ok());
-  EXPECT_EQ(0, std::memcmp(back.p, x.data(), x.size()));
+// Background batches at 1 MiB blocks and depth 32, with writes held back from the device: what
+// the store keeps in flight is what reaches the (fault-injecting) queue.
+class NvmeBackgroundTest : public NvmeStoreTest {
+ protected:
+  static constexpr uint64_t kMiB = 1 << 20;
+  // A store of `mib` MiB whose source bytes are src (page-aligned: no bounce buffer limits it).
+  void SetUpStore(uint64_t mib) {
+    NvmeStoreOptions o = options();
+    o.env = &env_;
+    o.block_size = kMiB;
+    o.queue_depth = 32;
+    store_ = open(o, {{"state", mib * kMiB}});
+    ASSERT_TRUE(store_);
+    data_ = random_bytes(mib * kMiB, mib);
+    src_ = std::make_unique<AlignedBuffer>(data_.size());
+    std::memcpy(src_->p, data_.data(), data_.size());
+    env_.hold(IoOp::kWrite, true);
+  }
+  // The write requests in flight once they stop growing (at least `want`, or 1 s passed).
+  int settled_writes(int want) {
+    for (int i = 0; i < 200 && env_.requests(IoOp::kWrite) < want; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // and nothing more comes
+    return env_.requests(IoOp::kWrite);
+  }
+  // Releases the writes; every ticket completes and the region reads back exact.
+  void release_and_check(std::initializer_list<Ticket> tickets) {
+    env_.hold(IoOp::kWrite, false);
+    for (const Ticket& t : tickets) ASSERT_TRUE(store_->wait(t).ok());
+    AlignedBuffer back(data_.size());
+    ASSERT_TRUE(store_->read(0, 0, back.p, data_.size()).ok());
+    EXPECT_EQ(0, std::memcmp(back.p, data_.data(), data_.size()));
+  }
+
+  FaultInjectingEnv env_{NvmeEnv::Default()};
+  std::unique_ptr<NvmeStore> store_;
+  std::vector<uint8_t> data_;
+  std::unique_ptr<AlignedBuffer> src_;
+};
+
+// Background batches follow each other without the queue draining in between: four batches
+// (16 MiB) go out at once while the device holds them, no more.
+TEST_F(NvmeBackgroundTest, BatchesOverlapUpToTheirShareOfTheQueue) {
+  ASSERT_NO_FATAL_FAILURE(SetUpStore(32));
+  Ticket t = store_->write_async(0, 0, src_->p, data_.size(), in_background());
+  EXPECT_EQ(settled_writes(16), 16) << "background requests in flight while the device holds them";
+  release_and_check({t});
+  EXPECT_EQ(env_.requests(IoOp::kWrite), 32);
 }
 
 // ... and they start beside a foreground transfer's last requests, not only once the queue is
 // empty: with 8 foreground writes held in flight, 16 background ones join them.
-TEST_F(NvmeStoreTest, BackgroundBatchesStartBesideForegroundRequestsInFlight) {
-  FaultInjectingEnv env(NvmeEnv::Default());
-  NvmeStoreOptions o = options();
-  o.env = &env;
-  o.block_size = 1 << 20;
-  o.queue_depth = 32;
-  auto store = open(o, {{"state", 40 << 20}});
-  ASSERT_TRUE(store);
-  const std::vector<uint8_t> x = random_bytes(40 << 20, 8);
-  AlignedBuffer src(x.size()), back(x.size());
-  std::memcpy(src.p, x.data(), x.size());
-  env.hold(IoOp::kWrite, true);
-  Ticket fg = store->write_async(0, 0, src.p, 8 << 20);
-  Ticket bg = store->write_async(0, 8 << 20, src.p + (8 << 20), 32 << 20, in_background());
-  for (int i = 0; i < 200 && env.requests(IoOp::kWrite) < 24; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(env.requests(IoOp::kWrite), 8 + 16) << "foreground and background requests in flight together";
-  env.hold(IoOp::kWrite, false);
-  ASSERT_TRUE(store->wait(fg).ok());
-  ASSERT_TRUE(store->wait(bg).ok());
-  ASSERT_TRUE(store->read(0, 0, back.p, x.size()).ok());
-  EXPECT_EQ(0, std::memcmp(back.p, x.data(), x.size()));
+TEST_F(NvmeBackgroundTest, BatchesStartBesideForegroundRequestsInFlight) {
+  ASSERT_NO_FATAL_FAILURE(SetUpStore(40));
+  Ticket fg = store_->write_async(0, 0, src_->p, 8 * kMiB);
+  Ticket bg = store_->write_async(0, 8 * kMiB, src_->p + 8 * kMiB, 32 * kMiB, in_background());
+  EXPECT_EQ(settled_writes(24), 8 + 16) << "foreground and background requests in flight together";
+  release_and_check({fg, bg});
 }
 
 // wait_idle() returns only once every transfer submitted has completed; traffic() then counts
