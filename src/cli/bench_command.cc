@@ -72,6 +72,7 @@ int bench_command(const BenchArgs& a) {
     if (!sizes.value().empty()) o.file_bytes = sizes.value()[0];
     if (a.aio_block_size > 0) o.block_sizes = {static_cast<uint32_t>(a.aio_block_size)};
     if (a.aio_queue_depth > 0) o.queue_depths = {static_cast<unsigned>(a.aio_queue_depth)};
+    o.checksum_rows = !a.no_checksums;
     if (a.iters > 0) o.reps = a.iters;
     if (!a.dir.empty()) o.dir = a.dir;
     st = bench_nvme(o, &out, human);

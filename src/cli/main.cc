@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   bench->add_option("--dtype", ba.dtype, "step: fp32, or bf16 (bf16 training with bf16 compute)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
-  bench->add_flag("--no-checksums", ba.no_checksums, "offload: swap blocks without xxh3 sums (zoe.checksums false)");
+  bench->add_flag("--no-checksums", ba.no_checksums,
+                  "offload: swap blocks without xxh3 sums (zoe.checksums false); nvme: no checksum-cost rows");
   bench->add_option("--aio-block-size", ba.aio_block_size,
                     "offload: aio.block_size of the swap store (default 1 MiB; `zoe bench nvme` finds the best); "
                     "nvme: this block size only (default 256 KiB, 1, 4 and 16 MiB)")
