@@ -170,10 +170,10 @@ TEST(StateArrayOnNvme, AStepMovesEachUnitsBlocksOnce) {
   std::filesystem::remove_all(dir);
 }
 
-// A load of one unit in three pieces (windows of 2048 elements, two blocks of bf16): once the
-// reads have landed, advance() copies every piece to the device (strict: only the device touches
-// its memory) without the fetch, and finish() then only waits; a load without a destination
-// (staged) copies nothing until it gets one.
+// A load of one unit in three pieces (windows of 2048 elements, two blocks of bf16): each piece's
+// copy to the device is queued by the I/O thread as its read lands (strict: only the device
+// touches its memory), with no call from the thread that needs the unit, and finish() then only
+// waits; a load without a destination (staged) copies nothing until it finishes with one.
 TEST(ChunkLoadTest, PiecesAreCopiedAsTheirReadsLand) {
   const std::string dir = test::make_temp_dir("chunk-load");
   CpuDevice dev{1 << 20, 64 << 20, /*strict=*/true};
@@ -197,19 +197,18 @@ TEST(ChunkLoadTest, PiecesAreCopiedAsTheirReadsLand) {
     ChunkLoad load(dev, pool->get(), a, 300, n, staged ? Buffer() : *dst, 0, 2048);
     ASSERT_TRUE(load.start().ok());
     ASSERT_TRUE(load.all_issued());
-    int copied = 0;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     if (staged) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      EXPECT_EQ(load.advance(), 0);  // nowhere to copy to
+      EXPECT_EQ(load.copies_issued(), 0);  // nowhere to copy to
       load.set_destination(*dst);
+    } else {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (load.copies_issued() < 3 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(load.copies_issued(), 3);
     }
-    while (copied < 3 && std::chrono::steady_clock::now() < until) {
-      copied += load.advance();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    EXPECT_EQ(copied, 3);
     ASSERT_TRUE(load.finish().ok());
+    EXPECT_EQ(load.copies_issued(), 3);
     std::vector<uint16_t> back(n);
     ASSERT_TRUE(dev.download(back.data(), dst->data, n * 2).ok());
     EXPECT_EQ(back, v);

@@ -907,6 +907,30 @@ TEST_F(NvmeFaultTest, ChecksumMismatchNamesFileAndBlock) {
   EXPECT_EQ(store_->read(0, 3 * kBlock + 70, back.data(), 2).code(), Code::kCorrupt);
 }
 
+// `landed` runs once a read is in the caller's memory and checked, before any wait returns;
+// never for a read that failed (EIO) or whose block does not match its sum.
+TEST_F(NvmeFaultTest, LandedRunsForAGoodReadOnlyBeforeItsWaitReturns) {
+  std::atomic<int> landed{0};
+  TransferOptions o;
+  o.landed = [&] { ++landed; };
+  std::vector<uint8_t> back(before_.size());
+  Ticket t = store_->read_async(0, 0, back.data(), back.size(), o);
+  ASSERT_TRUE(store_->wait(t).ok());
+  EXPECT_EQ(landed.load(), 1);  // at the wait's return, not later
+  EXPECT_TRUE(back == before_);
+  env_.fail_requests(IoOp::kRead, env_.requests(IoOp::kRead) + 2, EIO);
+  EXPECT_EQ(store_->wait(store_->read_async(0, 0, back.data(), back.size(), o)).code(), Code::kIo);
+  EXPECT_EQ(landed.load(), 1);
+  int fd = ::open(path().c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const uint8_t flipped = before_[3 * kBlock + 77] ^ 0x40;
+  ASSERT_EQ(::pwrite(fd, &flipped, 1, 3 * kBlock + 77), 1);
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ::close(fd);
+  EXPECT_EQ(store_->wait(store_->read_async(0, 0, back.data(), back.size(), o)).code(), Code::kCorrupt);
+  EXPECT_EQ(landed.load(), 1);
+}
+
 // ---- a real, small file system ----------------------------------------------------------------
 
 class NvmeTmpfsTest : public NvmeStoreTest {

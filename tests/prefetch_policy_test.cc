@@ -173,7 +173,6 @@ class FakeLoad final : public UnitLoad {
     ready_ = m_.clock.io_free;
     return Status::Ok();
   }
-  int advance() override { return 0; }
   Status finish() override {
     ZOE_RETURN_IF_ERROR(start());
     if (!dst_) return Status::Runtime("a load finished without a destination");

@@ -510,6 +510,7 @@ void IoWorker::complete(Transfer& t) {
     const char* cat = t.op == IoOp::kRead ? "nvme_read" : "nvme_write";
     Profiler::get().record(cat, cat, Bucket::kNone, t.submitted_us, Profiler::get().now_us());
   }
+  if (t.landed && !t.failed && t.status.ok()) t.landed();  // before a waiter can see it done
   {
     std::lock_guard l(mu_);
     t.done = true;

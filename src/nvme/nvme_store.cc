@@ -368,6 +368,7 @@ Ticket NvmeStore::submit(IoOp op, int region, uint64_t offset, uint8_t* user, ui
   t.bytes = bytes;
   t.background = o.background;
   t.pad_last_block = op == IoOp::kWrite && o.pad_last_block;
+  t.landed = o.landed;
   if (closed_) {
     t.status = Status::Runtime(fmt::format("NVMe store {}: {} after close", dir_.path, io_op_name(op)));
   } else if (region < 0 || region >= regions()) {

@@ -20,6 +20,7 @@
 // IoWorker), and `forwarded_bytes` counts it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,10 +71,14 @@ struct NvmeStoreOptions {
 // ignored without checksums. pad_last_block (writes): the bytes from the write's end to the end
 // of its last block are padding nobody reads, so that block is written with zeros there instead
 // of being read back first (read-modify-write) when the write does not cover it whole.
+// landed: called on the I/O thread once the transfer has completed without error (a read: its
+// bytes are in the caller's memory and checked), before any wait sees it done; it must not block
+// (it hands the bytes on, e.g. queues a device copy) and is not called for a failed transfer.
 struct TransferOptions {
   bool background = false;
   std::shared_ptr<BlockSums> sums;
   bool pad_last_block = false;
+  std::function<void()> landed;
 };
 
 struct RegionSpec {

@@ -2,6 +2,7 @@
 // Ticket holds it until the caller has waited for it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "nvme/block_sums.h"
@@ -26,6 +27,7 @@ struct Transfer {
   std::shared_ptr<BlockSums> caller_sums;
   // A write whose last block past its end is padding: zero-filled there, not read back first.
   bool pad_last_block = false;
+  std::function<void()> landed;  // TransferOptions::landed
 
   // The I/O thread's alone:
   uint64_t scheduled = 0;    // bytes handed to block tasks so far

@@ -24,7 +24,8 @@ ChunkLoad::ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t
 
 ChunkLoad::~ChunkLoad() { drain(); }
 
-// Whatever was issued and not finished has to land before its window and its destination go.
+// Whatever was issued and not finished has to land (its copy queued) before its window and its
+// destination go.
 void ChunkLoad::drain() {
   if (finished_) return;
   for (NvmePiece& p : nvme_)
@@ -33,6 +34,7 @@ void ChunkLoad::drain() {
   finished_ = true;
 }
 
+// With a destination, the I/O thread queues the piece's copy the moment it lands.
 Status ChunkLoad::read_piece(NvmePiece& p, bool wait_for_window) {
   size_t bytes = p.n * a_.esize();
   if (wait_for_window) {
@@ -41,19 +43,28 @@ Status ChunkLoad::read_piece(NvmePiece& p, bool wait_for_window) {
     ZOE_ASSIGN_OR_RETURN(p.window, pool_->try_acquire(bytes));
     if (!p.window.data()) return Status::Ok();  // no window now: finish() reads it
   }
-  p.read = a_.read_async(p.e, p.n, p.window.data());
+  std::function<void()> on_landed;
+  if (dst_) on_landed = [this, &p] { landed(p); };
+  p.read = a_.read_async(p.e, p.n, p.window.data(), false, nullptr, std::move(on_landed));
+  return Status::Ok();
+}
+
+// The copies go after the compute stream's earlier work: the destination's last user. Ordered
+// here, on the caller's thread, before any copy can be queued (the I/O thread never orders).
+Status ChunkLoad::order_after_compute() {
+  if (h2d_ordered_) return Status::Ok();
+  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+  h2d_ordered_ = true;
   return Status::Ok();
 }
 
 Status ChunkLoad::start() {
   started_ = true;
-  if (!memory_.empty()) {
-    ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
-    h2d_ordered_ = true;
-  }
+  if (dst_) ZOE_RETURN_IF_ERROR(order_after_compute());
   for (const MemoryPiece& p : memory_) {
     ZOE_RETURN_IF_ERROR(dev_.copy_async(dst_, p.dst_off, a_.buffer_of(p.e), a_.buffer_offset(p.e), p.n * a_.esize(),
                                         Stream::kH2D));
+    std::lock_guard l(mu_);
     copied_ = dev_.record(Stream::kH2D);
     copy_issued_ = true;
   }
@@ -77,32 +88,30 @@ bool ChunkLoad::all_issued() const {
   return true;
 }
 
-// The copy goes after the compute stream's earlier work: the destination's last user.
-Status ChunkLoad::copy_piece(NvmePiece& p) {
-  if (!h2d_ordered_) {
-    ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
-    h2d_ordered_ = true;
-  }
+int ChunkLoad::copies_issued() const {
+  std::lock_guard l(mu_);
+  int n = 0;
+  for (const NvmePiece& p : nvme_) n += p.copied;
+  return n;
+}
+
+void ChunkLoad::landed(NvmePiece& p) {
+  std::lock_guard l(mu_);
+  Status st = copy_piece_locked(p);
+  if (!st.ok() && copy_error_.ok()) copy_error_ = st;
+}
+
+Status ChunkLoad::copy_piece_locked(NvmePiece& p) {
   ZOE_RETURN_IF_ERROR(dev_.copy(dst_.as<char>() + p.dst_off, p.window.data(), p.n * a_.esize(), Stream::kH2D));
   copied_ = dev_.record(Stream::kH2D);
   copy_issued_ = true;
   p.copied = true;
-  p.read = Ticket();
   return Status::Ok();
 }
 
-int ChunkLoad::advance() {
-  int copied = 0;
-  if (!dst_ || finished_) return copied;
-  for (NvmePiece& p : nvme_) {
-    if (p.copied) continue;
-    if (!p.read.valid() || !a_.ready(p.read) || !a_.wait(p.read).ok() || !copy_piece(p).ok()) break;
-    ++copied;
-  }
-  return copied;
-}
-
+// Called once no read of this load is in flight: no copy can be queued meanwhile.
 Status ChunkLoad::settle_copies() {
+  std::lock_guard l(mu_);
   Status st;
   if (copy_issued_) st = dev_.wait(copied_);
   copy_issued_ = false;
@@ -111,22 +120,27 @@ Status ChunkLoad::settle_copies() {
   return st;
 }
 
+Status ChunkLoad::wait_read(const NvmePiece& p) {
+  if (a_.ready(p.read)) return a_.wait(p.read);
+  ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
+  return a_.wait(p.read);
+}
+
 Status ChunkLoad::finish() {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
-  Status st;
+  Status st = dst_ ? order_after_compute() : Status::Ok();
   for (NvmePiece& p : nvme_) {
-    if (p.copied) continue;
+    if (!st.ok()) break;
     // A piece still to be read may need a window this load's copies hold.
     if (!p.read.valid()) {
       st = settle_copies();
       if (st.ok()) st = read_piece(p, true);
+      if (!st.ok()) break;
     }
-    if (st.ok()) {
-      ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
-      st = a_.wait(p.read);
-    }
-    if (st.ok()) st = copy_piece(p);
-    if (!st.ok()) break;
+    st = wait_read(p);  // once landed, a piece read with a destination has its copy queued
+    std::lock_guard l(mu_);
+    if (st.ok() && !p.copied) st = copy_piece_locked(p);  // read while staged
+    if (st.ok()) st = copy_error_;
   }
   Status c = settle_copies();
   if (st.ok()) st = c;

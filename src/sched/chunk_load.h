@@ -3,14 +3,17 @@
 //   - memory parts (device or host) are one async copy on the h2d stream, ordered after the
 //     compute stream's earlier work (the optimizer may just have written them);
 //   - NVMe parts are read into pinned windows by the store's I/O thread, then copied on the h2d
-//     stream: by advance() as soon as a read has landed (the scheduler calls it as it goes), the
-//     rest when the load finishes. The thread that needs the unit only waits for the copies.
+//     stream as each read lands: the I/O thread queues the copy (TransferOptions::landed), so a
+//     load ahead moves while the compute runs, not at the scheduler's next call. The thread that
+//     needs the unit only waits for the copies. Pieces read without a destination (staged) are
+//     copied when the load finishes.
 // start() never blocks on the pinned pool: a piece that gets no window now is read in finish().
 // A load that is dropped unfinished (a prefetch nobody used) waits for what it issued.
 // A load of NVMe parts only may start without a destination (staged on the host while the device
 // has no room) and get it before finish().
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "nvme/pinned_pool.h"
@@ -30,9 +33,6 @@ class ChunkLoad final : public UnitLoad {
   ~ChunkLoad() override;
 
   Status start() override;
-  // Never blocks: the pieces whose reads have landed, in order, are copied to the destination on
-  // the h2d stream; returns how many. A failed read is left for finish() to report.
-  int advance() override;
   // After it the elements are in dst (the h2d stream's copy is waited for).
   Status finish() override;
 
@@ -43,6 +43,8 @@ class ChunkLoad final : public UnitLoad {
   // Whether start() issued every read (finish() then acquires no pinned window).
   bool all_issued() const override;
   void set_destination(const Buffer& dst) override { dst_ = dst; }
+  // Pieces whose copy to the destination is on the h2d stream (tests, stats).
+  int copies_issued() const;
 
  private:
   struct NvmePiece {
@@ -53,7 +55,10 @@ class ChunkLoad final : public UnitLoad {
     bool copied = false;  // its copy is on the h2d stream; the window is held until that is done
   };
   Status read_piece(NvmePiece& p, bool wait_for_window);
-  Status copy_piece(NvmePiece& p);
+  Status order_after_compute();
+  void landed(NvmePiece& p);             // on the I/O thread
+  Status copy_piece_locked(NvmePiece& p);  // mu_ held
+  Status wait_read(const NvmePiece& p);
   // Waits for the copies issued and gives their windows back.
   Status settle_copies();
   void drain();
@@ -68,8 +73,12 @@ class ChunkLoad final : public UnitLoad {
     size_t dst_off;
   };
   std::vector<MemoryPiece> memory_;  // device and host-memory parts
+  // The copies, queued by the I/O thread (landed) and by finish(): the last one's event.
+  mutable std::mutex mu_;
   Event copied_;
-  bool copy_issued_ = false, h2d_ordered_ = false, started_ = false, finished_ = false;
+  bool copy_issued_ = false;
+  Status copy_error_;  // a copy the I/O thread could not queue, for finish() to report
+  bool h2d_ordered_ = false, started_ = false, finished_ = false;
 };
 
 }  // namespace zoe

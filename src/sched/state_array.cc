@@ -102,10 +102,11 @@ char* StateArray::ptr(int64_t e) const {
   return b.as<char>() + buffer_offset(e);
 }
 
-Ticket StateArray::read_async(int64_t e, int64_t n, void* dst, bool background,
-                              std::shared_ptr<BlockSums> sums) const {
+Ticket StateArray::read_async(int64_t e, int64_t n, void* dst, bool background, std::shared_ptr<BlockSums> sums,
+                              std::function<void()> landed) const {
   assert(n == 0 || e + n <= part_end(e));
-  return home_.store->read_async(region_, region_offset(e), dst, n * esize_, {background, std::move(sums), false});
+  return home_.store->read_async(region_, region_offset(e), dst, n * esize_,
+                                 {background, std::move(sums), false, std::move(landed)});
 }
 
 // A write that reaches its segment's end leaves padding behind it in that block.
@@ -113,7 +114,7 @@ Ticket StateArray::write_async(int64_t e, int64_t n, const void* src, bool backg
                                std::shared_ptr<BlockSums> sums) const {
   assert(n == 0 || e + n <= part_end(e));
   return home_.store->write_async(region_, region_offset(e), src, n * esize_,
-                                  {background, std::move(sums), /*pad_last_block=*/e + n == part_end(e)});
+                                  {background, std::move(sums), /*pad_last_block=*/e + n == part_end(e), {}});
 }
 
 WholeBlocks StateArray::caller_blocks(int64_t e, int64_t n) const {

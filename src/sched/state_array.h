@@ -72,9 +72,9 @@ class StateArray {
   size_t buffer_offset(int64_t e) const { return (e < split_ ? e : e - split_) * esize_; }
 
   // NVMe parts only: elements [e, e + n), inside one segment, to or from memory that stays valid
-  // until waited for.
+  // until waited for; `landed` as in TransferOptions (called on the I/O thread once read).
   Ticket read_async(int64_t e, int64_t n, void* dst, bool background = false,
-                    std::shared_ptr<BlockSums> sums = nullptr) const;
+                    std::shared_ptr<BlockSums> sums = nullptr, std::function<void()> landed = {}) const;
   Ticket write_async(int64_t e, int64_t n, const void* src, bool background = false,
                      std::shared_ptr<BlockSums> sums = nullptr) const;
   // Checksums a caller makes and checks itself (NvmeStore::caller_blocks): the store's blocks that

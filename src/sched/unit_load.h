@@ -11,8 +11,6 @@ class UnitLoad {
   virtual ~UnitLoad() = default;  // waits for what it issued
   // Issues what can start now; never blocks on the pinned pool.
   virtual Status start() = 0;
-  // Never blocks: moves on what has landed; returns how many pieces it copied.
-  virtual int advance() = 0;
   // After it the chunk is in the destination (start() if it never ran).
   virtual Status finish() = 0;
   // Parts in device or host memory, which need the destination at start() (cannot be staged).

@@ -52,7 +52,6 @@ Result<UnitScheduler::Fetched> UnitScheduler::fetch(int u) {
   residency_[u] = Residency::kGathered;
   g.refs = 1;
   prefetch();
-  advance_loads();
   keep_reserve_free();
   return Fetched{g.buf.data, left_plan};
 }
@@ -89,7 +88,6 @@ Status UnitScheduler::release(int u) {
   if (!trace_.following() || !policy_.keep(trace_.plan(), trace_.next(), u, residency_, r))
     ZOE_RETURN_IF_ERROR(unload(u));
   prefetch();
-  advance_loads();
   keep_reserve_free();
   return Status::Ok();
 }
@@ -123,15 +121,6 @@ void UnitScheduler::prefetch() {
     residency_[a.u] = staged ? Residency::kStaged : Residency::kLoading;
     ++stats_.loads_ahead;
     stats_.staged_ahead += staged;
-  }
-}
-
-// Loads ahead whose reads have landed start their copies to the device now, beside the compute,
-// not when their fetch comes (a load finishing on the communication thread is that thread's).
-void UnitScheduler::advance_loads() {
-  for (size_t v = 0; v < units_.size(); ++v) {
-    Unit& g = units_[v];
-    if (g.load && g.gathering == 0 && residency_[v] == Residency::kLoading) stats_.copied_ahead += g.load->advance();
   }
 }
 

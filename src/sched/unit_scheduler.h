@@ -35,7 +35,6 @@ class UnitScheduler {
   struct Stats {
     int64_t loads_ahead = 0;      // chunk loads started ahead of their fetch
     int64_t staged_ahead = 0;     // of those without device room: NVMe reads into pinned memory only
-    int64_t copied_ahead = 0;     // NVMe pieces of loads ahead copied to the device as they landed
     int64_t fetched_loading = 0;  // fetches that found their chunk loaded or on its way (or gathered ahead)
     int64_t fetched_kept = 0;     // fetches no rank had to gather for (kept for reuse)
     int64_t evicted = 0;          // kept or loading units dropped to make room
@@ -85,7 +84,6 @@ class UnitScheduler {
   int64_t room();                      // gathered elements the device can take (may be negative)
   Status gather(int u);                // this rank's chunk from its tier, then the all-gather
   Result<Buffer> gather_buffer(int u);  // from the pool; evicts what the policy says when full
-  void advance_loads();                // loads ahead copy what has landed
   Status unload(int u);                // refs must be 0; the error of a gather ahead no fetch will see
   AheadGather ahead_candidate(int u) const;
   void start_gather_ahead(int v);
