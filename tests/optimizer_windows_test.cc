@@ -3,7 +3,6 @@
 // pass starts from what was read ahead; what was read ahead is dropped when the state changes
 // behind it; a write-only array's window is zero wherever the step writes nothing.
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -75,13 +74,8 @@ class OptimizerWindowsTest : public ::testing::Test {
   std::vector<float> state() { return get<float>(state_); }
   void set_state(const std::vector<float>& v) { put(state_, v); }
 
-  // One pass: the step adds 1 to the state and writes 7 into the weights where Adam would write;
-  // `at_advance` runs inside each advance (default: every sub-group is its unit's last).
-  Status pass(std::vector<std::pair<int64_t, int64_t>>* stepped, std::vector<int64_t>* advanced,
-              const SubGroups& groups = {}, std::vector<char> ends = {},
-              const std::function<void(int64_t)>& at_advance = nullptr) {
-    const SubGroups& gs = groups.empty() ? kGroups : groups;
-    if (ends.empty()) ends.assign(gs.size(), 1);
+  // One pass: the step adds 1 to the state and writes 7 into the weights where Adam would write.
+  Status pass(std::vector<std::pair<int64_t, int64_t>>* stepped, std::vector<int64_t>* advanced) {
     auto step = [&](int64_t a, int64_t b, const std::array<char*, 4>& w, const std::vector<HashedArray>*) {
       EXPECT_NE(w[1], nullptr);
       EXPECT_NE(w[3], nullptr);
@@ -92,10 +86,7 @@ class OptimizerWindowsTest : public ::testing::Test {
       stepped->push_back({a, b});
       return Status::Ok();
     };
-    return windows_->run(gs, kWritten, layout_, ends, step, [&](int64_t b) {
-      advanced->push_back(b);
-      if (at_advance) at_advance(b);
-    });
+    return windows_->run(kGroups, kWritten, layout_, step, [&](int64_t b) { advanced->push_back(b); });
   }
 
   static constexpr int64_t kElems = 3000;
@@ -134,36 +125,6 @@ TEST_F(OptimizerWindowsTest, EverySubGroupIsSteppedInItsWindowAndWrittenBack) {
       ASSERT_EQ(w[i], written ? 7 : 0) << i;
     }
   }
-}
-
-// A unit of four sub-groups (more than the three windows that rotate) and two of one: the weights
-// of a unit's sub-groups go back together with its last one's, before its advance (a read at an
-// earlier sub-group's advance still sees the old weights; at the unit's, the new ones), and a
-// window read again first sends the weights it still holds: every element ends right.
-TEST_F(OptimizerWindowsTest, AUnitsWeightsGoBackTogetherWithItsLastSubGroup) {
-  std::vector<float> v(kElems, 2.0f);
-  set_state(v);
-  std::vector<uint16_t> junk(kElems, 0xBEEF);
-  put(weights_, junk);
-  const SubGroups groups = {{0, 300}, {300, 600}, {600, 900}, {900, 1200}, {1200, 2200}, {2200, 3000}};
-  std::vector<uint16_t> seen(300);
-  std::vector<uint16_t> at_first, at_unit;
-  auto look = [&](int64_t b) {
-    if (b != 300 && b != 1200) return;
-    ASSERT_TRUE(weights_.wait(weights_.read_async(0, 300, seen.data())).ok());
-    (b == 300 ? at_first : at_unit) = seen;
-  };
-  std::vector<std::pair<int64_t, int64_t>> stepped;
-  std::vector<int64_t> advanced;
-  ASSERT_TRUE(pass(&stepped, &advanced, groups, {0, 0, 0, 1, 1, 1}, look).ok());
-  EXPECT_EQ(stepped, groups);
-  EXPECT_EQ(advanced, (std::vector<int64_t>{300, 600, 900, 1200, 2200, 3000}));
-  EXPECT_EQ(at_first, std::vector<uint16_t>(300, 0xBEEF));  // held until the unit's last sub-group
-  EXPECT_EQ(at_unit, std::vector<uint16_t>(300, 7));
-  const std::vector<float> s = state();
-  for (int64_t i = 0; i < kElems; ++i) ASSERT_EQ(s[i], 3.0f) << i;
-  const std::vector<uint16_t> w = get<uint16_t>(weights_);
-  for (int64_t i = 0; i < kElems; ++i) ASSERT_EQ(w[i], i < 1100 || (i >= 1200 && i < 2900) ? 7 : 0) << i;
 }
 
 TEST_F(OptimizerWindowsTest, WhatWasReadAheadIsDroppedWhenTheStateChanges) {

@@ -25,7 +25,6 @@ struct OptimizerPass::Plan {
   WindowLayout wl;
   SubGroups groups;
   std::vector<int> group_unit;
-  std::vector<char> ends_unit;  // sub-group k is its unit's last in the pass
   std::vector<int64_t> done_at;
 };
 
@@ -142,8 +141,6 @@ const OptimizerPass::Plan& OptimizerPass::plan(bool reverse) {
     p->groups.push_back(asc[k]);
     p->group_unit.push_back(unit_of[k]);
   }
-  for (size_t k = 0; k < p->group_unit.size(); ++k)
-    p->ends_unit.push_back(k + 1 == p->group_unit.size() || p->group_unit[k + 1] != p->group_unit[k]);
   const int n = s_.layout().num_units();
   p->done_at.assign(n, 0);
   for (int u = 0; u < n; ++u)
@@ -281,7 +278,7 @@ Status OptimizerPass::run(const AdamHyper& h, const Plan& p, bool gated) {
   if (!p.wl.arrays.empty()) {
     std::vector<std::pair<int64_t, int64_t>> written;  // sorted: tasks are in optimizer order
     for (const Task& t : ts) written.push_back({t.e, t.e + t.n});
-    return windows_->run(gs, written, p.wl, p.ends_unit, step_group, [&](int64_t) { progress_.advance(++done); });
+    return windows_->run(gs, written, p.wl, step_group, [&](int64_t) { progress_.advance(++done); });
   }
   for (auto [a, b] : gs) {  // all in memory: in place
     ZOE_RETURN_IF_ERROR(step_group(a, b, {}, nullptr));

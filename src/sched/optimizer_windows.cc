@@ -46,8 +46,7 @@ void OptimizerWindows::read_window(const WindowLayout& wl, Window& w, int64_t a,
 
 // Adam over a window whose reads have landed, then its write-backs.
 Status OptimizerWindows::step_window(const WindowLayout& wl, Window& w,
-                                     std::span<const std::pair<int64_t, int64_t>> written, const Step& step,
-                                     bool hold_weights, std::vector<std::pair<Window*, int>>* held) {
+                                     std::span<const std::pair<int64_t, int64_t>> written, const Step& step) {
   const int64_t a = w.a, b = w.b;
   auto at = window_of(wl, w, a, b);
   for (const WindowedArray& x : wl.arrays)  // a write-only window holds zeros where Adam writes nothing (padding)
@@ -64,32 +63,16 @@ Status OptimizerWindows::step_window(const WindowLayout& wl, Window& w,
   ZOE_RETURN_IF_ERROR(step(a, b, at, &hashed));
   // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
   ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kCompute)));
-  for (size_t i = 0; i < wl.arrays.size(); ++i) {
-    const WindowedArray& x = wl.arrays[i];
-    if (!at[x.slot]) continue;
-    if (hold_weights && !x.background_write) held->push_back({&w, static_cast<int>(i)});
-    else write_back(wl, w, x);
-  }
+  // The optimizer's own state goes back in the background: nothing but the next pass (which
+  // waits for it) touches it, and the fetches' parameter reads come first.
+  for (const WindowedArray& x : wl.arrays)
+    if (at[x.slot])
+      w.writes.push_back({x.a, x.a->write_async(a, b - a, at[x.slot], x.background_write, w.write_sums[x.slot])});
   return Status::Ok();
 }
 
-// The optimizer's own state goes back in the background: nothing but the next pass (which waits
-// for it) touches it, and the fetches' parameter reads come first. The weights go in the foreground.
-void OptimizerWindows::write_back(const WindowLayout& wl, Window& w, const WindowedArray& x) {
-  char* at = window_of(wl, w, w.a, w.b)[x.slot];
-  w.writes.push_back({x.a, x.a->write_async(w.a, w.b - w.a, at, x.background_write, w.write_sums[x.slot])});
-}
-
-void OptimizerWindows::send_held(const WindowLayout& wl, std::vector<std::pair<Window*, int>>* held,
-                                 const Window* only) {
-  auto keep = std::stable_partition(held->begin(), held->end(), [&](const auto& h) { return only && h.first != only; });
-  for (auto it = keep; it != held->end(); ++it) write_back(wl, *it->first, wl.arrays[it->second]);
-  held->erase(keep, held->end());
-}
-
 Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<int64_t, int64_t>> written,
-                             const WindowLayout& wl, std::span<const char> ends_unit, const Step& step,
-                             const std::function<void(int64_t)>& advanced) {
+                             const WindowLayout& wl, const Step& step, const std::function<void(int64_t)>& advanced) {
   std::vector<Window> ahead = std::move(read_ahead_);
   read_ahead_.clear();
   size_t A = 0;
@@ -100,13 +83,11 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
   for (int i = 0; i < 3; ++i) rot[i].lease = std::move(reserved_[i]);
   auto window = [&](size_t k) -> Window& { return k < A ? ahead[k] : rot[(k - A) % 3]; };
   Status st = Status::Ok();
-  std::vector<std::pair<Window*, int>> held;  // weights to go back with their unit's last sub-group
   if (A == 0 && !groups.empty()) read_window(wl, rot[0], groups[0].first, groups[0].second, false);
   for (size_t k = 0; k < groups.size() && st.ok(); ++k) {
     Window& cur = window(k);
     if (k + 1 < groups.size() && k + 1 >= A) {  // a rotating window, last written back two groups ago
       Window& next = window(k + 1);
-      send_held(wl, &held, &next);  // a unit of three or more sub-groups: its first ones' weights
       {
         ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
         st = wait_tickets(next.writes);
@@ -117,12 +98,9 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
       ZOE_SPAN("nvme_read", "nvme_read", Bucket::kWaitIo);
       if (st.ok()) st = wait_tickets(cur.reads);
     }
-    const bool last_of_unit = k >= ends_unit.size() || ends_unit[k];
-    if (st.ok()) st = step_window(wl, cur, written, step, !last_of_unit, &held);
-    if (st.ok() && last_of_unit) send_held(wl, &held);
+    if (st.ok()) st = step_window(wl, cur, written, step);
     if (st.ok()) advanced(groups[k].second);  // its write-backs are submitted: later reads see them
   }
-  send_held(wl, &held);  // stepped before an error: what they hold is their result
   {
     ZOE_SPAN("nvme_write", "nvme_write", Bucket::kWaitWrite);
     for (Window* w : {&rot[0], &rot[1], &rot[2]}) {  // every transfer is waited for, even after an error

@@ -57,16 +57,11 @@ class OptimizerWindows {
   ~OptimizerWindows() { drop_read_ahead(); }
 
   // The pass: every sub-group through a window, `advanced(b)` once sub-group [.., b)'s write-backs
-  // are submitted (later reads of it see them), but for the weights: `ends_unit[k]` says sub-group
-  // k is its unit's last, and the weights of a unit's earlier sub-groups go back with its last
-  // one's, before that advance. The forward's read of the unit, right after it, then finds them
-  // all still pending and is served from the windows (the store forwards it), not from the disk.
-  // A window to be read again first sends the weights it still holds. `written` are the ranges
-  // Adam writes, sorted (a write-only window is zero elsewhere: the padding between them). Waits
-  // for every transfer it issued, even after an error; then reads the next pass's first
-  // sub-groups ahead.
+  // are submitted (later reads of it see them). `written` are the ranges Adam writes, sorted (a
+  // write-only window is zero elsewhere: the padding between them). Waits for every transfer it
+  // issued, even after an error; then reads the next pass's first sub-groups ahead.
   Status run(const SubGroups& groups, std::span<const std::pair<int64_t, int64_t>> written, const WindowLayout& wl,
-             std::span<const char> ends_unit, const Step& step, const std::function<void(int64_t)>& advanced);
+             const Step& step, const std::function<void(int64_t)>& advanced);
 
   // Leases the three rotating windows of the next run() now, from a caller that knows the pool
   // is not held by others that wait for it: a run that waits on the caller (a pass begun in the
@@ -90,13 +85,8 @@ class OptimizerWindows {
   static int64_t largest(const SubGroups& groups);  // elements of the largest sub-group
   std::array<char*, 4> window_of(const WindowLayout& wl, Window& w, int64_t a, int64_t b);
   void read_window(const WindowLayout& wl, Window& w, int64_t a, int64_t b, bool background);
-  // Steps the window and sends its write-backs, but for the weights when `hold_weights` (they are
-  // appended to *held, to go with their unit's last sub-group: send_held).
   Status step_window(const WindowLayout& wl, Window& w, std::span<const std::pair<int64_t, int64_t>> written,
-                     const Step& step, bool hold_weights, std::vector<std::pair<Window*, int>>* held);
-  void write_back(const WindowLayout& wl, Window& w, const WindowedArray& x);
-  // Sends the held weights (all, or only those of window `only`).
-  void send_held(const WindowLayout& wl, std::vector<std::pair<Window*, int>>* held, const Window* only = nullptr);
+                     const Step& step);
   void read_ahead_next(const SubGroups& groups, const WindowLayout& wl, int64_t largest);
   static Status wait_tickets(std::vector<ArrayTicket>& ts);  // all of them, even after an error
 
