@@ -821,6 +821,15 @@ class NvmeFaultTest : public NvmeStoreTest {
     EXPECT_TRUE(back == before_);
   }
   std::string path() const { return store_->region_path(0); }
+  // One byte of block 3 changed behind the store's back.
+  void flip_a_byte_of_block_3() {
+    int fd = ::open(path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const uint8_t flipped = before_[3 * kBlock + 77] ^ 0x40;
+    ASSERT_EQ(::pwrite(fd, &flipped, 1, 3 * kBlock + 77), 1);
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ::close(fd);
+  }
 
   FaultInjectingEnv env_{NvmeEnv::Default()};
   std::unique_ptr<NvmeStore> store_;
@@ -890,13 +899,7 @@ TEST_F(NvmeFaultTest, EagainIsRetried) {
 }
 
 TEST_F(NvmeFaultTest, ChecksumMismatchNamesFileAndBlock) {
-  // Flip one byte of block 3 behind the store's back.
-  int fd = ::open(path().c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  const uint8_t flipped = before_[3 * kBlock + 77] ^ 0x40;
-  ASSERT_EQ(::pwrite(fd, &flipped, 1, 3 * kBlock + 77), 1);
-  ASSERT_EQ(::fdatasync(fd), 0);
-  ::close(fd);
+  flip_a_byte_of_block_3();
   std::vector<uint8_t> back(before_.size());
   Status s = store_->read(0, 0, back.data(), back.size());
   ASSERT_EQ(s.code(), Code::kCorrupt);
@@ -921,12 +924,7 @@ TEST_F(NvmeFaultTest, LandedRunsForAGoodReadOnlyBeforeItsWaitReturns) {
   env_.fail_requests(IoOp::kRead, env_.requests(IoOp::kRead) + 2, EIO);
   EXPECT_EQ(store_->wait(store_->read_async(0, 0, back.data(), back.size(), o)).code(), Code::kIo);
   EXPECT_EQ(landed.load(), 1);
-  int fd = ::open(path().c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  const uint8_t flipped = before_[3 * kBlock + 77] ^ 0x40;
-  ASSERT_EQ(::pwrite(fd, &flipped, 1, 3 * kBlock + 77), 1);
-  ASSERT_EQ(::fdatasync(fd), 0);
-  ::close(fd);
+  flip_a_byte_of_block_3();
   EXPECT_EQ(store_->wait(store_->read_async(0, 0, back.data(), back.size(), o)).code(), Code::kCorrupt);
   EXPECT_EQ(landed.load(), 1);
 }
