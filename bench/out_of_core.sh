@@ -4,8 +4,9 @@
 # with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
 # against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
-# directory first (1 MiB blocks, depth 32, as the job's aio settings; a 16 GiB file, the scale at
-# which the disk's rates hold for a step's ~97 GB), reads then writes.
+# directory before the run and again after it (1 MiB blocks, depth 32, as the job's aio settings;
+# a 16 GiB file, the scale at which the disk's rates hold for a step's ~97 GB), reads then writes;
+# the ratio is to the mean of the two bounds.
 # The update runs after the backward with clipping at 1.0; OOC_UPDATE_IN_BACKWARD=1 runs it during
 # the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and writes,
 # as soon as its gradient is final), without clipping.
@@ -64,37 +65,48 @@ EOF
 # write 5.9 GB/s; a 30 GB overwrite, fio: 3.95-4.59, falling from 5.3 to 2.9 GB/s within it).
 # A 16 GiB file, one rep (a pass of 16 GiB is its own average), no checksum rows (the bound does
 # not use them): what each step's bound is made of.
+# Measured before the run and again after it (the job's files gone by then): this disk's rates
+# drift by tens of percent within minutes (write 3.9-6.4 GB/s on one day), so each step is held
+# against both bounds and their mean.
 rate_bytes=${OOC_RATE_BYTES:-17179869184}
-build/zoe bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
-  --iters "${OOC_RATE_ITERS:-1}" --no-checksums --json > "$dir/nvme_rate.json"
-rm -rf "$dir/rate"
+measure_rates() {
+  build/zoe bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
+    --iters "${OOC_RATE_ITERS:-1}" --no-checksums --json > "$1"
+  rm -rf "$dir/rate"
+}
+measure_rates "$dir/nvme_rate.json"
 start=$(date +%s)
 build/zoe train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
 echo "total wall time (start-up, init, every step): $(( $(date +%s) - start )) s"
-python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" <<'EOF'
+measure_rates "$dir/nvme_rate_after.json"
+python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" "$dir/nvme_rate_after.json" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"ledger"' in l]
 state = int(sys.argv[2])
-rate = {r["op"]: r["zoe_GBps"] * 1e9 for r in json.load(open(sys.argv[3]))["results"]
-        if r["block_bytes"] == 1 << 20 and r["queue_depth"] == 32}
+def rates(path):
+    j = json.load(open(path))
+    return j.get("file_bytes", 0), {r["op"]: r["zoe_GBps"] * 1e9 for r in j["results"]
+                                    if r["block_bytes"] == 1 << 20 and r["queue_depth"] == 32}
+measured = [rates(p) for p in sys.argv[3:5]]
 gb = lambda b: f"{b / 1e9:.2f} GB"
 r0 = lines[-1]["ledger"][0]
 for tier in ("device", "host", "nvme"):
     print(f"ledger {tier:6s}: " + ", ".join(f"{k} {gb(v)}" for k, v in r0[tier].items()))
 print(f"peak device {gb(r0['peak_device_bytes'])}, peak host {gb(r0['peak_host_bytes'])}, "
       f"peak RSS {gb(r0['peak_rss_bytes'])} = {r0['peak_rss_bytes'] / state:.3f} of the state ({gb(state)})")
-rate_file = json.load(open(sys.argv[3])).get("file_bytes", 0)
-print(f"disk (zoe bench nvme, 1 MiB blocks, depth 32, {rate_file / 2**30:.0f} GiB file, this directory): "
-      f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
-print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | bound_s | "
-      "step/bound | loss")
+for when, (file_bytes, rate) in zip(("before the run", "after it"), measured):
+    print(f"disk {when} (zoe bench nvme, 1 MiB blocks, depth 32, {file_bytes / 2**30:.0f} GiB file, this directory): "
+          f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
+print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | "
+      "bound_s before / after | step/bound (mean bound) | loss")
 for l in lines:
     t, n = l["time_s"], l["nvme_bytes"][0]
     compute = l["step_s"] - t["wait_io"] - t["wait_comm"]
-    bound = n["read"] / rate["read"] + n["written"] / rate["write"]
+    bounds = [n["read"] / rate["read"] + n["written"] / rate["write"] for _, rate in measured]
+    mean = sum(bounds) / len(bounds)
     print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
-          f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | {bound:7.1f} | "
-          f"{l['step_s'] / bound:10.2f} | {l['loss']:.4f}")
+          f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | "
+          f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {l['step_s'] / mean:23.2f} | {l['loss']:.4f}")
 losses = [l["loss"] for l in lines]
 falling = all(b < a for a, b in zip(losses, losses[1:]))
 print(("losses fall: " if falling else "losses do NOT fall: ") + " -> ".join(f"{x:.4f}" for x in losses))
