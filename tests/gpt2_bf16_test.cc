@@ -3,6 +3,7 @@
 // block on the same (bf16) weights. Each test prints the GEMM path its bf16 products took.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -252,6 +253,18 @@ TEST(Bf16Compute, BlockIsTheFp32BlockToBf16Precision) {
                  inp.data(), d, b32.scratch.data(), false);
   EXPECT_LT(rel_err(dinp, dinp_want), kBf16);
   EXPECT_LT(rel_err(g, g_want), kBf16);
+
+  // Every gradient of the unit is overwritten (its caller zeroes nothing first): a buffer of NaNs
+  // gives bitwise the zeroed one's, in both computes.
+  Vf dinp_nan(BTC), g_nan(P, NAN), g_want_nan(P, NAN);
+  block_backward(host_model_ops(), dinp_nan.data(), g_nan.data(), dout.data(), b16.acts, w, inp.data(), d,
+                 b16.scratch.data(), false);
+  block_backward(host_model_ops(), dinp_nan.data(), g_want_nan.data(), dout.data(), b32.acts, unit_f.data(),
+                 inp.data(), d, b32.scratch.data(), false);
+  for (int64_t i = 0; i < P; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(g_nan[i]), std::bit_cast<uint32_t>(g[i])) << "bf16 " << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(g_want_nan[i]), std::bit_cast<uint32_t>(g_want[i])) << "fp32 " << i;
+  }
 
   // Recompute (activation checkpointing) gives bitwise the kept activations' gradients.
   Vf dinp2(BTC), g2(P, 0.f);

@@ -273,7 +273,8 @@ void CudaModelOps::matmul_backward(float* dinp, float* dW, float* dbias, const f
     return;
   }
   if (dinp) gemm(true, false, C, N, OC, W, OC, dout, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward dinp");
-  if (dW) gemm(false, true, OC, C, N, dout, OC, inp, C, dW, OC, 1.f, "matmul_backward dW");
+  if (dW) gemm(false, true, OC, C, N, dout, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward dW");
+  if (dbias && overwrite) zero(dbias, OC);
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward dbias");
 }
 
@@ -356,7 +357,9 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, co
   if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
   if (dinp)
     gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dinp");
-  if (dW) gemm_bf16(false, true, OC, C, N, dout16, OC, inp, C, dW, OC, 1.f, "matmul_backward_bf16 dW");
+  if (dW)
+    gemm_bf16(false, true, OC, C, N, dout16, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dW");
+  if (dbias && overwrite) zero(dbias, OC);
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
 }
 

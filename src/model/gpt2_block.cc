@@ -115,7 +115,7 @@ void forward(ModelOps& ops, const Linear& l, Output out, Input inp, const float*
   else ops.matmul_forward(out.f32, inp.f32, l.f32, bias, N, C, OC);
 }
 
-// dinp is overwritten (each is the first to write its buffer in block_backward); dW, dbias add up.
+// All overwritten: each is the first (dW, dbias: the only) write of its buffer in block_backward.
 void backward(ModelOps& ops, const Linear& l, float* dinp, float* dW, float* dbias, const float* dout, Input inp,
               int N, int C, int OC) {
   if (l.bf16) ops.matmul_backward_bf16(dinp, dW, dbias, dout, inp.bf16, l.bf16, N, C, OC, l.scratch, true);
@@ -187,6 +187,8 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   const int BT = d.B * d.T, C = d.C;
   const int64_t BTC = int64_t{BT} * C;
   if (recompute) forward_saved(ops, a, w, inp, d);
+  // The products overwrite their weights' and biases' gradients; LayerNorm's add to theirs.
+  for (float* v : {g.ln1_w, g.ln1_b, g.ln2_w, g.ln2_b}) ops.zero(v, C);
   float* buf_a = scratch;            // [BT,4C]: d fc_gelu, then d atty
   float* buf_b = buf_a + 4 * BTC;    // [BT,4C]: d fc, then d qkv
   float* dres1 = buf_b + 4 * BTC;    // [BT,C]

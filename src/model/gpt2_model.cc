@@ -134,8 +134,7 @@ Status Gpt2Model::block_backward(Engine& e, int l) {
   } else {
     ZOE_RETURN_IF_ERROR(fetch_f32(e, 1 + l, params_));
   }
-  dev_->ops().zero(grad_, e.unit(1 + l).numel);
-  {
+  {  // block_backward overwrites every gradient of the unit: no zeroing pass first
     ZOE_SPAN("block " + std::to_string(l) + " backward", "compute", Bucket::kBackward);
     gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_);
   }

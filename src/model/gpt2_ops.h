@@ -8,7 +8,8 @@
 // Output rules, the same for every op:
 //   - forward outputs (and saved state such as mean/rstd/lse) are overwritten;
 //   - every backward output d* is ACCUMULATED (+=): the caller zeroes it first. This lets
-//     residual branches and the tied wte (encoder + LM head) sum their gradients in place.
+//     residual branches and the tied wte (encoder + LM head) sum their gradients in place. Where
+//     a backward takes `overwrite`, its outputs are written instead (a block's first writes).
 //   - where a backward has several d* outputs, a null one is skipped.
 // Unless stated, outputs must not alias inputs.
 //
@@ -38,7 +39,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                     int OC);
 // dinp[N,C] += dout @ W^T, dW[C,OC] += inp^T @ dout, dbias[OC] += column sums of dout.
-// overwrite: dinp = dout @ W^T (its old contents never read).
+// overwrite: dinp = dout @ W^T, dW = inp^T @ dout, dbias = the column sums (old contents never read).
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
                      const float* W, int N, int C, int OC, bool overwrite = false);
 

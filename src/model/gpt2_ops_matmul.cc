@@ -83,7 +83,8 @@ void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, co
   if (dinp)
     sgemm(kNoTrans, kTrans, N, C, OC, dout, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
   if (dW)
-    sgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, 1.f, dW, OC);
+    sgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, overwrite ? 0.f : 1.f, dW, OC);
+  if (dbias && overwrite) std::fill(dbias, dbias + OC, 0.f);
   if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
@@ -138,10 +139,11 @@ void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, 
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                           const uint16_t* W, int N, int C, int OC, uint16_t* scratch, bool overwrite) {
   uint16_t* dout16 = scratch;
+  if (dbias && overwrite) std::fill(dbias, dbias + OC, 0.f);
   // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
   if (dinp || dW || dbias) bias_backward(dbias, dout, N, OC, dinp || dW ? dout16 : nullptr);
   if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
-  if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, 1.f, dW, OC);
+  if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, overwrite ? 0.f : 1.f, dW, OC);
 }
 
 void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,

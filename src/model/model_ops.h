@@ -5,7 +5,7 @@
 //
 // The semantics, sizes and output rules are those of the fp32 CPU reference in gpt2_ops.h
 // (forward outputs overwritten, backward outputs ACCUMULATED, a null d* skipped; where a backward
-// takes `overwrite`, its dinp is overwritten instead: no zeroing pass first); host_model_ops()
+// takes `overwrite`, its outputs are overwritten instead: no zeroing pass first); host_model_ops()
 // runs exactly those functions on host memory (tests, and the CPU device's ops underneath).
 #pragma once
 #include <cstdint>
