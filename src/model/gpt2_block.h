@@ -98,8 +98,9 @@ inline void block_forward(ModelOps& ops, float* out, const BlockActs& acts, cons
 }
 
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); so is dparams (the
-// block's flat grad buffer, every element: no zeroing pass first). acts must hold this block's forward state, or any memory
-// of the right size when recompute is true. scratch: block_scratch_numel floats.
+// block's flat grad buffer, every element: no zeroing pass first). acts must hold this block's
+// forward state, or any memory of the right size when recompute is true. scratch:
+// block_scratch_numel floats.
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
                     const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute);
 inline void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,

@@ -22,16 +22,17 @@ ChunkLoad::ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t
   }
 }
 
-ChunkLoad::~ChunkLoad() { drain(); }
+ChunkLoad::~ChunkLoad() { (void)drain(); }
 
 // Whatever was issued and not finished has to land (its copy queued) before its window and its
-// destination go.
-void ChunkLoad::drain() {
-  if (finished_) return;
+// destination go; then the copies are waited for (their Status).
+Status ChunkLoad::drain() {
+  if (finished_) return Status::Ok();
   for (NvmePiece& p : nvme_)
     if (p.read.valid()) (void)a_.wait(p.read);
-  (void)settle_copies();
+  Status st = settle_copies();
   finished_ = true;
+  return st;
 }
 
 // With a destination, the I/O thread queues the piece's copy the moment it lands.
@@ -142,10 +143,8 @@ Status ChunkLoad::finish() {
     if (st.ok() && !p.copied) st = copy_piece_locked(p);  // read while staged
     if (st.ok()) st = copy_error_;
   }
-  Status c = settle_copies();
-  if (st.ok()) st = c;
-  drain();
-  return st;
+  Status c = drain();  // after an error too: later pieces' reads may still land and copy
+  return st.ok() ? c : st;
 }
 
 }  // namespace zoe

@@ -61,7 +61,7 @@ class ChunkLoad final : public UnitLoad {
   Status wait_read(const NvmePiece& p);
   // Waits for the copies issued and gives their windows back.
   Status settle_copies();
-  void drain();
+  Status drain();
 
   Device& dev_;
   PinnedPool* pool_;
