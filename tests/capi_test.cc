@@ -303,7 +303,9 @@ TEST(CApi, CloseFlushesAndNullIsANoOp) {
 }
 
 // An engine whose last update (stage 3's, which runs on after zoe_step returns) fails: it reads the
-// optimizer state from NVMe, and the swap files are cut to nothing under the running engine.
+// optimizer state from NVMe, and the swap files are cut to nothing under the running engine. A
+// first step writes that state (never written, it reads as zeros without a request); setting the
+// weights then waits for its update and drops what it read ahead for the next one.
 zoe_engine* engine_whose_update_fails(const std::filesystem::path& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -316,6 +318,14 @@ zoe_engine* engine_whose_update_fails(const std::filesystem::path& dir) {
   EXPECT_EQ(zoe_register_param(e, "a", "a.bias", 1, b, kF32, 0), ZOE_OK) << zoe_last_error();
   EXPECT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
   hand_over_ones(e, 0);
+  zoe_step_result r;
+  EXPECT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+  std::vector<float> values(kD * kD, 0.5f);
+  std::vector<int64_t> ws{kD, kD}, bs{kD};
+  DLTensor tw = host_tensor(values.data(), ws), tb = host_tensor(values.data(), bs);
+  EXPECT_EQ(zoe_set_param(e, "a.w", &tw), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_set_param(e, "a.bias", &tb), ZOE_OK) << zoe_last_error();
+  hand_over_ones(e, 0);
   int cut = 0;
   for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
     if (f.is_regular_file() && f.path().extension() == ".swap") {
@@ -323,7 +333,6 @@ zoe_engine* engine_whose_update_fails(const std::filesystem::path& dir) {
       ++cut;
     }
   EXPECT_GT(cut, 0) << "no swap file under " << dir;
-  zoe_step_result r;
   EXPECT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
   return e;
 }

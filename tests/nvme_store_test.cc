@@ -273,6 +273,37 @@ TEST_F(NvmeStoreTest, CallerSumsAreTheOnesRecordedAndReadsHandThemBack) {
   EXPECT_TRUE(store->close().ok());
 }
 
+// A block never written reads as zeros without a request (the fresh file holds zeros there; the
+// file system would only zero-fill it, yet count a device read): only written blocks reach the
+// kernel, and the store counts the rest apart. Whole and partial reads, with and without sums.
+TEST_F(NvmeStoreTest, NeverWrittenBlocksReadAsZerosWithoutARequest) {
+  for (bool checksums : {false, true}) {
+    SCOPED_TRACE(checksums);
+    FaultInjectingEnv env(NvmeEnv::Default());
+    NvmeStoreOptions o = options(checksums);
+    o.env = &env;
+    auto store = open(o, {{"state", 4 * kBlock}});
+    ASSERT_TRUE(store);
+    const std::vector<uint8_t> data = random_bytes(kBlock, 11);
+    ASSERT_TRUE(store->write(0, kBlock, data.data(), kBlock).ok());  // block 1 only
+    AlignedBuffer all(4 * kBlock);
+    std::memset(all.p, 0xAB, 4 * kBlock);
+    ASSERT_TRUE(store->read(0, 0, all.p, 4 * kBlock).ok());
+    EXPECT_EQ(env.completed_bytes(IoOp::kRead), kBlock) << "only the written block is read";
+    EXPECT_EQ(0, std::memcmp(all.p + kBlock, data.data(), kBlock));
+    for (uint64_t i : {uint64_t{0}, 2 * uint64_t{kBlock}, 3 * uint64_t{kBlock}})
+      EXPECT_EQ(std::count(all.p + i, all.p + i + kBlock, 0), kBlock) << "block at " << i;
+    std::vector<uint8_t> part(1000, 0xAB);  // unaligned, inside never-written block 2
+    ASSERT_TRUE(store->read(0, 2 * kBlock + 100, part.data(), part.size()).ok());
+    EXPECT_EQ(std::count(part.begin(), part.end(), 0), 1000);
+    EXPECT_EQ(env.completed_bytes(IoOp::kRead), kBlock);
+    const NvmeStore::Traffic t = store->traffic();
+    EXPECT_EQ(t.read_bytes, kBlock);
+    EXPECT_EQ(t.zero_filled_bytes, 3 * uint64_t{kBlock} + 1000);
+    EXPECT_TRUE(store->close().ok());
+  }
+}
+
 // A write that says the rest of its last block is padding (pad_last_block) is not read back
 // first: the device reads nothing, the block reads back as the data and zeros, and its sum
 // verifies. Without that word the same write reads the written block first (read-modify-write).
@@ -782,6 +813,7 @@ TEST_F(NvmeStoreTest, RequestsThatCannotBeReapedAreAbandonedAndTheirBuffersNever
   std::vector<uint8_t> bounced(kBlock);
   auto store = open(o, {{"state", 4 * kBlock}});
   ASSERT_TRUE(store);
+  ASSERT_TRUE(store->write(0, 0, bounced.data(), kBlock).ok());  // a never-written block is read without a request
   env.hold(IoOp::kRead, true);
   struct Unhold {
     FaultInjectingEnv& e;

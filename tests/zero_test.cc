@@ -307,6 +307,18 @@ TEST(CommWorker, AJobThatThrowsFailsItsTicketAndTheWorkerGoesOn) {
   EXPECT_TRUE(w.wait(c).ok());
 }
 
+// Writes every owned element of every kind: state never written reads as zeros without a request
+// (NvmeStore), so a test that needs the pass to read from the disk writes it first.
+void write_all_owned(Engine& e) {
+  for (int u = 0; u < e.num_units(); ++u) {
+    const OwnedRange r = e.owned_range(u);
+    const std::vector<float> v = random_floats(static_cast<size_t>(r.end - r.begin), 100 + u);
+    const std::vector<float> sq(v.size(), 1e-3f);  // exp_avg_sq is never negative
+    for (OwnedKind k : {OwnedKind::kMaster, OwnedKind::kExpAvg, OwnedKind::kExpAvgSq})
+      ASSERT_TRUE(e.write_owned(u, k, r.begin, r.end, k == OwnedKind::kExpAvgSq ? sq.data() : v.data()).ok());
+  }
+}
+
 // Stage 3 returns from step() while the optimizer's pass runs on: a pass that fails (here: its
 // state's swap files were truncated, so its NVMe reads find the end of the file) is returned by
 // flush(); an engine destroyed without asking says so on stderr instead of dropping it.
@@ -320,6 +332,7 @@ TEST(ZeroOneRank, AFailedUpdateIsReturnedByFlushOrReportedAtDestruction) {
     MlpModel model(c.n_layer, c.n_embd, 7);
     auto e = std::make_unique<ZeroEngine>(c, dev, *self, model.units());
     ASSERT_TRUE(e->allocate().ok());
+    write_all_owned(*e);
     int truncated = 0;
     for (const auto& f : std::filesystem::recursive_directory_iterator(dir))
       if (f.path().extension() == ".swap") truncated += ::truncate(f.path().c_str(), 0) == 0;
@@ -357,6 +370,7 @@ TEST(ZeroOneRank, NvmeFaultsMidStepAreTheStoresErrorThroughTheEngine) {
     auto made = Engine::create(c, dev, *self, model.units(), &env);
     ASSERT_TRUE(made.ok()) << made.status().message();
     Engine& e = **made;
+    write_all_owned(e);
     std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
     Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
     ASSERT_TRUE(e.grads_ready(1, d1.as<float>()).ok());
@@ -373,7 +387,7 @@ TEST(ZeroOneRank, NvmeFaultsMidStepAreTheStoresErrorThroughTheEngine) {
   }
 }
 
-// What allocate() says for the MLP test model under config c, on one rank.// What allocate() says for the MLP test model under config c, on one rank.
+// What allocate() says for the MLP test model under config c, on one rank.
 Status allocate_mlp(const Config& c) {
   auto self = make_self_comm();
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);

@@ -259,6 +259,8 @@ void IoWorker::fill() {
 }
 
 // A write's last block when the write starts it and says the rest is padding (pad_last_block).
+static BlockSums* caller_block(const Transfer& t, uint64_t block);
+
 static bool pads_rest(const Transfer& t, uint64_t io_begin, uint64_t s, uint64_t e) {
   return t.pad_last_block && io_begin == s && e == t.offset + t.bytes;
 }
@@ -294,6 +296,19 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   }
   for (const Task& k : tasks_)
     if (k.t && k.t->region == t.region && k.block == block) return Start::kStalled;
+  if (t.op == IoOp::kRead && state == BlockTable::State::kUnwritten) {
+    // Never written (and no write of it in flight: checked above): the fresh, preallocated file
+    // holds zeros there, so the bytes are zeros without a request. The file system would only
+    // have zero-filled them too (ext4's unwritten extents), yet counted as a read of the device.
+    std::memset(user, 0, e - s);
+    if (BlockSums* c = caller_block(t, block)) {
+      c->sums[block - c->first] = 0;
+      c->check[block - c->first] = 0;
+    }
+    t.scheduled += e - s;
+    zero_filled_bytes_.fetch_add(e - s, std::memory_order_relaxed);
+    return Start::kStarted;
+  }
   if (!direct && free_bounce_.empty()) return Start::kStalled;
 
   const int slot = free_slots_.back();

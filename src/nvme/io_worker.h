@@ -68,6 +68,8 @@ class IoWorker {
   uint64_t hashed_bytes() const { return hashed_bytes_.load(std::memory_order_relaxed); }
   // Bytes reads took from pending writes' memory instead of the device.
   uint64_t forwarded_bytes() const { return forwarded_bytes_.load(std::memory_order_relaxed); }
+  // Bytes reads of never-written blocks gave as zeros without a request.
+  uint64_t zero_filled_bytes() const { return zero_filled_bytes_.load(std::memory_order_relaxed); }
   // Bounce buffers (indices into IoWorkerParams::bounce) whose requests were abandoned after the
   // queue failed: the kernel may still use them, so they must never be reused. Read after stop().
   const std::vector<int>& abandoned_bounce() const { return abandoned_bounce_; }
@@ -138,7 +140,7 @@ class IoWorker {
   int64_t outstanding_ = 0;       // transfers submitted and not yet complete
   bool in_kernel_ = false;        // the thread may be blocked in submit_and_wait
   Status broken_;                 // the queue itself failed: every later transfer fails too
-  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0}, forwarded_bytes_{0};
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0}, hashed_bytes_{0}, forwarded_bytes_{0}, zero_filled_bytes_{0};
   std::thread thread_;
 };
 

@@ -403,7 +403,7 @@ void NvmeStore::wait_idle() {
 
 NvmeStore::Traffic NvmeStore::traffic() const {
   return worker_ ? Traffic{worker_->device_read_bytes(), worker_->device_written_bytes(), worker_->hashed_bytes(),
-                         worker_->forwarded_bytes()}
+                         worker_->forwarded_bytes(), worker_->zero_filled_bytes()}
                  : Traffic{};
 }
 

@@ -145,6 +145,7 @@ class NvmeStore {
     uint64_t read_bytes = 0, written_bytes = 0;
     uint64_t hashed_bytes = 0;  // what the I/O thread hashed (callers' sums not counted)
     uint64_t forwarded_bytes = 0;  // what reads took from pending writes instead (not in read_bytes)
+    uint64_t zero_filled_bytes = 0;  // what reads of never-written blocks gave as zeros (not in read_bytes)
   };
   Traffic traffic() const;
   // Returns once every transfer submitted so far has completed: traffic() is then final for them.
