@@ -128,7 +128,10 @@ Result<std::unique_ptr<NvmeStore>> open_store(const NvmeBenchOptions& o, PinnedP
 }
 
 // What checksums cost at one setting: two stores side by side, plain and checksummed, taking
-// turns (who goes first alternates, as in the cases above); rows appended to *sums.
+// turns (who goes first alternates, as in the cases above); rows appended to *sums. Three times
+// the cases' reps: a pair is two passes of the file without fio (about a second at 1 GiB), and the
+// cost sought (a tenth) is within what this disk swings from one pass to the next: three pairs'
+// median moved 0.76-1.12 between runs of one binary.
 Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* window, uint32_t bs, unsigned qd,
                      nlohmann::json* sums, std::FILE* human) {
   ZOE_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> plain, open_store(o, pool, "bench", bs, qd, false));
@@ -137,11 +140,11 @@ Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* windo
   for (NvmeStore* st : {plain.get(), summed.get()})
     ZOE_RETURN_IF_ERROR(zoe_pass(*st, IoOp::kWrite, window, w, o.file_bytes).status());
   if (human)
-    std::fprintf(human, "# checksums (xxh3-64 per block, verified on read) at block %u, depth %u:\n"
-                 "# %6s %10s %10s %7s\n", bs, qd, "op", "plain GB/s", "sums GB/s", "ratio");
+    std::fprintf(human, "# checksums (xxh3-64 per block, verified on read) at block %u, depth %u, medians of %d pairs:\n"
+                 "# %6s %10s %10s %7s\n", bs, qd, 3 * o.reps, "op", "plain GB/s", "sums GB/s", "ratio");
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
     std::vector<double> p, s;
-    for (int rep = 0; rep < o.reps; ++rep) {
+    for (int rep = 0; rep < 3 * o.reps; ++rep) {
       double a = 0, b = 0;
       for (int k = 0; k < 2; ++k) {
         if ((k == 0) == (rep % 2 == 0)) {
@@ -156,7 +159,8 @@ Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* windo
     const double mp = median(p), ms = median(s), ratio = paired_ratio(s, p);
     sums->push_back({{"case", fmt::format("checksums/{}/bs={}/qd={}", io_op_name(op), size_name(bs), qd)},
                      {"op", io_op_name(op)}, {"block_bytes", bs}, {"queue_depth", qd},
-                     {"plain_GBps", mp}, {"checksums_GBps", ms}, {"ratio", ratio}});
+                     {"plain_GBps", mp}, {"checksums_GBps", ms}, {"ratio", ratio}, {"pairs", p.size()},
+                     {"plain_GBps_reps", p}, {"checksums_GBps_reps", s}});
     if (human) {
       std::fprintf(human, "  %6s %10.3f %10.3f %7.3f\n", io_op_name(op), mp, ms, ratio);
       std::fflush(human);

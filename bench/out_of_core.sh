@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The out-of-core run (a benchmark, not a test): a GPT-2-shaped model whose 16-bytes-per-parameter
-# training state is at least twice this machine's RAM trains 3 steps on one rank, bf16, stage 3,
+# training state is at least twice this machine's RAM trains 4 steps (OOC_STEPS) on one rank, bf16, stage 3,
 # with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
 # against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
 # directory before the run and again after it (1 MiB blocks, depth 32, as the job's aio settings;
 # a 16 GiB file, the scale at which the disk's rates hold for a step's ~97 GB), reads then writes;
-# the ratio is to the mean of the two bounds.
+# the ratio is to the mean of the two bounds. Steady steps are 3 on: step 2 holds the first update,
+# whose reads of exp_avg and exp_avg_sq are zeros the store makes without a request (never written)
+# and whose writes fill the files' fresh extents for the first time.
 # The update runs after the backward with clipping at 1.0; OOC_UPDATE_IN_BACKWARD=1 runs it during
 # the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and writes,
 # as soon as its gradient is final), without clipping.
@@ -26,6 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-out/ooc}
 shift || true
+steps=${OOC_STEPS:-4}
 L=${OOC_LAYERS:-40} D=${OOC_EMBD:-2560} H=${OOC_HEADS:-32} V=${OOC_VOCAB:-50257} T=${OOC_SEQ:-64}
 mkdir -p "$dir"
 if [ "${OOC_UPDATE_IN_BACKWARD:-0}" = 1 ]; then clip=0 in_backward=true; else clip=1.0 in_backward=false; fi
@@ -57,7 +60,7 @@ cat > "$dir/config.json" <<EOF
   "zoe": {"device": "cpu", "device_memory_budget": "4GiB", "host_memory_budget": "9GiB",
     "model": {"type": "gpt2", "n_layer": $L, "n_head": $H, "n_embd": $D, "vocab_size": $V, "n_positions": 1024},
     "data": {"train": "data/corpus.txt", "format": "bytes", "seq_len": $T},
-    "steps": 3, "update_in_backward": $in_backward}
+    "steps": $steps, "update_in_backward": $in_backward}
 }
 EOF
 # The disk's rates in this directory, now, at the job's block size and depth and at the job's
@@ -99,14 +102,22 @@ for when, (file_bytes, rate) in zip(("before the run", "after it"), measured):
           f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
 print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | "
       "bound_s before / after | step/bound (mean bound) | loss")
+ratio = {}
 for l in lines:
     t, n = l["time_s"], l["nvme_bytes"][0]
     compute = l["step_s"] - t["wait_io"] - t["wait_comm"]
     bounds = [n["read"] / rate["read"] + n["written"] / rate["write"] for _, rate in measured]
     mean = sum(bounds) / len(bounds)
+    ratio[l["step"]] = l["step_s"] / mean
     print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
           f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | "
-          f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {l['step_s'] / mean:23.2f} | {l['loss']:.4f}")
+          f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {ratio[l['step']]:23.2f} | {l['loss']:.4f}")
+steady = {k: v for k, v in ratio.items() if k >= 3}
+if steady:
+    print(f"steady steps (3 on; step 1 holds the start, step 2 the first update, which writes exp_avg and exp_avg_sq "
+          f"for the first time: their reads are zeros without a request, their writes fill fresh extents): "
+          + ", ".join(f"{v:.2f}" for v in steady.values()) + f"; the largest {max(steady.values()):.2f} "
+          + ("<=" if max(steady.values()) <= 1.25 else ">") + " 1.25")
 losses = [l["loss"] for l in lines]
 falling = all(b < a for a, b in zip(losses, losses[1:]))
 print(("losses fall: " if falling else "losses do NOT fall: ") + " -> ".join(f"{x:.4f}" for x in losses))

@@ -46,6 +46,8 @@ void expect_fields(const nlohmann::json& j, bool with_fio) {
   for (const auto& c : j["checksum_cost"]) {
     EXPECT_GT(c.at("plain_GBps").get<double>(), 0);
     EXPECT_GT(c.at("checksums_GBps").get<double>(), 0);
+    EXPECT_EQ(c.at("pairs"), 3) << "three pairs for each of the cases' reps";
+    EXPECT_EQ(c.at("checksums_GBps_reps").size(), 3u);
   }
 }
 
