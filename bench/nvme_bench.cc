@@ -127,47 +127,50 @@ Result<std::unique_ptr<NvmeStore>> open_store(const NvmeBenchOptions& o, PinnedP
   return NvmeStore::open(so, std::span<const RegionSpec>(&region, 1));
 }
 
-// What checksums cost at one setting: two stores side by side, plain and checksummed, taking
-// turns (who goes first alternates, as in the cases above); rows appended to *sums. Three times
-// the cases' reps: a pair is two passes of the file without fio (about a second at 1 GiB), and the
-// cost sought (a tenth) is within what this disk swings from one pass to the next: three pairs'
-// median moved 0.76-1.12 between runs of one binary.
+// What checksums cost at one setting: three stores side by side, plain, checksummed and plain
+// again (the control), taking turns in an order that rotates each rep; rows appended to *sums.
+// Three times the cases' reps: a pair is two passes of the file without fio (about a second at
+// 1 GiB), and the cost sought (a tenth) is within what this disk swings between two plain stores:
+// the control's ratio to the plain one is this measurement's noise (0.95-1.20 in medians of seven
+// pairs here), to read the checksums' ratio against.
 Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* window, uint32_t bs, unsigned qd,
                      nlohmann::json* sums, std::FILE* human) {
-  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> plain, open_store(o, pool, "bench", bs, qd, false));
-  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> summed, open_store(o, pool, "bench-sums", bs, qd, true));
+  std::unique_ptr<NvmeStore> st[3];
+  const char* jobs[3] = {"bench", "bench-sums", "bench-control"};
+  for (int i = 0; i < 3; ++i) {
+    ZOE_ASSIGN_OR_RETURN(st[i], open_store(o, pool, jobs[i], bs, qd, i == 1));
+  }
   const uint64_t w = uint64_t{bs} * qd;
-  for (NvmeStore* st : {plain.get(), summed.get()})
-    ZOE_RETURN_IF_ERROR(zoe_pass(*st, IoOp::kWrite, window, w, o.file_bytes).status());
+  for (auto& x : st) ZOE_RETURN_IF_ERROR(zoe_pass(*x, IoOp::kWrite, window, w, o.file_bytes).status());
+  const int reps = 3 * o.reps;
   if (human)
-    std::fprintf(human, "# checksums (xxh3-64 per block, verified on read) at block %u, depth %u, medians of %d pairs:\n"
-                 "# %6s %10s %10s %7s\n", bs, qd, 3 * o.reps, "op", "plain GB/s", "sums GB/s", "ratio");
+    std::fprintf(human, "# checksums (xxh3-64 per block, verified on read) at block %u, depth %u, medians of %d "
+                 "rounds;\n# control: a second plain store against the first (the noise)\n"
+                 "# %6s %10s %10s %7s %10s\n", bs, qd, reps, "op", "plain GB/s", "sums GB/s", "ratio", "control");
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
-    std::vector<double> p, s;
-    for (int rep = 0; rep < 3 * o.reps; ++rep) {
-      double a = 0, b = 0;
-      for (int k = 0; k < 2; ++k) {
-        if ((k == 0) == (rep % 2 == 0)) {
-          ZOE_ASSIGN_OR_RETURN(a, zoe_pass(*plain, op, window, w, o.file_bytes));
-        } else {
-          ZOE_ASSIGN_OR_RETURN(b, zoe_pass(*summed, op, window, w, o.file_bytes));
-        }
+    std::vector<double> v[3];
+    for (int rep = 0; rep < reps; ++rep)
+      for (int k = 0; k < 3; ++k) {
+        const int i = (rep + k) % 3;
+        ZOE_ASSIGN_OR_RETURN(double g, zoe_pass(*st[i], op, window, w, o.file_bytes));
+        v[i].push_back(g);
       }
-      p.push_back(a);
-      s.push_back(b);
-    }
-    const double mp = median(p), ms = median(s), ratio = paired_ratio(s, p);
+    const double ratio = paired_ratio(v[1], v[0]), control = paired_ratio(v[2], v[0]);
     sums->push_back({{"case", fmt::format("checksums/{}/bs={}/qd={}", io_op_name(op), size_name(bs), qd)},
                      {"op", io_op_name(op)}, {"block_bytes", bs}, {"queue_depth", qd},
-                     {"plain_GBps", mp}, {"checksums_GBps", ms}, {"ratio", ratio}, {"pairs", p.size()},
-                     {"plain_GBps_reps", p}, {"checksums_GBps_reps", s}});
+                     {"plain_GBps", median(v[0])}, {"checksums_GBps", median(v[1])}, {"ratio", ratio},
+                     {"control_ratio", control}, {"rounds", reps}, {"plain_GBps_reps", v[0]},
+                     {"checksums_GBps_reps", v[1]}, {"control_GBps_reps", v[2]}});
     if (human) {
-      std::fprintf(human, "  %6s %10.3f %10.3f %7.3f\n", io_op_name(op), mp, ms, ratio);
+      std::fprintf(human, "  %6s %10.3f %10.3f %7.3f %10.3f\n", io_op_name(op), median(v[0]), median(v[1]), ratio,
+                   control);
       std::fflush(human);
     }
   }
-  ZOE_RETURN_IF_ERROR(summed->close());
-  return plain->close();
+  Status first;
+  for (auto& x : st)
+    if (Status c = x->close(); first.ok() && !c.ok()) first = c;
+  return first;
 }
 
 }  // namespace
@@ -192,9 +195,9 @@ Status bench_nvme(const NvmeBenchOptions& o, nlohmann::json* out, std::FILE* hum
 
   // One pinned pool for every case, allocated (and touched) once: the largest window of
   // block_size x queue_depth bytes that transfers move through, plus a bounce buffer for each of
-  // the two stores of the checksum rows.
+  // the three stores of the checksum rows.
   PinnedPoolOptions po;
-  po.bytes = uint64_t{max_bs} * max_qd + 2 * uint64_t{max_bs};
+  po.bytes = uint64_t{max_bs} * max_qd + 3 * uint64_t{max_bs};
   ZOE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedPool> pool, PinnedPool::create(po));
   ZOE_ASSIGN_OR_RETURN(PinnedPool::Lease window, pool->acquire(uint64_t{max_bs} * max_qd));
   std::mt19937_64 rng(42);

@@ -46,8 +46,10 @@ void expect_fields(const nlohmann::json& j, bool with_fio) {
   for (const auto& c : j["checksum_cost"]) {
     EXPECT_GT(c.at("plain_GBps").get<double>(), 0);
     EXPECT_GT(c.at("checksums_GBps").get<double>(), 0);
-    EXPECT_EQ(c.at("pairs"), 3) << "three pairs for each of the cases' reps";
+    EXPECT_EQ(c.at("rounds"), 3) << "three rounds for each of the cases' reps";
     EXPECT_EQ(c.at("checksums_GBps_reps").size(), 3u);
+    EXPECT_EQ(c.at("control_GBps_reps").size(), 3u);
+    EXPECT_GT(c.at("control_ratio").get<double>(), 0);
   }
 }
 
