@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -27,12 +28,16 @@ namespace {
 // Ratios are paired_ratio(zoe, fio): each pair ran back to back, so the ratio is far steadier
 // than either figure on a disk that swings 2x.
 
+std::atomic<uint64_t> consumed_sink{0};
+
 // fio's output and its errors, for the messages.
 Result<std::string> run_fio(const std::string& cmd, int* exit_code) { return run_capture(cmd + " 2>&1", exit_code); }
 
 // The whole file once, as transfers of `window` bytes all submitted up front: the store keeps
-// queue_depth block requests in flight across them, as fio keeps iodepth.
-Result<double> zoe_pass(NvmeStore& st, IoOp op, uint8_t* buf, uint64_t window, uint64_t bytes) {
+// queue_depth block requests in flight across them, as fio keeps iodepth. `consume`: the caller
+// reads each read window once after its wait, as a training step reads the state it loads.
+Result<double> zoe_pass(NvmeStore& st, IoOp op, uint8_t* buf, uint64_t window, uint64_t bytes,
+                        bool consume = false) {
   std::vector<Ticket> tickets;
   tickets.reserve(bytes / window + 1);
   const double t0 = now_s();
@@ -41,11 +46,18 @@ Result<double> zoe_pass(NvmeStore& st, IoOp op, uint8_t* buf, uint64_t window, u
     tickets.push_back(op == IoOp::kRead ? st.read_async(0, off, buf, n) : st.write_async(0, off, buf, n));
   }
   Status first;
-  for (const Ticket& t : tickets) {
-    Status s = st.wait(t);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    Status s = st.wait(tickets[i]);
     if (first.ok() && !s.ok()) first = s;
+    if (consume && op == IoOp::kRead && s.ok()) {
+      const uint64_t n = std::min(window, bytes - i * window) / 8;
+      const auto* w = reinterpret_cast<const uint64_t*>(buf);
+      for (uint64_t k = 0; k < n; ++k) sum += w[k];
+    }
   }
   const double dt = now_s() - t0;
+  if (consume) consumed_sink.fetch_add(sum, std::memory_order_relaxed);  // keeps the reads
   if (!first.ok()) return first;
   return static_cast<double>(bytes) / dt / 1e9;
 }
@@ -129,10 +141,15 @@ Result<std::unique_ptr<NvmeStore>> open_store(const NvmeBenchOptions& o, PinnedP
 
 // What checksums cost at one setting: three stores side by side, plain, checksummed and plain
 // again (the control), taking turns in an order that rotates each rep; rows appended to *sums.
-// Three times the cases' reps: a pair is two passes of the file without fio (about a second at
-// 1 GiB), and the cost sought (a tenth) is within what this disk swings between two plain stores:
-// the control's ratio to the plain one is this measurement's noise (0.95-1.20 in medians of seven
-// pairs here), to read the checksums' ratio against.
+// Reads are consumed (each window read once after its wait) by all three: what checksums add for
+// a caller that uses its data. On this virtio disk, reading just-landed data slows the disk in
+// some periods (minutes): plain 1 MiB x 8 reads that a consumer read ran at 1.7-1.8 GB/s in one
+// (3.4-3.8 outside), and the checksummed store's, which its hashing reads, at the same; against
+// a plain store that nobody reads, checksums looked like 0.55 of its rate in those periods and
+// 1.05 outside. Three times the cases' reps: a round is three passes of the file without fio
+// (about a second at 1 GiB), and the cost sought (a tenth) is within what this disk swings
+// between two plain stores: the control's ratio to the plain one is this measurement's noise
+// (0.95-1.20 in medians of seven pairs here), to read the checksums' ratio against.
 Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* window, uint32_t bs, unsigned qd,
                      nlohmann::json* sums, std::FILE* human) {
   std::unique_ptr<NvmeStore> st[3];
@@ -145,21 +162,23 @@ Status checksum_cost(const NvmeBenchOptions& o, PinnedPool* pool, uint8_t* windo
   const int reps = 3 * o.reps;
   if (human)
     std::fprintf(human, "# checksums (xxh3-64 per block, verified on read) at block %u, depth %u, medians of %d "
-                 "rounds;\n# control: a second plain store against the first (the noise)\n"
+                 "rounds;\n# control: a second plain store against the first (the noise); reads: each window read once "
+                 "by the caller after its wait, in all three\n"
                  "# %6s %10s %10s %7s %10s\n", bs, qd, reps, "op", "plain GB/s", "sums GB/s", "ratio", "control");
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
     std::vector<double> v[3];
     for (int rep = 0; rep < reps; ++rep)
       for (int k = 0; k < 3; ++k) {
         const int i = (rep + k) % 3;
-        ZOE_ASSIGN_OR_RETURN(double g, zoe_pass(*st[i], op, window, w, o.file_bytes));
+        ZOE_ASSIGN_OR_RETURN(double g, zoe_pass(*st[i], op, window, w, o.file_bytes, /*consume=*/true));
         v[i].push_back(g);
       }
     const double ratio = paired_ratio(v[1], v[0]), control = paired_ratio(v[2], v[0]);
     sums->push_back({{"case", fmt::format("checksums/{}/bs={}/qd={}", io_op_name(op), size_name(bs), qd)},
                      {"op", io_op_name(op)}, {"block_bytes", bs}, {"queue_depth", qd},
                      {"plain_GBps", median(v[0])}, {"checksums_GBps", median(v[1])}, {"ratio", ratio},
-                     {"control_ratio", control}, {"rounds", reps}, {"plain_GBps_reps", v[0]},
+                     {"control_ratio", control}, {"rounds", reps}, {"consumed", op == IoOp::kRead},
+                     {"plain_GBps_reps", v[0]},
                      {"checksums_GBps_reps", v[1]}, {"control_GBps_reps", v[2]}});
     if (human) {
       std::fprintf(human, "  %6s %10.3f %10.3f %7.3f %10.3f\n", io_op_name(op), median(v[0]), median(v[1]), ratio,
