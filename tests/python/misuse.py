@@ -154,7 +154,9 @@ def close_waits_for_a_call():
 
 def close_raises_the_last_update_error():
     """Stage 3's update runs on after step() returns; when it fails, close() raises its error. It
-    reads the optimizer state from NVMe: the swap files, cut to nothing, make that read fail."""
+    reads the optimizer state from NVMe: the swap files, cut to nothing, make that read fail. A
+    first step writes that state (never written, it reads as zeros without a request); setting
+    the weight then waits for its update and drops what it read ahead for the next one."""
     with tempfile.TemporaryDirectory() as d:
         e = zoe.Engine({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": d}}})
         if e.world_size > 1:
@@ -162,6 +164,9 @@ def close_raises_the_last_update_error():
             return
         e.register_param("u", "u.w", [4], "float32", False)
         e.start()
+        e.grads_ready(0, dlpack.to_dlpack(torch.ones(4)))
+        e.step(1e-2)
+        e.set_param("u.w", dlpack.to_dlpack(torch.full((4,), 0.5)))
         e.grads_ready(0, dlpack.to_dlpack(torch.ones(4)))
         swaps = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".swap")]
         for f in swaps:
