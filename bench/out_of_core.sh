@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The out-of-core run (a benchmark, not a test): a GPT-2-shaped model whose 16-bytes-per-parameter
-# training state is at least twice this machine's RAM trains 4 steps (OOC_STEPS) on one rank, bf16, stage 3,
-# with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
+# training state is at least twice this machine's RAM trains 4 steps (OOC_STEPS) on one rank, bf16,
+# stage 3, with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
 # against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
 # directory before the run and again after it (1 MiB blocks, depth 32, as the job's aio settings;

@@ -258,9 +258,9 @@ void IoWorker::fill() {
   }
 }
 
-// A write's last block when the write starts it and says the rest is padding (pad_last_block).
 static BlockSums* caller_block(const Transfer& t, uint64_t block);
 
+// A write's last block when the write starts it and says the rest is padding (pad_last_block).
 static bool pads_rest(const Transfer& t, uint64_t io_begin, uint64_t s, uint64_t e) {
   return t.pad_last_block && io_begin == s && e == t.offset + t.bytes;
 }
