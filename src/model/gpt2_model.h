@@ -5,7 +5,11 @@
 // once, after the encoder backward.
 // bf16 compute (bf16 training, zoe.compute_dtype; gpt2_ops.h): the products read each bf16 unit in
 // place, held fetched while its ops run; only a block's vectors and ln_f are widened to fp32, and
-// the LM head's unit stays fetched from the forward's end to its backward. Activation checkpointing keeps only block inputs and
+// the LM head's unit stays fetched from the forward's end to its backward. LayerNorm, attention
+// and GELU write the linear layers' inputs in bf16, and c_attn's product its q, k, v, kept so for
+// the backward; dout is rounded into a booked scratch; attention's products are bf16 too, its
+// softmax fp32 (the CUDA device keeps fp32 attention on widened q, k, v). Tests: gpt2_bf16_test,
+// HF autocast parity in gpt2_parity_test. Activation checkpointing keeps only block inputs and
 // recomputes each block in backward. Every buffer is device memory of the engine's device, and
 // every kernel runs through its ops(); the host sees only the loss (one download per micro-step).
 #pragma once
