@@ -512,6 +512,12 @@ TEST_F(CudaModelOpsTest, AttentionRejectsHeadsAbove128) {
   DevF buf(3 * 2 * 258);
   gpu().attention_forward(buf.get(), buf.get(), buf.get(), 1, 1, 258, 1);
   EXPECT_EQ(status().code(), Code::kUnsupported) << status().message();
+  // The error names the op and its sizes; the model asks supports_attention before any step.
+  EXPECT_NE(status().message().find("attention_forward(B 1, T 1, C 258, NH 1): "), std::string::npos)
+      << status().message();
+  EXPECT_EQ(gpu().supports_attention(1, 1, 258, 1).code(), Code::kUnsupported);
+  EXPECT_EQ(gpu().supports_attention(65536, 1, 64, 1).code(), Code::kUnsupported);  // B * NH > 65535
+  EXPECT_TRUE(gpu().supports_attention(4, 1024, 768, 12).ok());
   static_cast<gpu::CudaModelOps&>(gpu()).clear_status();
   gpu().attention_forward(buf.get(), buf.get(), buf.get(), 1, 1, 258, 4);  // C % NH != 0
   EXPECT_EQ(status().code(), Code::kInvalidInput) << status().message();
@@ -531,7 +537,13 @@ TEST_F(CudaModelOpsTest, Tf32IsOptIn) {
   tf32.matmul_forward(d_out.get(), d_inp.get(), d_W.get(), nullptr, N, C, OC);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   ASSERT_TRUE(tf32.status().ok()) << tf32.status().message();
-  EXPECT_LT(rel_err(d_out.download(), out), 1e-2);  // TF32 keeps 10 mantissa bits
+  const double err = rel_err(d_out.download(), out);
+  EXPECT_LT(err, 1e-2);  // TF32 keeps 10 mantissa bits
+#ifdef ZOE_CUDA_EMU
+  // The emulated cuBLASLt rounds the operands to TF32 as the tensor cores do: the result is not
+  // the exact fp32 one (about 1e-4 off), so the tolerance above is held to a real difference.
+  EXPECT_GT(err, 1e-6) << "TF32 products came out as exact fp32";
+#endif
 }
 
 // ---- one GPT-2 block ----------------------------------------------------------------------------

@@ -1,9 +1,16 @@
 // `zoe train` on the GPU against the CPU device: the same GPT-2 job (fp32, AdamW, the embedded
 // corpus) gives the same loss at every one of 20 steps to 1e-5, at stage 0 and at stage 3.
+// On the emulated GPU (tools/cuda_emu) also: a failed CUDA, cuBLASLt or launch call ends the
+// step with exit 1 and a line naming the op, a shape the kernels cannot run is exit 2 before any
+// step, and a sweep that fails each call of one step in turn never finishes a wrong step or hangs.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <future>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -60,6 +67,121 @@ TEST(TrainGpu, TwentyStepsOnTheGpuMatchTheCpuDevicesLosses) {
   }
 #endif
 }
+
+#ifdef ZOE_CUDA_EMU
+// --- failures on the emulated GPU: tools/cuda_emu fails the call that CUDA_EMU_FAIL names ------
+
+struct Outcome {
+  int rc = -1;
+  std::string out;
+  double loss = NAN;  // step 1's, from the report (NaN without one)
+};
+
+// One step of a one-block GPT-2 on the emulated GPU (the default job's NVMe state too), in a
+// directory of its own, with `env` set; killed after 120 s (exit 137: a hang).
+Outcome one_step(const std::string& env, const std::string& extra = "") {
+  const std::string dir = make_temp_dir("gpu-fault");
+  Outcome o;
+  o.rc = run_command("cd " + dir + " && " + env + " timeout -s KILL 120 " + kZoe +
+                         " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
+                         " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
+                         " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false"
+                         " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir='\"\"'"
+                         " --report r.jsonl" + extra,
+                     &o.out);
+  std::ifstream f(dir + "/r.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step")) o.loss = j["loss"].get<double>();
+  }
+  return o;
+}
+
+bool has(const std::string& out, const std::string& regex) { return std::regex_search(out, std::regex(regex)); }
+
+// What every run with an injected failure must end in: exit 1 or 2 with zoe's line, or (a
+// documented retry, such as the caching allocator's after freeing its cache) a finished step
+// with the loss of the run without the failure. Never a signal, a hang, or another loss.
+void expect_clean(const Outcome& o, double reference, const std::string& what) {
+  EXPECT_TRUE(has(o.out, "cuda_emu: injected a failure")) << what << ": the failure was not reached\n" << o.out;
+  if (o.rc == 0) {
+    EXPECT_EQ(o.loss, reference) << what << ": finished with another loss\n" << o.out;
+  } else {
+    EXPECT_TRUE(o.rc == 1 || o.rc == 2) << what << ": exit " << o.rc << "\n" << o.out;
+    EXPECT_TRUE(has(o.out, "(^|\n)zoe: ")) << what << ": no line from zoe\n" << o.out;
+  }
+}
+
+TEST(GpuFaults, AFailedGemmEndsTheStepNamingTheOpAndItsSizes) {
+  Outcome o = one_step("CUDA_EMU_FAIL=cublasLtMatmul:3");
+  EXPECT_EQ(o.rc, 1) << o.out;
+  EXPECT_TRUE(has(o.out, "zoe: a device op failed .*: [a-z_0-9]+\\(N [0-9]+, C [0-9]+, [A-Z]+ [0-9]+\\): .*"
+                         "CUBLAS_STATUS_EXECUTION_FAILED"))
+      << o.out;
+  o = one_step("CUDA_EMU_FAIL=cublasLtMatmulAlgoGetHeuristic:2");
+  EXPECT_EQ(o.rc, 1) << o.out;
+  EXPECT_TRUE(has(o.out, "zoe: a device op failed .*matmul.*CUBLAS_STATUS_NOT_SUPPORTED")) << o.out;
+}
+
+TEST(GpuFaults, AFailedLaunchEndsTheStepNamingTheOp) {
+  Outcome o = one_step("CUDA_EMU_FAIL=launch@gelu_forward:1");
+  EXPECT_EQ(o.rc, 1) << o.out;
+  EXPECT_TRUE(has(o.out, "zoe: a device op failed .*gelu_forward\\(N [0-9]+\\): .*cudaErrorLaunchOutOfResources"))
+      << o.out;
+  o = one_step("CUDA_EMU_FAIL=launch@attention_dq:1");
+  EXPECT_EQ(o.rc, 1) << o.out;
+  EXPECT_TRUE(has(o.out, "zoe: a device op failed .*attention_backward\\(B 2, T 16, C 32, NH 2\\)")) << o.out;
+}
+
+// Each cudaMalloc of the step in turn: one of them is the ops' scratch, whose failure names the
+// op that wanted it.
+TEST(GpuFaults, AFailedScratchAllocationEndsTheStep) {
+  const Outcome ref = one_step("CUDA_EMU_COUNT=1");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ref.out, m, std::regex("calls cudaMalloc ([0-9]+)"))) << ref.out;
+  bool scratch = false;
+  for (int n = 1; n <= std::stoi(m[1]); n++) {
+    const Outcome o = one_step("CUDA_EMU_FAIL=cudaMalloc:" + std::to_string(n));
+    expect_clean(o, ref.loss, "cudaMalloc " + std::to_string(n));
+    scratch |= o.rc == 1 && has(o.out, "zoe: a device op failed .*[a-z_]+\\(.*\\): cudaMalloc of the ops scratch: "
+                                       "cudaErrorMemoryAllocation");
+  }
+  EXPECT_TRUE(scratch) << "no cudaMalloc of the step was the ops' scratch";
+}
+
+TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
+  const Outcome o = one_step("", " --set zoe.model.n_embd=160 --set zoe.model.n_head=1");
+  EXPECT_EQ(o.rc, 2) << o.out;
+  EXPECT_TRUE(has(o.out, "zoe: config keys 'zoe.model.n_embd', 'zoe.model.n_head'.*head size 160 > 128")) << o.out;
+}
+
+// Every call of one step that the emulation can fail (each n up to the step's count, two runs at
+// a time) ends cleanly (expect_clean).
+TEST(GpuFaults, EveryCallOfAStepFailedInTurnEndsCleanly) {
+  const Outcome ref = one_step("CUDA_EMU_COUNT=1");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ref.out, m, std::regex("calls any ([0-9]+)"))) << ref.out;
+  const int total = std::stoi(m[1]);
+  EXPECT_GT(total, 200) << "a step makes fewer calls than the sweep expects";
+  std::atomic<int> next{1};
+  auto worker = [&] {
+    std::vector<std::pair<int, Outcome>> done;
+    for (int n; (n = next++) <= total;) done.emplace_back(n, one_step("CUDA_EMU_FAIL=any:" + std::to_string(n)));
+    return done;
+  };
+  auto a = std::async(std::launch::async, worker), b = std::async(std::launch::async, worker);
+  int runs = 0;
+  for (auto* f : {&a, &b})
+    for (const auto& [n, o] : f->get()) {
+      expect_clean(o, ref.loss, "call " + std::to_string(n) + " of " + std::to_string(total));
+      runs++;
+    }
+  EXPECT_EQ(runs, total);
+  std::printf("fault sweep: %d calls failed in turn, each ended cleanly or was reported above\n", runs);
+}
+#endif
 
 }  // namespace
 }  // namespace zoe::test

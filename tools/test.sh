@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2 (and CI): install, build, run the whole test suite (unit, mpi, python, slow,
 # emu: src/gpu and the engine on the CPU emulation of CUDA; gpu tests skip with a message where no
-# GPU is present), src/gpu's coverage under emu (skipped when ctest arguments pick tests), then the sanitizer passes
+# GPU is present), the emulated kernels' tests under the other schedules, src/gpu's coverage under
+# emu and the emulation's mutation checks (these three skipped when ctest arguments pick tests), then the sanitizer passes
 # (tools/test-sanitize.sh: unit, mpi and fuzz tests under AddressSanitizer + UBSan; then
 # tools/test-tsan.sh: the engine's threads under ThreadSanitizer; ZOE_SKIP_SANITIZE=1 skips both).
 # Arguments go to both ctest runs (e.g. -R config).
@@ -21,8 +22,17 @@ echo "test.sh: Release build + tests took $((SECONDS - start)) s"
 # src/gpu's line coverage under the emu-labelled tests that ctest just ran (src/gpu on the CPU
 # emulation of CUDA, tools/cuda_emu; built wherever nvcc is, as here and in CI).
 if [ $# -eq 0 ] && [ -d build/CMakeFiles/zoe_gpu_emu.dir ]; then
+  # The kernels' tests under the other thread schedules of the emulation, with another seed (the
+  # suite above ran the random one, seed 12345; the engine's tests do not depend on the schedule).
+  for schedule in ascending alternating chaos; do
+    echo "test.sh: the emulated kernels' tests under CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2"
+    (cd build && CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2 ctest -j 2 --timeout 900 --output-on-failure \
+      -R '^emu\.(CudaModelOpsTest|AdamCuda|CudaDevice|GpuFaults\.AFailed)')
+  done
   echo "test.sh: line coverage of src/gpu under tools/cuda_emu:"
   tools/cuda_emu/coverage.sh build
+  # Each mutation must be caught by a test under the emulation (exit 1 if one is missed).
+  tools/cuda_emu/mutations.sh
 fi
 if [ "${ZOE_SKIP_SANITIZE:-0}" != 1 ]; then
   tools/test-sanitize.sh "$@"

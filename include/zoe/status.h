@@ -26,6 +26,8 @@ class [[nodiscard]] Status {
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
   std::string ToString() const { return ok() ? "ok" : msg_; }
+  // The same error with `context` before its message (ok stays ok).
+  Status prefixed(const std::string& context) const { return ok() ? Status() : Status(code_, context + msg_); }
 
  private:
   Status(Code c, std::string m) : code_(c), msg_(std::move(m)) {}

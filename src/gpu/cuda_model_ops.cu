@@ -108,10 +108,12 @@ CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
     fail(Status::Runtime(cublas_text("cublasLtCreate", s)));
     return;
   }
+  // A GPU that cannot give 32 MiB at the start is failing: the error is the ops' status, which
+  // the trainer reads before the first step.
   if (check(cudaMalloc(&gemm_->workspace, kGemmWorkspaceBytes), "cudaMalloc of the cuBLASLt workspace"))
     gemm_->workspace_bytes = kGemmWorkspaceBytes;
   else
-    gemm_->workspace = nullptr;  // GEMMs still run, with algorithms that need no workspace
+    gemm_->workspace = nullptr;
 }
 
 CudaModelOps::~CudaModelOps() {
@@ -125,14 +127,28 @@ CudaModelOps::~CudaModelOps() {
 
 size_t CudaModelOps::workspace_bytes() const { return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_; }
 
+CudaModelOps::OpScope::OpScope(CudaModelOps* o, const char* name,
+                               std::initializer_list<std::pair<const char*, int64_t>> dims)
+    : ops(o), outer(o->op_.empty()) {
+  if (!outer) return;  // an op run by another (zero inside matmul_backward) is named by its caller
+  std::string s = std::string(name) + "(";
+  for (const auto& [label, value] : dims) s += (s.back() == '(' ? "" : ", ") + std::string(label) + " " + std::to_string(value);
+  ops->op_ = s + ")";
+}
+CudaModelOps::OpScope::~OpScope() {
+  if (outer) ops->op_.clear();
+}
+
 bool CudaModelOps::fail(Status s) {
-  if (status_.ok()) static_cast<void>(status_ = std::move(s));  // (Status is [[nodiscard]])
+  if (status_.ok()) {
+    static_cast<void>(status_ = s.prefixed(op_.empty() ? "" : op_ + ": "));  // (Status is [[nodiscard]])
+  }
   return false;
 }
 
 bool CudaModelOps::check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
-  return fail(Status::Runtime(std::string(what) + ": " + cudaGetErrorString(e)));
+  return fail(Status::Runtime(std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"));
 }
 
 bool CudaModelOps::check_launch(const char* what) { return check(cudaGetLastError(), what); }
@@ -251,6 +267,7 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
 
 void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int C,
                                   int OC) {
+  const OpScope scope(this, "matmul_forward", {{"N", N}, {"C", C}, {"OC", OC}});
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_forward: negative size", {N, C, OC})));
     return;
@@ -268,6 +285,7 @@ void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, 
 
 void CudaModelOps::matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
                                    const float* W, int N, int C, int OC, bool overwrite) {
+  const OpScope scope(this, "matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}});
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_backward: negative size", {N, C, OC})));
     return;
@@ -279,6 +297,7 @@ void CudaModelOps::matmul_backward(float* dinp, float* dW, float* dbias, const f
 }
 
 void CudaModelOps::lm_head_forward(float* logits, const float* inp, const float* wte, int N, int C, int V) {
+  const OpScope scope(this, "lm_head_forward", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_forward: negative size", {N, C, V})));
     return;
@@ -288,6 +307,7 @@ void CudaModelOps::lm_head_forward(float* logits, const float* inp, const float*
 
 void CudaModelOps::lm_head_backward(float* dinp, float* dwte, const float* dlogits, const float* inp,
                                     const float* wte, int N, int C, int V) {
+  const OpScope scope(this, "lm_head_backward", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_backward: negative size", {N, C, V})));
     return;
@@ -307,6 +327,7 @@ void CudaModelOps::round_to_bf16(uint16_t* dst, const float* src, int64_t n, con
 
 void CudaModelOps::encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe,
                                         int B, int T, int C) {
+  const OpScope scope(this, "encoder_forward_bf16", {{"B", B}, {"T", T}, {"C", C}});
   if (B < 0 || T < 0 || C < 0) {
     fail(Status::Invalid(shape_text("encoder_forward_bf16: negative size", {B, T, C})));
     return;
@@ -320,6 +341,7 @@ void CudaModelOps::encoder_forward_bf16(float* out, const int32_t* inp, const ui
 
 void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N,
                                        int C, int OC) {
+  const OpScope scope(this, "matmul_forward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_forward_bf16: negative size", {N, C, OC})));
     return;
@@ -335,6 +357,7 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
 
 void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias,
                                        int N, int C, int OC) {
+  const OpScope scope(this, "matmul_forward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_forward_bf16: negative size", {N, C, OC})));
     return;
@@ -349,6 +372,7 @@ void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const
 void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
                                         const uint16_t* W, int N, int C, int OC, uint16_t* scratch,
                                         bool overwrite) {
+  const OpScope scope(this, "matmul_backward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
   if (N < 0 || C < 0 || OC < 0) {
     fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
     return;
@@ -365,6 +389,7 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, co
 
 void CudaModelOps::lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                                         uint16_t* scratch) {
+  const OpScope scope(this, "lm_head_forward_bf16", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_forward_bf16: negative size", {N, C, V})));
     return;
@@ -375,6 +400,7 @@ void CudaModelOps::lm_head_forward_bf16(float* logits, const float* inp, const u
 
 void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp,
                                          const uint16_t* wte, int N, int C, int V, uint16_t* scratch) {
+  const OpScope scope(this, "lm_head_backward_bf16", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_backward_bf16: negative size", {N, C, V})));
     return;
@@ -389,6 +415,21 @@ void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const float* 
   }
 }
 
+namespace {
+
+// What a column sum's values read, for the emulation's race checks (no-op on CUDA).
+void declare_reads(const k::Rows& v, int64_t N, int ncols) {
+  ZOE_KERNEL_SPAN(v.x, sizeof(float) * ((N - 1) * v.ld + ncols), false);
+}
+void declare_reads(const k::LnDw& v, int64_t N, int) {
+  ZOE_KERNEL_SPAN(v.dout, sizeof(float) * N * v.C, false);
+  ZOE_KERNEL_SPAN(v.inp, sizeof(float) * N * v.C, false);
+  ZOE_KERNEL_SPAN(v.mean, sizeof(float) * N, false);
+  ZOE_KERNEL_SPAN(v.rstd, sizeof(float) * N, false);
+}
+
+}  // namespace
+
 // dst[c] += sum over rows r < N of val(r, c), c < ncols: one launch when N fits one chunk,
 // else per-chunk partials in the scratch and a second launch that adds them in chunk order.
 template <class Val>
@@ -399,12 +440,16 @@ void CudaModelOps::column_reduce(float* dst, const Val& val, int64_t N, int ncol
   const int64_t chunks = (N + chunk - 1) / chunk;
   const dim3 grid((ncols + 31) / 32, static_cast<unsigned>(chunks));
   if (chunks == 1) {
+    declare_reads(val, N, ncols);
+    ZOE_KERNEL_SPAN(dst, sizeof(float) * ncols, true);
     ZOE_LAUNCH(grid, k::kColThreads, 0, stream_, k::column_partial_kernel<Val>)(dst, 1, val, N, ncols, chunk);
     check_launch(what);
     return;
   }
   auto* part = static_cast<float*>(scratch(sizeof(float) * chunks * ncols));
   if (!part) return;
+  declare_reads(val, N, ncols);
+  ZOE_KERNEL_SPAN(part, sizeof(float) * chunks * ncols, true);
   ZOE_LAUNCH(grid, k::kColThreads, 0, stream_, k::column_partial_kernel<Val>)(part, 0, val, N, ncols, chunk);
   if (!check_launch(what)) return;
   ZOE_LAUNCH(grid_for(ncols, k::kThreads), k::kThreads, 0, stream_, k::column_finish_kernel)(dst, part, chunks,
@@ -415,10 +460,12 @@ void CudaModelOps::column_reduce(float* dst, const Val& val, int64_t N, int ncol
 // ---- memory ---------------------------------------------------------------------------------------
 
 void CudaModelOps::zero(float* x, int64_t n) {
+  const OpScope scope(this, "zero", {{"n", n}});
   if (n > 0) check(cudaMemsetAsync(x, 0, sizeof(float) * n, stream_), "zero");
 }
 
 void CudaModelOps::copy(float* dst, const float* src, int64_t n) {
+  const OpScope scope(this, "copy", {{"n", n}});
   if (n > 0 && dst != src)
     check(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDefault, stream_), "copy");
 }
@@ -427,6 +474,7 @@ void CudaModelOps::copy(float* dst, const float* src, int64_t n) {
 
 void CudaModelOps::encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
                                    int C) {
+  const OpScope scope(this, "encoder_forward", {{"B", B}, {"T", T}, {"C", C}});
   if (B < 0 || T < 0 || C < 0) {
     fail(Status::Invalid(shape_text("encoder_forward: negative size", {B, T, C})));
     return;
@@ -440,6 +488,7 @@ void CudaModelOps::encoder_forward(float* out, const int32_t* inp, const float* 
 
 void CudaModelOps::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
                                     int C) {
+  const OpScope scope(this, "encoder_backward", {{"B", B}, {"T", T}, {"C", C}});
   if (B < 0 || T < 0 || C < 0) {
     fail(Status::Invalid(shape_text("encoder_backward: negative size", {B, T, C})));
     return;
@@ -487,16 +536,19 @@ void CudaModelOps::layernorm_forward_any(Out* out, float* mean, float* rstd, con
 
 void CudaModelOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                      const float* b, int N, int C) {
+  const OpScope scope(this, "layernorm_forward", {{"N", N}, {"C", C}});
   layernorm_forward_any(out, mean, rstd, inp, w, b, N, C, "layernorm_forward");
 }
 
 void CudaModelOps::layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
                                           const float* b, int N, int C) {
+  const OpScope scope(this, "layernorm_forward_bf16", {{"N", N}, {"C", C}});
   layernorm_forward_any(out, mean, rstd, inp, w, b, N, C, "layernorm_forward_bf16");
 }
 
 void CudaModelOps::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                       const float* w, const float* mean, const float* rstd, int N, int C) {
+  const OpScope scope(this, "layernorm_backward", {{"N", N}, {"C", C}});
   if (N < 0 || C <= 0) {
     if (N != 0) fail(Status::Invalid(shape_text("layernorm_backward: bad size", {N, C})));
     return;
@@ -587,21 +639,25 @@ void CudaModelOps::attention_forward_any(Out* out, float* lse, const In* qkv, in
 }
 
 void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const OpScope scope(this, "attention_forward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
 void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C,
                                           int NH) {
+  const OpScope scope(this, "attention_forward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
 void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                                       int T, int C, int NH) {
+  const OpScope scope(this, "attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
 }
 
 void CudaModelOps::attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse,
                                            int B, int T, int C, int NH) {
+  const OpScope scope(this, "attention_backward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
 }
 
@@ -622,24 +678,28 @@ void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const 
 // ---- elementwise ----------------------------------------------------------------------------------
 
 void CudaModelOps::gelu_forward(float* out, const float* inp, int64_t N) {
+  const OpScope scope(this, "gelu_forward", {{"N", N}});
   if (N <= 0) return;
   ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<float>)(out, inp, N);
   check_launch("gelu_forward");
 }
 
 void CudaModelOps::gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) {
+  const OpScope scope(this, "gelu_forward_bf16", {{"N", N}});
   if (N <= 0) return;
   ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<uint16_t>)(out, inp, N);
   check_launch("gelu_forward_bf16");
 }
 
 void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) {
+  const OpScope scope(this, "gelu_backward", {{"N", N}});
   if (N <= 0) return;
   ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_kernel)(dinp, inp, dout, N, overwrite);
   check_launch("gelu_backward");
 }
 
 void CudaModelOps::residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
+  const OpScope scope(this, "residual_forward", {{"N", N}});
   if (N <= 0) return;
   ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::residual_forward_kernel)(out, inp1, inp2, N);
   check_launch("residual_forward");
@@ -649,6 +709,7 @@ void CudaModelOps::residual_forward(float* out, const float* inp1, const float* 
 
 void CudaModelOps::crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N,
                                 int V, float dscale) {
+  const OpScope scope(this, "crossentropy", {{"N", N}, {"V", V}});
   if (N < 0 || (N > 0 && V <= 0)) {
     fail(Status::Invalid(shape_text("crossentropy: bad size", {N, V})));
     return;
@@ -663,6 +724,11 @@ void CudaModelOps::crossentropy(float* loss, float* dlogits, const float* logits
   }
   ZOE_LAUNCH(1, k::kMeanThreads, 0, stream_, k::mean_kernel)(loss, losses, N);
   check_launch("crossentropy mean");
+}
+
+Status CudaModelOps::supports_attention(int B, int T, int C, int NH) const {
+  int hsp = 0;
+  return attention_shape(B, T, C, NH, &hsp);
 }
 
 std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream) {

@@ -12,9 +12,9 @@
 // bitwise the same result every time on the same GPU model with the same shapes.
 //
 // Errors: ModelOps calls return nothing, so the first failure (a CUDA or cuBLASLt error, a shape
-// the kernels do not support) is kept and returned by status(); later calls still run. Errors that
-// happen asynchronously inside kernels surface at the next synchronization of the stream, as
-// for any CUDA work.
+// the kernels do not support) is kept and returned by status() as a Runtime error that names the
+// op and its sizes; later calls still run. Errors that happen asynchronously inside kernels
+// surface at the next synchronization of the stream, as for any CUDA work.
 //
 // Device memory held besides the caller's buffers (workspace_bytes()): the cuBLASLt workspace and
 // a scratch buffer for reduction partials, which grows to the largest need it has met (a few MiB
@@ -23,7 +23,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "model/model_ops.h"
 #include "zoe/status.h"
@@ -41,7 +44,9 @@ class CudaModelOps final : public ModelOps {
   CudaModelOps& operator=(const CudaModelOps&) = delete;
 
   // The first error since construction (or since clear_status()); ok when there was none.
-  Status status() const { return status_; }
+  Status status() const override { return status_; }
+  // Head size at most 128, B * NH at most 65535 (the grid's y limit).
+  Status supports_attention(int B, int T, int C, int NH) const override;
   void clear_status() { static_cast<void>(status_ = Status::Ok()); }
   // Device bytes this object holds: cuBLASLt workspace + scratch.
   size_t workspace_bytes() const;
@@ -96,6 +101,13 @@ class CudaModelOps final : public ModelOps {
 
  private:
   struct Gemm;  // cuBLASLt handle, workspace and cached matmul plans (cuda_model_ops.cu)
+  // Names the public op that runs, with its sizes, in the errors recorded meanwhile.
+  struct OpScope {
+    OpScope(CudaModelOps* o, const char* name, std::initializer_list<std::pair<const char*, int64_t>> dims);
+    ~OpScope();
+    CudaModelOps* ops;
+    bool outer;
+  };
 
   // Records the first error; each returns whether the call succeeded.
   bool fail(Status s);
@@ -137,6 +149,7 @@ class CudaModelOps final : public ModelOps {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   Status status_;
+  std::string op_;  // the op that runs and its sizes ("" between ops)
 };
 
 // The factory CudaDevice calls: ops on `compute_stream` in exact fp32 (no TF32). Check

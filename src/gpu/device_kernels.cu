@@ -220,6 +220,9 @@ Status sum_squares_cuda(const ArrayView* spans, size_t count, double* partials, 
   auto flush = [&]() -> Status {
     if (a.count == 0) return Status::Ok();
     const unsigned grid = static_cast<unsigned>(a.total_blocks < cap ? a.total_blocks : cap);
+    // What the struct's spans touch, for the emulation's race checks (no-op on CUDA).
+    for (int i = 0; i < a.count; ++i) ZOE_KERNEL_SPAN(a.s[i].x, a.s[i].n * dtype_size(DType(a.s[i].dtype)), false);
+    ZOE_KERNEL_SPAN(partials + a.partial_base, a.total_blocks * sizeof(double), true);
     ZOE_LAUNCH(grid, kThreads, 0, stream, squares_partials_kernel)(a, partials);
     ZOE_RETURN_IF_ERROR(launched("sum_squares"));
     a.partial_base += a.total_blocks;

@@ -29,15 +29,21 @@ __global__ void smoke(int* v) { *v = 42; }
 bool smoke_kernel(std::string* why) {
   int* d = nullptr;
   int h = 0;
-  if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) {
-    if (why) *why = "cudaMalloc failed";
+  auto failed = [&](const char* what, cudaError_t e) {
+    if (why) *why = std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
     return false;
-  }
+  };
+  if (cudaError_t e = cudaMalloc(&d, sizeof(int)); e != cudaSuccess) return failed("cudaMalloc", e);
   ZOE_LAUNCH(1, 1, 0, 0, smoke)(d);
-  cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t copied = launched == cudaSuccess ? cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) : launched;
+  // A failed copy may leave the kernel queued: it finishes before its memory goes.
+  if (copied != cudaSuccess) cudaDeviceSynchronize();
   cudaFree(d);
-  if (e != cudaSuccess || h != 42) {
-    if (why) *why = std::string("smoke kernel: ") + cudaGetErrorString(e);
+  if (launched != cudaSuccess) return failed("smoke kernel launch", launched);
+  if (copied != cudaSuccess) return failed("smoke kernel", copied);
+  if (h != 42) {
+    if (why) *why = "the smoke kernel ran but did not write its result";
     return false;
   }
   return true;

@@ -139,6 +139,7 @@ Status Gpt2Model::block_backward(Engine& e, int l) {
     gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_);
   }
   ZOE_RETURN_IF_ERROR(release_held(e));
+  ZOE_RETURN_IF_ERROR(ops_ok("block " + std::to_string(l) + "'s gradient was handed on"));
   return e.grads_ready(1 + l, grad_);
 }
 
@@ -180,7 +181,16 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   ops.crossentropy(loss_, dscale != 0 ? logits_ : nullptr, logits_, targets_, BT, V, dscale);
   float loss = 0;
   ZOE_RETURN_IF_ERROR(dev_->download(&loss, loss_, sizeof(loss)));
+  ZOE_RETURN_IF_ERROR(ops_ok("the loss was read"));
   return static_cast<double>(loss);
+}
+
+// Ops only enqueue and return nothing: their first failure is read here, before a result of
+// theirs leaves the model, so that a failed launch or library call never becomes a finished step.
+Status Gpt2Model::ops_ok(const std::string& before) const {
+  const Status s = dev_->ops().status();
+  if (s.ok()) return s;
+  return Status::Runtime("a device op failed (found before " + before + "): " + s.message());
 }
 
 Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss_scale) {
@@ -208,12 +218,14 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
     ZOE_SPAN("ln_f backward", "compute", Bucket::kBackward);
     ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
   }
+  ZOE_RETURN_IF_ERROR(ops_ok("ln_f's gradient was handed on"));
   ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_));
   for (int l = L - 1; l >= 0; --l) ZOE_RETURN_IF_ERROR(block_backward(e, l));
   {
     ZOE_SPAN("encoder backward", "compute", Bucket::kBackward);
     ops.encoder_backward(embed_grad_, embed_grad_ + int64_t{V} * C, dx_, inputs_, b.B, b.T, C);
   }
+  ZOE_RETURN_IF_ERROR(ops_ok("the embedding's gradient was handed on"));
   ZOE_RETURN_IF_ERROR(e.grads_ready(0, embed_grad_));
   return loss;
 }

@@ -12,6 +12,8 @@
 // HF autocast parity in gpt2_parity_test. Activation checkpointing keeps only block inputs and
 // recomputes each block in backward. Every buffer is device memory of the engine's device, and
 // every kernel runs through its ops(); the host sees only the loss (one download per micro-step).
+// The ops' status is read before each gradient is handed to the engine and after the loss is read:
+// a failed op ends the micro-step with its error (gpt2_model.cc, ops_ok).
 #pragma once
 #include <vector>
 
@@ -41,6 +43,9 @@ class Gpt2Model final : public Model {
   // vectors widened into params_ first.
   Result<const uint16_t*> fetch_bf16(Engine& e, int u, bool widen_vectors);
   Status release_held(Engine& e);
+  // The device's ops have not failed (ModelOps::status), else a Runtime error naming the op and
+  // `before`, the hand-over it stops.
+  Status ops_ok(const std::string& before) const;
   gpt2::BlockWeights block_weights(const uint16_t* unit) const;
   Status block_forward(Engine& e, int l);
   Status block_backward(Engine& e, int l);

@@ -12,6 +12,8 @@
 #include <map>
 #include <string>
 
+#include "zoe/status.h"
+
 namespace zoe {
 
 class ModelOps {
@@ -21,6 +23,19 @@ class ModelOps {
   // Seconds each op kind took since the last call (then reset), for benchmarks' breakdowns; ops
   // that do not time themselves (a GPU's, whose calls only enqueue) give an empty map.
   virtual std::map<std::string, double> take_op_seconds() { return {}; }
+
+  // The first failure of an op since construction (a launch, a library call, an allocation, a
+  // shape this device cannot run), naming the op and its sizes; later calls still run. Ops return
+  // nothing and only enqueue, so a model reads this before it hands an op's result on (a gradient
+  // to the engine, the loss to the host): a failed op never becomes a finished step.
+  virtual Status status() const { return Status::Ok(); }
+  // Whether this device's kernels run the GPT-2 attention at these sizes (B sequences of T
+  // positions, C channels in NH heads); asked before any step, so that a shape they cannot run is
+  // a configuration error, not a failure in the middle of training.
+  virtual Status supports_attention(int B, int T, int C, int NH) const {
+    (void)B, (void)T, (void)C, (void)NH;
+    return Status::Ok();
+  }
 
   virtual void zero(float* x, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;

@@ -25,7 +25,7 @@ RankState::~RankState() {
   dev_.free(grad_);
   for (StateArray* a : {&param_, &master_, &exp_avg_, &exp_avg_sq_}) a->release(dev_);
   for (auto& st : stores_) (void)st->close();
-  if (pool_) dev_.unregister_host(pool_->base());
+  if (pool_registered_) dev_.unregister_host(pool_->base());
 }
 
 // What the pinned pool holds per element of a sub-group: three optimizer windows of
@@ -66,6 +66,7 @@ Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_
   ZOE_ASSIGN_OR_RETURN(pool_, PinnedPool::create({pool_bytes, pin, &dev_.ledger()}));
   // Adam and the copies read the windows in place: the device must reach the pool.
   ZOE_RETURN_IF_ERROR(dev_.register_host(pool_->base(), pool_->capacity()));
+  pool_registered_ = true;  // (a failed registration leaves nothing to unregister)
   for (const std::string& path : paths) {
     NvmeStoreOptions o;
     o.nvme_path = path;

@@ -102,6 +102,7 @@ class RankState {
   DType gdtype_;
   size_t gsize_;
   std::unique_ptr<PinnedPool> pool_;  // declared first: the stores lease from it
+  bool pool_registered_ = false;      // pool_ is registered with the device
   std::vector<std::unique_ptr<NvmeStore>> stores_;
   std::vector<std::string> store_paths_;  // the nvme_path of each store
   int64_t group_elems_ = 0;

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "common/profiler.h"
 #include "kernels/gemm.h"
 #include "model/gpt2_model.h"
+#include "model/model_ops.h"
 #include "model/mlp_model.h"
 #include "train/backend.h"
 #include "train/batch_source.h"
@@ -68,6 +70,21 @@ Result<std::unique_ptr<Model>> make_model(const Config& c) {
   Status ok = gpt2::validate_shape(s);
   if (!ok.ok()) return Status::Invalid("config key 'zoe.model': " + ok.message());
   return std::unique_ptr<Model>(new Gpt2Model(s, c.activation_checkpointing, c.compute_dtype == "bf16"));
+}
+
+// The device's ops can run this job: their setup succeeded (a CUDA device's cuBLASLt handle and
+// workspace), and the model's shapes are ones its kernels run (exit 2 before any step, not an op
+// that fails mid-training).
+Status check_device_ops(const Config& c, ModelOps& ops) {
+  if (Status s = ops.status(); !s.ok())
+    return Status::Runtime("zoe.device \"" + c.device + "\": its compute ops failed to start: " + s.message());
+  if (c.model_type != "gpt2") return Status::Ok();
+  const Status s = ops.supports_attention(c.micro_batch, c.seq_len, c.n_embd, c.n_head);
+  if (s.ok()) return s;
+  return Status::Invalid(
+      "config keys 'zoe.model.n_embd', 'zoe.model.n_head' and 'train_micro_batch_size_per_gpu' (head size " +
+      std::to_string(c.n_embd / std::max(c.n_head, 1)) + ", " + std::to_string(c.micro_batch) + " x " +
+      std::to_string(c.n_head) + " heads): zoe.device \"" + c.device + "\" cannot run this attention: " + s.message());
 }
 
 // Micro-batches per rank in one validation pass.
@@ -157,6 +174,7 @@ class TrainJob {
     comm_.set_ledger(&dev_->ledger());
     c_.compute_dtype = resolve_compute_dtype(c_);  // the report's done line says what ran
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
+    ZOE_RETURN_IF_ERROR(check_device_ops(c_, dev_->ops()));
     ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
     if (c_.eval_every > 0) {

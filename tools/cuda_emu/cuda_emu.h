@@ -2,22 +2,27 @@
 // calls), to run them and their tests on a machine without a GPU (tools/cuda_emu/run.sh).
 // Force-included (g++ -include) before a .cu, which is then compiled as C++.
 //
-// Blocks run one after another; the threads of a block are fibers (ucontext) on one OS thread,
-// switched only at __syncthreads and warp shuffles, so shared memory can be plain statics.
+// Blocks run one after another; the threads of a block are fibers on one OS thread, switched at
+// __syncthreads and warp shuffles (and, under CUDA_EMU_SCHEDULE=chaos, at any memory access).
 // Streams are asynchronous: each is a worker thread that runs its queue in order, later than the
 // host enqueued it (CUDA_EMU_DELAY=<max microseconds> adds a random delay before each operation);
 // events, stream waits and the synchronize calls order them as CUDA does; one operation executes
 // at a time. What it checks beyond the arithmetic: a barrier or shuffle that not every live thread
-// (lane) reaches aborts with a message, as does a shuffle whose partner lane has exited; dynamic
+// (lane) reaches aborts with a message, as do __syncthreads reached at different calls and a
+// shuffle whose partner lane has exited; inside a launch, accesses of different blocks to the same
+// memory (unless both atomic) and of one block's threads with no barrier between them abort
+// (cuda_emu_race.cc), as does a kernel touching device memory outside what its launch declared;
+// launches beyond CUDA's limits fail as CUDA fails them (cudaGetLastError); dynamic
 // shared memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up;
 // cudaMalloc'd memory is closed to host code (PROT_NONE) outside kernels, copies and GEMMs, and a
 // touch names the allocation; a cudaMemcpy kind that does not match where its pointers are aborts;
 // an operation that starts while work of another stream that was queued before it, and uses the
 // same memory (one of them writing), has not run is a race (a missing event wait, or memory handed
 // on before its last user finished) and aborts naming both; freeing memory queued work still uses
-// aborts. What it cannot check: races between operations that happen to run in a safe order
-// (CUDA_EMU_DELAY varies it), host code touching device memory while an operation runs, timing,
-// register / shared memory limits, the real cuBLASLt (cuda_emu_cublaslt.cc has a naive
+// aborts. CUDA_EMU_FAIL fails chosen calls (cuda_emu_faults.cc). What it cannot check: races
+// between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
+// touching device memory while an operation runs, timing, registers, static __shared__ read before
+// it is written (plain zeroed statics here), the real cuBLASLt (cuda_emu_cublaslt.cc has a naive
 // column-major GEMM that checks the layouts and the alignments promised to the heuristic).
 #pragma once
 #define ZOE_CUDA_EMU 1
@@ -31,6 +36,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -55,14 +61,14 @@ struct Dims {
 };
 Dims& dims();
 
-void syncthreads();
+// `file` and `line` name the __syncthreads call: every live thread of a block must wait at the same
+// one (a return address would not do: the compiler may duplicate a call into both arms of a branch).
+void syncthreads(const char* file, int line);
 // Exchanges v with lane (lane ^ offset) of the warp; both must call.
 double shfl_xor(double v, int offset);
 // The value of lane (lane + offset), or v itself where that is past the warp's last lane.
 double shfl_down(double v, int offset);
 float* dynamic_smem();
-// Runs body() once per thread of every block of the grid.
-void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
 // Memory an operation reads or writes: [p, p + bytes).
 struct Range {
@@ -70,6 +76,9 @@ struct Range {
   size_t bytes;
   bool write;
 };
+// Runs body() once per thread of every block of the grid (kernel `name`, which declared `uses`).
+void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const char* name, const std::vector<Range>& uses,
+              const std::function<void()>& body);
 // An operation's use of "every allocation" (a kernel with an argument the emulation cannot see
 // into, such as a struct of pointers); never part of a race check.
 inline constexpr Range kAllMemory{nullptr, 0, false};
@@ -94,9 +103,11 @@ inline thread_local std::vector<Range> t_declared;
 inline void declare_span(const void* p, size_t bytes, bool write) {
   t_declared.push_back({static_cast<const char*>(p), bytes, write});
 }
-// Queues a kernel's run on its stream (cuda_emu_streams.cc).
-void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, std::vector<Range> uses,
-            std::function<void()> run);
+// Queues a kernel's run on its stream (cuda_emu_streams.cc), or fails the launch as CUDA does
+// (cudaGetLastError) where it breaks a limit: block and grid sizes, or dynamic shared memory above
+// 48 KiB without cudaFuncSetAttribute's opt-in for `kernel`.
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, const void* kernel,
+            std::vector<Range> uses, std::function<void()> run);
 
 struct Launch {
   dim3 grid, block;
@@ -111,8 +122,10 @@ struct Launch {
     t_declared.clear();
     if (uses.empty()) std::apply([&](const auto&... v) { (note_argument(uses, v), ...); }, bound);
     const Launch l = *this;
-    launch(grid, block, smem, stream, name, std::move(uses),
-           [l, kernel, bound] { run_grid(l.grid, l.block, l.smem, [&] { std::apply(kernel, bound); }); });
+    launch(grid, block, smem, stream, name, reinterpret_cast<const void*>(kernel), uses,
+           [l, kernel, bound, uses] {
+             run_grid(l.grid, l.block, l.smem, l.name, uses, [&] { std::apply(kernel, bound); });
+           });
   }
 };
 
@@ -136,7 +149,7 @@ Bound<K> bind(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const cha
 #define blockIdx (::emu::dims().block_idx)
 #define blockDim (::emu::dims().block)
 #define gridDim (::emu::dims().grid)
-#define __syncthreads() ::emu::syncthreads()
+#define __syncthreads() ::emu::syncthreads(__FILE__, __LINE__)
 
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int offset) {
@@ -147,12 +160,11 @@ inline T __shfl_down_sync(unsigned, T v, int offset) {
   return static_cast<T>(::emu::shfl_down(static_cast<double>(v), offset));
 }
 
-// Blocks run one thread at a time: an atomic is a plain read-modify-write.
+// An atomic read-modify-write (std::atomic_ref: integers and, since C++20, floating point), so that
+// it stays one however the emulation interleaves threads.
 template <class T>
 inline T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_relaxed);
 }
 
 // IEEE round-to-nearest arithmetic: the host's (x86-64 SSE, no contraction under -std=c++20).

@@ -53,18 +53,30 @@ size_t span_bytes(const LayoutData& l) {
   return l.cols == 0 ? 0 : ((l.cols - 1) * static_cast<size_t>(l.ld) + l.rows) * elem;
 }
 
+// x rounded to TF32 (8 exponent bits, 10 mantissa bits), to nearest with ties to even, as the
+// tensor cores read fp32 operands under CUBLAS_COMPUTE_32F_FAST_TF32 (NaN and infinity kept).
+float to_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
+}
+
 // D = alpha op(A) op(B) + beta C, column-major, on the worker (descriptors copied at the call).
 void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, float alpha, float beta, const void* Ap,
           const void* Bp, const void* Cp, void* Dp) {
   // Element x of a matrix of `type` (fp32, or bf16 widened exactly).
-  auto load = [](const void* p, cudaDataType_t type, int64_t x) {
+  const bool tf32 = o.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  auto load = [tf32](const void* p, cudaDataType_t type, int64_t x) {
     if (type == CUDA_R_16BF) {
       uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
       float f;
       std::memcpy(&f, &u, sizeof f);
       return f;
     }
-    return static_cast<const float*>(p)[x];
+    const float f = static_cast<const float*>(p)[x];
+    return tf32 ? to_tf32(f) : f;
   };
   const auto* Cf = static_cast<const float*>(Cp);
   auto* Df = static_cast<float*>(Dp);
@@ -88,14 +100,26 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
 extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  if (emu::injected("cublasLtCreate")) return CUBLAS_STATUS_NOT_INITIALIZED;
   *h = reinterpret_cast<cublasLtHandle_t>(&g_handle);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
-const char* cublasLtGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMU"; }
+const char* cublasLtGetStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_EMU";
+  }
+}
 const char* cublasLtGetStatusString(cublasStatus_t) { return "emulated cuBLASLt error"; }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  if (emu::injected("cublasLtMatmulDescCreate")) return CUBLAS_STATUS_ALLOC_FAILED;
   *d = new cublasLtMatmulDescOpaque_t{};
   auto* x = data<DescData>(*d);
   *x = DescData{compute, scale};
@@ -161,6 +185,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t* results, int* found) {
+  if (emu::injected("cublasLtMatmulAlgoGetHeuristic")) {
+    *found = 0;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   const auto* o = data<DescData>(op);
   const auto *A = data<LayoutData>(a), *B = data<LayoutData>(b), *Cl = data<LayoutData>(c), *Dl = data<LayoutData>(d);
   if (o->compute != CUBLAS_COMPUTE_32F && o->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
@@ -191,6 +219,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                               cublasLtMatrixLayout_t a, const void* Bp, cublasLtMatrixLayout_t b, const void* beta_p,
                               const void* Cp, cublasLtMatrixLayout_t c, void* Dp, cublasLtMatrixLayout_t d,
                               const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t stream) {
+  if (emu::injected("cublasLtMatmul")) return CUBLAS_STATUS_EXECUTION_FAILED;
   const DescData o = *data<DescData>(op);
   const LayoutData A = *data<LayoutData>(a), B = *data<LayoutData>(b), Cl = *data<LayoutData>(c),
                    Dl = *data<LayoutData>(d);

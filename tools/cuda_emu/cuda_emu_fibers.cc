@@ -7,9 +7,12 @@
 // emulated engine's time. x86-64 System V only, as this project is.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -55,29 +58,52 @@ emu_switch:
 
 struct Fiber {
   void* sp = nullptr;  // its saved stack pointer while switched out
-  std::vector<char> stack;
+  char* stack = nullptr;  // kStackBytes of g_stacks
   State state = kRunnable;
+  const char* barrier_file = nullptr;  // at kAtBlockBarrier: the __syncthreads it waits at
+  int barrier_line = 0;
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kMaxThreads = 1024;
+
+// All fibers' stacks, one mapping (touched pages only are memory): the race check
+// (cuda_emu_race.cc) tells a thread's own stack from shared and global memory by it.
+char* const g_stacks = [] {
+  void* m = mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) die("cannot map the fibers' stacks");
+  return static_cast<char*>(m);
+}();
 
 Dims g_dims;
 std::vector<Fiber> g_fibers;
 int g_current = -1;
 void* g_sched = nullptr;  // the scheduler's saved stack pointer
 const std::function<void()>* g_body = nullptr;
+const char* g_name = "";  // the kernel that runs
+thread_local bool t_in_grid = false;  // this OS thread runs a grid's fibers now
+uint32_t g_block_linear = 0;          // the block that runs: x + y * grid.x + z * grid.x * grid.y
+uint32_t g_block_epoch = 0;           // __syncthreads the block has passed
+std::vector<uint32_t> g_warp_epoch;   // per warp: shuffles (warp barriers) it has passed
 std::vector<double> g_slots;  // one shuffle slot per thread
 std::vector<float> g_smem;
 // CUDA_EMU_SCHEDULE: ascending, alternating (ascending / descending phases, the last ready warp
-// first), random (the default).
+// first), random (the default), chaos (random, and a thread may also be switched out at any
+// memory access of a kernel: cuda_emu_race.cc's hooks call chaos_point). CUDA_EMU_SEED seeds the
+// random ones (default 12345).
 const int g_schedule = [] {
   const char* e = std::getenv("CUDA_EMU_SCHEDULE");
   const std::string s = e ? e : "random";
-  if (s != "ascending" && s != "alternating" && s != "random")
-    die("CUDA_EMU_SCHEDULE must be ascending, alternating or random, not \"" + s + "\"");
-  return s == "alternating" ? 1 : s == "random" ? 2 : 0;
+  if (s != "ascending" && s != "alternating" && s != "random" && s != "chaos")
+    die("CUDA_EMU_SCHEDULE must be ascending, alternating, random or chaos, not \"" + s + "\"");
+  return s == "alternating" ? 1 : s == "random" ? 2 : s == "chaos" ? 3 : 0;
 }();
-std::mt19937 g_rng(12345);
+std::mt19937 g_rng([] {
+  const char* e = std::getenv("CUDA_EMU_SEED");
+  return e ? static_cast<unsigned>(std::strtoul(e, nullptr, 10)) : 12345u;
+}());
+bool shuffled() { return g_schedule >= 2; }
 
 // Where a fiber starts (emu_switch returns into it); it never returns, a done fiber is left.
 [[noreturn]] void fiber_entry() {
@@ -90,7 +116,7 @@ std::mt19937 g_rng(12345);
 
 // A fresh stack for f whose first switch enters fiber_entry as if called (16-byte aligned frame).
 void start_fiber(Fiber& f) {
-  auto top = reinterpret_cast<uintptr_t>(f.stack.data() + f.stack.size()) & ~uintptr_t{15};
+  auto top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                                     // fiber_entry's return address (never used)
   *--sp = reinterpret_cast<void*>(&fiber_entry);       // emu_switch's ret goes here
@@ -115,7 +141,24 @@ uint3 thread_of(int t, dim3 block) {
 // Puts the threads released for a round in the schedule's order.
 void order_round(std::vector<int>& run, bool descending) {
   if (g_schedule == 1 && descending) std::reverse(run.begin(), run.end());
-  if (g_schedule == 2) std::shuffle(run.begin(), run.end(), g_rng);
+  if (shuffled()) std::shuffle(run.begin(), run.end(), g_rng);
+}
+
+// Every live thread of the block waits at the same __syncthreads: one in a branch that some
+// threads skip for another is undefined on a GPU (a hang, or a barrier that does not hold).
+void check_one_barrier(int nthreads) {
+  const Fiber* first = nullptr;
+  for (int t = 0; t < nthreads; t++) {
+    const Fiber& f = g_fibers[t];
+    if (f.state != kAtBlockBarrier) continue;
+    if (!first) first = &f;
+    else if (f.barrier_line != first->barrier_line || std::strcmp(f.barrier_file, first->barrier_file) != 0)
+      die(std::string("divergent __syncthreads in kernel ") + g_name + ": threads of block (" +
+          std::to_string(g_dims.block_idx.x) + "," + std::to_string(g_dims.block_idx.y) +
+          ") wait at different __syncthreads calls (thread " + std::to_string(t) + " at " + f.barrier_file + ":" +
+          std::to_string(f.barrier_line) + ", another at " + first->barrier_file + ":" +
+          std::to_string(first->barrier_line) + ")");
+  }
 }
 
 void run_block(int nthreads) {
@@ -131,7 +174,9 @@ void run_block(int nthreads) {
   for (int t = 0; t < nthreads; t++) run[t] = t;
   bool descending = true;  // alternating starts descending
   int live = nthreads, at_block = 0;
-  std::vector<int> warp_live(nwarps, 32), warp_waiting(nwarps, 0), ready;
+  std::vector<int> warp_live(nwarps, 32), warp_waiting(nwarps, 0), ready, again;
+  g_block_epoch = 0;
+  g_warp_epoch.assign(nwarps, 0);
   if (nthreads % 32) warp_live.back() = nthreads % 32;
   for (;;) {
     // Between two barriers threads run one after another in this order; a schedule other than
@@ -150,9 +195,14 @@ void run_block(int nthreads) {
       warp_live[t / 32] -= st == kDone;
       at_block += st == kAtBlockBarrier;
       warp_waiting[t / 32] += st == kAtWarpBarrier;
+      if (st == kRunnable) again.push_back(t);  // switched out mid-segment (chaos): runs again first
     }
     run.clear();
     if (live == 0) return;
+    if (!again.empty()) {
+      run.swap(again);
+      continue;
+    }
     // A warp whose live lanes all wait at a shuffle goes on. One such warp at a time, and it runs
     // alone until it blocks again: warps drift apart as far as they legally can (to the next
     // __syncthreads), which exposes shared memory read from another warp without a barrier.
@@ -163,15 +213,18 @@ void run_block(int nthreads) {
       die("deadlock: threads of block (" + std::to_string(g_dims.block_idx.x) + "," +
           std::to_string(g_dims.block_idx.y) + ") wait at different barriers (" + std::to_string(at_block) +
           " of " + std::to_string(live) + " live threads at __syncthreads; the rest at a shuffle whose warp is split)");
+    if (ready.empty()) check_one_barrier(nthreads);
     const State release = ready.empty() ? kAtBlockBarrier : kAtWarpBarrier;
     int lo = 0, hi = nthreads;
     if (release == kAtWarpBarrier) {
-      const int w = g_schedule == 2 ? ready[g_rng() % ready.size()] : g_schedule == 1 ? ready.back() : ready.front();
+      const int w = shuffled() ? ready[g_rng() % ready.size()] : g_schedule == 1 ? ready.back() : ready.front();
       lo = w * 32;
       hi = std::min(nthreads, w * 32 + 32);
       warp_waiting[w] = 0;
+      g_warp_epoch[w]++;
     } else {
       at_block = 0;
+      g_block_epoch++;
     }
     for (int t = lo; t < hi; t++)
       if (g_fibers[t].state == release) {
@@ -185,7 +238,11 @@ void run_block(int nthreads) {
 
 Dims& dims() { return g_dims; }
 
-void syncthreads() { yield(kAtBlockBarrier); }
+void syncthreads(const char* file, int line) {
+  g_fibers[g_current].barrier_file = file;
+  g_fibers[g_current].barrier_line = line;
+  yield(kAtBlockBarrier);
+}
 
 double shfl_xor(double v, int offset) {
   const int me = g_current;
@@ -213,28 +270,52 @@ double shfl_down(double v, int offset) {
 
 float* dynamic_smem() { return g_smem.data(); }
 
+bool in_kernel() { return t_in_grid && g_current >= 0; }
+
+KernelThread current_thread() {
+  return {g_block_linear, static_cast<uint32_t>(g_current), g_block_epoch, g_warp_epoch[g_current / 32]};
+}
+
+bool on_fiber_stack(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  return c >= g_stacks && c < g_stacks + kStackBytes * kMaxThreads;
+}
+
+void chaos_point() {
+  if (g_schedule == 3 && in_kernel() && g_rng() % 8 == 0) yield(kRunnable);
+}
+
 // Device memory is closed to host code (PROT_NONE) except while a kernel, a copy or a GEMM runs:
 // host code that reads or writes it faults, and the handler names the allocation.
-void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const char* name, const std::vector<Range>& uses,
+              const std::function<void()>& body) {
   const int nthreads = static_cast<int>(block.x * block.y * block.z);
-  if (nthreads <= 0 || nthreads > 1024) die("bad block size " + std::to_string(nthreads));
+  if (nthreads <= 0 || nthreads > kMaxThreads) die("bad block size " + std::to_string(nthreads));
   if (grid.y > 65535 || grid.z > 65535) die("grid y/z above 65535");
   if (smem_bytes > 227 * 1024) die("dynamic shared memory above 227 KiB: " + std::to_string(smem_bytes));
   if (g_fibers.size() < static_cast<size_t>(nthreads)) {
     g_fibers.resize(nthreads);
-    for (Fiber& f : g_fibers) f.stack.resize(kStackBytes);
+    for (size_t t = 0; t < g_fibers.size(); t++) g_fibers[t].stack = g_stacks + t * kStackBytes;
   }
   g_slots.assign(nthreads, 0.0);
   g_dims.grid = grid;
   g_dims.block = block;
   g_body = &body;
+  g_name = name;
+  t_in_grid = true;
+  race_begin_launch(name, static_cast<uint32_t>(nthreads), uses);
   for (unsigned z = 0; z < grid.z; z++)
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {
         g_dims.block_idx = uint3{x, y, z};
+        g_block_linear = x + grid.x * (y + grid.y * z);
         g_smem.assign(smem_bytes / sizeof(float) + 1, std::numeric_limits<float>::quiet_NaN());
+        race_begin_block();
         run_block(nthreads);
       }
+  race_end_launch();
+  t_in_grid = false;
+  g_current = -1;
   g_body = nullptr;
 }
 

@@ -7,15 +7,41 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace emu {
 
 [[noreturn]] void die(const std::string& m);
+// Fault injection (cuda_emu_faults.cc, CUDA_EMU_FAIL): whether this call of kind `call` is one to
+// fail; `detail` (may be null) names it further in the message (a kernel's name).
+bool injected(const char* call, const char* detail = nullptr);
 // Sets the calling thread's last error (cudaGetLastError) to e and returns it.
 cudaError_t fail(cudaError_t e);
+
+// --- kernel threads (cuda_emu_fibers.cc) and the race check inside a launch (cuda_emu_race.cc) ---
+struct KernelThread {
+  uint32_t block, thread;  // the block's linear index in the grid, the thread's in the block
+  uint32_t block_epoch;    // __syncthreads its block has passed
+  uint32_t warp_epoch;     // warp barriers (shuffles) its warp has passed
+};
+// The calling code is a kernel's thread (a fiber of a grid that runs on this OS thread).
+bool in_kernel();
+KernelThread current_thread();
+// p is on a kernel thread's own stack (private to it).
+bool on_fiber_stack(const void* p);
+// Under CUDA_EMU_SCHEDULE=chaos, now and then switches the calling kernel thread out.
+void chaos_point();
+// `uses`: what the launch declared (its pointer arguments' blocks, or ZOE_KERNEL_SPAN); a kernel
+// that touches global memory outside them aborts (a span its launcher forgot hides a race).
+void race_begin_launch(const char* name, uint32_t threads_per_block, const std::vector<Range>& uses);
+void race_begin_block();
+void race_end_launch();
+// The [begin, end) of every cudaMalloc and pinned allocation now (global memory).
+std::vector<std::pair<const char*, const char*>> global_ranges();
 
 // --- memory (cuda_emu_memory.cc) ---
 enum class Where { kDevice, kPinned, kPageable };

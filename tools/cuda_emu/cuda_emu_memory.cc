@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -115,6 +116,15 @@ void close_device_memory(const std::vector<char*>& opened, bool all) {
   if (all && g_open == 0) protect_all(PROT_NONE);  // what was allocated meanwhile
 }
 
+std::vector<std::pair<const char*, const char*>> global_ranges() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<std::pair<const char*, const char*>> r;
+  for (const auto& [p, a] : g_device) r.emplace_back(p, p + a.mapped);
+  for (const auto& [p, n] : g_pinned) r.emplace_back(p, p + n);
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
 Where where(const void* p) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (holder(g_device, p, mapped_of) != g_device.end()) return Where::kDevice;
@@ -155,6 +165,7 @@ void cuda_emu_note_block(const void* p, size_t bytes, int in_use) {
 
 // Whole pages (so that they can be closed), NaN-filled: reading what was never written shows up.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (emu::injected("cudaMalloc")) return emu::fail(cudaErrorMemoryAllocation);
   const size_t mapped = (bytes + 256 + 4095) / 4096 * 4096;
   void* m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return emu::fail(cudaErrorMemoryAllocation);
@@ -186,6 +197,7 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  if (emu::injected("cudaHostAlloc")) return emu::fail(cudaErrorMemoryAllocation);
   *p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
   if (!*p) return emu::fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mu);
@@ -200,6 +212,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
   if (!p || bytes == 0) return emu::fail(cudaErrorInvalidValue);
+  if (emu::injected("cudaHostRegister")) return emu::fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mu);
   auto* c = static_cast<char*>(p);
   if (holder(g_pinned, c, bytes_of) != g_pinned.end() || holder(g_pinned, c + bytes - 1, bytes_of) != g_pinned.end())

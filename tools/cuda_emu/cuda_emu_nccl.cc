@@ -158,6 +158,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 
 ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
   if (std::strcmp(id.internal, "cuda_emu nccl") != 0) return error(ncclInvalidArgument, "not an ncclGetUniqueId id");
+  if (emu::injected("ncclCommInitRank")) return error(ncclSystemError, "injected failure (CUDA_EMU_FAIL)");
   auto* c = new ncclComm;
   c->rank = rank;
   c->size = nranks;
@@ -197,6 +198,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t stream) {
   if (!c) return error(ncclInvalidArgument, "null communicator");
   if (t_group_depth > 0) return error(ncclInvalidUsage, "the emulation groups only ncclSend/ncclRecv");
+  if (emu::injected("ncclAllGather")) return error(ncclUnhandledCudaError, "injected failure (CUDA_EMU_FAIL)");
   const size_t bytes = count * type_bytes(type);
   auto* out = static_cast<char*>(recv);
   const auto* in = static_cast<const char*>(send);
@@ -248,6 +250,7 @@ ncclResult_t ncclGroupEnd(void) {
   if (--t_group_depth > 0 || t_group.empty()) return ncclSuccess;
   std::vector<P2p> ops = std::move(t_group);
   t_group.clear();
+  if (emu::injected("ncclGroupEnd")) return error(ncclUnhandledCudaError, "injected failure (CUDA_EMU_FAIL)");
   for (const P2p& o : ops)
     if (o.comm != ops.front().comm || o.stream != ops.front().stream)
       return error(ncclInvalidUsage, "the emulation groups calls of one communicator on one stream only");

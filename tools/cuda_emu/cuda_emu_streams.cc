@@ -18,6 +18,7 @@
 
 #include <execinfo.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -83,7 +84,6 @@ struct Access {
   std::shared_ptr<const std::string> what;
 };
 std::deque<Access>& g_history = *new std::deque<Access>;
-constexpr size_t kHistoryCap = size_t{1} << 16;  // the oldest go first past it (races among them missed)
 Clock& g_host = *new Clock;  // what host code has synchronized with
 unsigned long long g_pageable = 0;
 // Said at exit: on a GPU each of them stalls the host while the driver stages the bytes.
@@ -131,7 +131,6 @@ void check_races(const Op& op, uint64_t index) {
   auto what = std::make_shared<const std::string>(op.what);
   for (const Range& a : op.uses)
     if (a.bytes) g_history.push_back(Access{a, s->id, index, what});
-  while (g_history.size() > kHistoryCap) g_history.pop_front();
 }
 
 // Under g_mu: the host knows everything vc covers has run; later work is ordered after it.
@@ -278,13 +277,41 @@ void check_unused(const char* what, const void* p, size_t bytes) {
           ", which the host has not synchronized with, uses it");
 }
 
-void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, std::vector<Range> uses,
-            std::function<void()> run) {
-  const unsigned threads = block.x * block.y * block.z;
-  if (threads == 0 || threads > 1024) die(std::string(name) + ": bad block size " + std::to_string(threads));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) die(std::string(name) + ": empty grid");
-  if (grid.y > 65535 || grid.z > 65535) die(std::string(name) + ": grid y/z above 65535");
-  if (smem > 227 * 1024) die(std::string(name) + ": dynamic shared memory above 227 KiB: " + std::to_string(smem));
+// The opt-ins cudaFuncSetAttribute gave: kernel -> the most dynamic shared memory it may use.
+std::mutex& g_smem_mu = *new std::mutex;
+std::map<const void*, size_t>& g_smem_optin = *new std::map<const void*, size_t>;
+constexpr size_t kDefaultSmem = 48 * 1024, kMaxSmem = 227 * 1024;  // sm_90's limits per block
+
+// A launch CUDA refuses: said on stderr (CUDA only sets the error) and failed with `e`.
+void refuse(cudaError_t e, const std::string& why) {
+  std::fprintf(stderr, "cuda_emu: launch refused: %s\n", why.c_str());
+  fail(e);
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* name, const void* kernel,
+            std::vector<Range> uses, std::function<void()> run) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  const std::string dims = " (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                           std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" +
+                           std::to_string(block.y) + "x" + std::to_string(block.z) + ")";
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
+    return refuse(cudaErrorInvalidConfiguration, std::string(name) + ": a block of 1 to 1024 threads, z at most 64" + dims);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return refuse(cudaErrorInvalidConfiguration, std::string(name) + ": grid x 1 to 2^31-1, y and z 1 to 65535" + dims);
+  size_t allowed = kDefaultSmem;
+  {
+    std::lock_guard<std::mutex> lock(g_smem_mu);
+    if (auto it = g_smem_optin.find(kernel); it != g_smem_optin.end()) allowed = std::max(allowed, it->second);
+  }
+  if (smem > allowed)
+    return refuse(cudaErrorInvalidValue, std::string(name) + ": " + std::to_string(smem) +
+                                             " bytes of dynamic shared memory, above the " + std::to_string(allowed) +
+                                             " allowed (48 KiB without cudaFuncSetAttribute's "
+                                             "cudaFuncAttributeMaxDynamicSharedMemorySize opt-in)");
+  if (injected("launch", name)) {
+    fail(cudaErrorLaunchOutOfResources);
+    return;
+  }
   enqueue(stream, std::string("kernel ") + name, std::move(uses), std::move(run));
 }
 
@@ -335,11 +362,27 @@ cudaError_t cudaGetLastError(void) {
   return e;
 }
 cudaError_t cudaPeekAtLastError(void) { return emu::t_last; }
+// The codes the emulation returns, named as CUDA names them.
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    default: return "cudaErrorEmulated";
+  }
+}
 const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
-const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
 
 // --- copies: synchronous ones on the legacy stream, waited for ---
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (emu::injected("cudaMemcpy")) return emu::fail(cudaErrorLaunchFailure);
   queue_copy(dst, src, bytes, kind, nullptr, "cudaMemcpy");
   emu::drain(nullptr);
   return cudaSuccess;
@@ -347,6 +390,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 // From or to pageable memory CUDA stages the copy and returns when it is done: counted, since a
 // GPU does that slowly.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (emu::injected("cudaMemcpyAsync")) return emu::fail(cudaErrorInvalidValue);
   if (queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync")) {
     {
       std::lock_guard<std::mutex> lock(emu::g_mu);
@@ -361,12 +405,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int v, size_t bytes) {
+  if (emu::injected("cudaMemset")) return emu::fail(cudaErrorLaunchFailure);
   emu::enqueue(nullptr, "cudaMemset", {{static_cast<const char*>(dst), bytes, true}},
                [=] { std::memset(dst, v, bytes); });
   emu::drain(nullptr);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t s) {
+  if (emu::injected("cudaMemsetAsync")) return emu::fail(cudaErrorInvalidValue);
   emu::enqueue(s, "cudaMemsetAsync", {{static_cast<const char*>(dst), bytes, true}},
                [=] { std::memset(dst, v, bytes); });
   return cudaSuccess;
@@ -374,11 +420,13 @@ cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t s) {
 
 // --- streams and events ---
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  if (emu::injected("cudaStreamCreate")) return emu::fail(cudaErrorMemoryAllocation);
   emu::legacy();  // the legacy stream exists first (id 0)
   *s = emu::new_stream(true);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  if (emu::injected("cudaStreamCreateWithFlags")) return emu::fail(cudaErrorMemoryAllocation);
   emu::legacy();
   *s = emu::new_stream(!(flags & cudaStreamNonBlocking));
   return cudaSuccess;
@@ -398,10 +446,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (emu::injected("cudaStreamSynchronize")) return emu::fail(cudaErrorLaunchFailure);
   emu::drain(s);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (emu::injected("cudaDeviceSynchronize")) return emu::fail(cudaErrorLaunchFailure);
   std::vector<CUstream_st*> all;
   {
     std::lock_guard<std::mutex> lock(emu::g_mu);
@@ -411,6 +461,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  if (emu::injected("cudaEventCreateWithFlags")) return emu::fail(cudaErrorMemoryAllocation);
   *e = new CUevent_st;
   return cudaSuccess;
 }
@@ -420,6 +471,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (emu::injected("cudaEventRecord")) return emu::fail(cudaErrorLaunchFailure);
   CUstream_st* st = emu::of(s);
   std::lock_guard<std::mutex> lock(emu::g_mu);
   e->stream = st;
@@ -429,6 +481,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (emu::injected("cudaEventSynchronize")) return emu::fail(cudaErrorLaunchFailure);
   CUstream_st* s;
   uint64_t count;
   emu::Clock vc;
@@ -443,6 +496,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  if (emu::injected("cudaStreamWaitEvent")) return emu::fail(cudaErrorLaunchFailure);
   CUstream_st* st = emu::of(s);
   {
     std::lock_guard<std::mutex> lock(emu::g_mu);
@@ -482,8 +536,12 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const
   *n = 1;
   return cudaSuccess;
 }
-cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute attr, int value) {
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 227 * 1024) return emu::fail(cudaErrorInvalidValue);
+cudaError_t cudaFuncSetAttribute(const void* kernel, enum cudaFuncAttribute attr, int value) {
+  if (emu::injected("cudaFuncSetAttribute")) return emu::fail(cudaErrorInvalidValue);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (!kernel || value < 0 || static_cast<size_t>(value) > emu::kMaxSmem) return emu::fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(emu::g_smem_mu);
+  emu::g_smem_optin[kernel] = static_cast<size_t>(value);
   return cudaSuccess;
 }
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 29's mutation checks: each mutation breaks src/gpu or the engine the way first GPU runs
-# break, and a test under the emulation must catch it (fail, with the emulation's message where
-# it has one). The file is put back after each (and on exit); the build is rebuilt at the end.
+# Mutation checks of the emulated GPU (tools/cuda_emu): each mutation breaks src/gpu, the engine or
+# the model the way GPU code breaks (a missing barrier or event wait, a lost atomic, a race between
+# blocks, shared memory without its opt-in, an error dropped on its way to the step), and a test
+# under the emulation must catch it: fail, printing EXPECT (the emulation's message where it has
+# one). A mutation whose text is no longer in its file stops the script with exit 1, naming it.
+# Files are put back after each (and on exit), then the build is rebuilt.
 #   tools/cuda_emu/mutations.sh      (BUILD_DIR: default build, a build with ZOE_CUDA_EMU)
-# About 5 minutes on 2 cores (a rebuild of the mutated target per mutation).
+# tools/test.sh runs it; about 10 minutes on 2 cores (a rebuild of the mutated target each).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -12,9 +15,14 @@ export ZOE_TEST_DEVICE=cuda ZOE_TEST_BINARY=$build/zoe_emu CUDA_EMU_DELAY=30
 backup=$(mktemp)
 current=""
 restore() { [[ -n $current ]] && cp "$backup" "$root/$current"; current=""; }
-trap restore EXIT
+finish() {
+  restore
+  echo "mutations.sh: rebuilding the unmutated targets"
+  cmake --build "$build" >/dev/null
+}
+trap finish EXIT
 
-# mutate FILE OLD NEW: OLD (one line, exactly once in FILE) becomes NEW.
+# mutate FILE OLD NEW: OLD (exactly once in FILE, may span lines) becomes NEW.
 mutate() {
   current=$1
   cp "$root/$1" "$backup"
@@ -23,12 +31,12 @@ import sys
 path, old, new = sys.argv[1:]
 s = open(path).read()
 if s.count(old) != 1:
-    sys.exit(f"mutations.sh: {old!r} is not in {path} exactly once")
+    sys.exit(f"mutations.sh: the mutation's text {old!r} is not in {path} exactly once: update the mutation")
 open(path, "w").write(s.replace(old, new))
 PY
 }
 
-failed=0
+caught=0 missed=0
 # check NAME TARGET EXPECT COMMAND...: builds TARGET, runs COMMAND; it must fail and print EXPECT
 # (an extended regular expression).
 check() {
@@ -37,27 +45,28 @@ check() {
   local out rc=0
   out=$(cd "$build" && "$@" 2>&1) || rc=$?
   if [[ $rc -ne 0 ]] && grep -Eq -- "$expect" <<<"$out"; then
-    echo "caught    $name: $(grep -Em1 -- "$expect" <<<"$out" | cut -c1-200)"
+    echo "caught    $name: $(grep -Em1 -- "$expect" <<<"$out" | cut -c1-220)"
+    caught=$((caught + 1))
   else
     echo "MISSED    $name (exit $rc; expected: $expect)"
-    failed=1
+    grep -E "cuda_emu|Failure|zoe:" <<<"$out" | head -5 | sed 's/^/          /'
+    missed=$((missed + 1))
   fi
   restore
 }
+ops_test() { echo tests/cuda_model_ops_gpu_test_emu --gtest_filter="$1"; }
 
+# --- a dropped event wait: the streams' race check ---
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(wait_on(copy_stream, record(Stream::kCompute)));" ""
 check "no event wait between the compute and copy streams (CudaDevice::upload/download)" cuda_device_gpu_test_emu \
   "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*UploadAndDownloadWait*'
 
-mutate src/sched/chunk_load.cc "    ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
-    h2d_ordered_ = true;
-  }
-  for (const MemoryPiece" "    h2d_ordered_ = true;
-  }
-  for (const MemoryPiece"
+mutate src/sched/chunk_load.cc "  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+  h2d_ordered_ = true;" "  h2d_ordered_ = true;"
 check "a gather buffer reused by the next unit's load before its last reader ran (ChunkLoad)" zero_test_emu \
   "cuda_emu: race on" tests/zero_test_emu --gtest_filter='*AQuarterOfTheFootprint*'
 
+# --- host code and copies ---
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(make_current());
   return gpu::accumulate_cuda(" "  ZOE_RETURN_IF_ERROR(make_current());
   if (n > 0) *static_cast<volatile char*>(dst) = 0;  // mutation: host code writes device memory
@@ -65,22 +74,62 @@ mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(make_current());
 check "host code reading or writing a device buffer (CudaDevice::accumulate)" cuda_device_gpu_test_emu \
   "cuda_emu: host code touched device memory" tests/cuda_device_gpu_test_emu --gtest_filter='*AccumulateIsBitwise*'
 
-check "two ranks issue their NCCL calls in another order" nccl_order_emu \
-  "NCCL call order differs between ranks" mpirun --oversubscribe -np 2 tests/nccl_order_emu --swapped
-
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s)," \
   "  ZOE_RETURN_IF_ERROR(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),"
 check "cudaMemcpyHostToDevice for a device-to-host copy (CudaDevice::download)" cuda_device_gpu_test_emu \
   "cudaMemcpyHostToDevice copies from device memory to host memory" tests/cuda_device_gpu_test_emu \
   --gtest_filter='*UploadAndDownloadWait*'
 
-# The fiber schedule (random, as in CI): warps drift apart to the next barrier, so one that reads
-# the per-warp partials before the others wrote them gets stale values.
+check "two ranks issue their NCCL calls in another order" nccl_order_emu \
+  "NCCL call order differs between ranks" mpirun --oversubscribe -np 2 tests/nccl_order_emu --swapped
+
+# --- inside a launch: the race check on the kernels' instrumented accesses (cuda_emu_race.cc) ---
 mutate src/gpu/cuda_kernel_util.cuh "  if (lane == 0) red[warp] = v;
   __syncthreads();" "  if (lane == 0) red[warp] = v;"
 check "a block reduction without the barrier between its writes and reads (block_reduce)" cuda_model_ops_gpu_test_emu \
-  "Failure" tests/cuda_model_ops_gpu_test_emu
+  "race inside kernel" $(ops_test '*CrossEntropy*')
 
-echo "mutations.sh: rebuilding the unmutated targets"
-cmake --build "$build" >/dev/null
-exit $failed
+mutate src/gpu/cuda_attention.cuh "    __syncthreads();  // Ps complete
+    mul_rows<HSP>(o, Ps, Vs);" "    mul_rows<HSP>(o, Ps, Vs);"
+check "one __syncthreads removed from the attention forward (Ps read before it is complete)" \
+  cuda_model_ops_gpu_test_emu "race inside kernel k::attention_forward_kernel" $(ops_test '*.Attention')
+
+mutate src/gpu/adam_cuda.cu "atomicAdd(nonfinite, static_cast<unsigned long long>(bad));" \
+  "*nonfinite += static_cast<unsigned long long>(bad);"
+check "atomicAdd replaced by += (the fused Adam's non-finite count)" adam_cuda_gpu_test_emu \
+  "race inside kernel adam_kernel" tests/adam_cuda_gpu_test_emu --gtest_filter='*BitwiseEqualToCpuScalar*'
+
+mutate src/gpu/cuda_model_kernels.cuh "    float* dst = out + static_cast<int64_t>(blockIdx.y) * ncols + c;" \
+  "    float* dst = out + c;"
+check "a column sum's chunks all added into one row, without the second pass (a race between blocks)" \
+  cuda_model_ops_gpu_test_emu "race inside kernel k::column_partial_kernel.*another block" $(ops_test '*LayerNorm*')
+
+mutate src/gpu/cuda_kernel_util.cuh "  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  __syncthreads();" "  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  if (warp == 0) __syncthreads();"
+check "a __syncthreads that only some threads reach (block_reduce)" cuda_model_ops_gpu_test_emu \
+  "divergent __syncthreads|deadlock" $(ops_test '*CrossEntropy*')
+
+mutate src/gpu/adam_cuda.cu "    ZOE_KERNEL_SPAN(r.grad, r.n * dtype_size(DType(r.grad_dtype)), false);" ""
+check "a struct argument's range left undeclared (the fused Adam's gradients)" adam_cuda_gpu_test_emu \
+  "outside what its launch declared" tests/adam_cuda_gpu_test_emu --gtest_filter='*BitwiseEqualToCpuScalar*'
+
+# --- launch limits ---
+mutate src/gpu/cuda_model_ops.cu "  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize," \
+  "  if (kernel) return cudaSuccess;  // mutation: no opt-in
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,"
+check "dynamic shared memory above 48 KiB without its opt-in (allow_smem)" cuda_model_ops_gpu_test_emu \
+  "launch refused: .*above the 49152 allowed" $(ops_test '*.Attention')
+
+# --- errors on their way to the step ---
+mutate src/gpu/cuda_model_ops.cu "bool CudaModelOps::check_launch(const char* what) { return check(cudaGetLastError(), what); }" \
+  "bool CudaModelOps::check_launch(const char*) { return cudaGetLastError(), true; }"
+check "a failed launch not recorded by the ops (check_launch)" train_gpu_test_emu \
+  "Failure" tests/train_gpu_test_emu --gtest_filter='GpuFaults.AFailedLaunch*'
+
+mutate src/model/gpt2_model.cc "  const Status s = dev_->ops().status();" "  const Status s = Status::Ok();"
+check "the ops' error dropped before the step goes on (Gpt2Model::ops_ok)" train_gpu_test_emu \
+  "Failure" tests/train_gpu_test_emu --gtest_filter='GpuFaults.AFailedGemm*'
+
+echo "mutations.sh: $caught caught, $missed missed"
+[[ $missed -eq 0 ]]

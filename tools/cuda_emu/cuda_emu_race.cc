@@ -1,0 +1,191 @@
+// The race check inside a launch, and the chaos schedule's switch points. The .cu files are built
+// with GCC's ThreadSanitizer instrumentation (-fsanitize=thread, CMakeLists.txt) but without its
+// runtime: every load, store and atomic of their code calls the __tsan_* hooks below, which do
+// nothing outside a kernel's threads. Inside one, each access is checked against the earlier
+// accesses of the same launch to the same 2-byte granule:
+// - global memory (cudaMalloc'd or pinned): two threads of different blocks race unless both
+//   accesses are atomic (a launch has no barrier between blocks); two threads of one block race
+//   unless a __syncthreads (or, for lanes of one warp, a shuffle) lies between them;
+// - other memory a kernel reaches (its __shared__ arrays, dynamic shared memory) is its block's:
+//   checked the same way within the block, and forgotten when the next block starts;
+// - a thread's own stack is never checked.
+// A global access must also lie inside what the launch declared it uses (its pointer arguments'
+// blocks, or its launcher's ZOE_KERNEL_SPANs; a kernel with an undeclared struct argument is not
+// held to this): the streams' race check sees only those.
+// Reads race with writes only; the check keeps the last write and the last read of a granule, so
+// a write racing with an earlier read that a later, ordered read replaced is missed. A race aborts
+// naming the kernel, both threads and the memory. CUDA_EMU_RACECHECK=0 turns the check off.
+#include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace emu {
+namespace {
+
+struct Access {
+  uint32_t block = 0, thread = 0, block_epoch = 0, warp_epoch = 0;
+  bool atomic = false, valid = false;
+};
+struct Cell {
+  Access write, read;
+};
+
+const bool g_check = [] {
+  const char* e = std::getenv("CUDA_EMU_RACECHECK");
+  return !e || std::string(e) != "0";
+}();
+
+// The launch that runs (one at a time: the streams' executor lock is held around it).
+const char* g_kernel = nullptr;
+uint32_t g_threads = 0;
+std::vector<std::pair<const char*, const char*>> g_global;
+std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
+std::unordered_map<uintptr_t, Cell> g_global_cells, g_block_cells;
+
+bool is_global(const char* p) {
+  auto it = std::upper_bound(g_global.begin(), g_global.end(), std::make_pair(p, static_cast<const char*>(nullptr)),
+                             [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (it == g_global.begin()) return false;
+  --it;
+  return p < it->second;
+}
+
+// a (earlier) happened before b in the launch: the same thread, or a barrier between them.
+bool ordered(const Access& a, const Access& b) {
+  if (a.block != b.block) return false;
+  if (a.thread == b.thread || b.block_epoch > a.block_epoch) return true;
+  return a.thread / 32 == b.thread / 32 && b.warp_epoch > a.warp_epoch;
+}
+
+std::string who(const Access& a) {
+  return "thread " + std::to_string(a.thread) + " of block " + std::to_string(a.block);
+}
+
+[[noreturn]] void report(const char* p, bool global, const Access& earlier, bool earlier_write, const Access& now,
+                         bool now_write) {
+  die(std::string("race inside kernel ") + g_kernel + " on " + (global ? describe(p) : "its block's shared memory") +
+      ": " + who(now) + (now_write ? " writes it" : " reads it") + " and " + who(earlier) +
+      (earlier_write ? " wrote it" : " read it") +
+      (earlier.block != now.block ? " (another block: only atomics may share memory across blocks)"
+                                  : " with no __syncthreads between them") +
+      (now.atomic || earlier.atomic ? "; one of them is not atomic" : ""));
+}
+
+void check(const void* addr, size_t bytes, bool write, bool atomic) {
+  if (!g_check || !in_kernel() || bytes == 0) return;
+  chaos_point();
+  const char* p = static_cast<const char*>(addr);
+  if (on_fiber_stack(p)) return;
+  const bool global = is_global(p);
+  if (global && !g_uses.empty()) {
+    bool inside = false;
+    for (const Range& u : g_uses)
+      inside |= p >= u.p && p + bytes <= u.p + u.bytes && (u.write || !write);
+    if (!inside)
+      die(std::string("kernel ") + g_kernel + (write ? " writes " : " reads ") + std::to_string(bytes) +
+          " bytes of " + describe(p) + " outside what its launch declared" +
+          (write ? " (a pointer-to-const argument, or a read-only ZOE_KERNEL_SPAN, is not written)" : "") +
+          ": the streams' race check cannot see that use");
+  }
+  auto& cells = global ? g_global_cells : g_block_cells;
+  const KernelThread t = current_thread();
+  Access now{t.block, t.thread, t.block_epoch, t.warp_epoch, atomic, true};
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) >> 1, last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) >> 1;
+  for (uintptr_t g = first; g <= last; g++) {
+    Cell& c = cells[g];
+    auto races = [&](const Access& a) { return a.valid && !(a.atomic && atomic) && !ordered(a, now); };
+    if (races(c.write)) report(p, global, c.write, true, now, write);
+    if (write && races(c.read)) report(p, global, c.read, false, now, write);
+    if (write) {
+      c.write = now;
+      c.read = Access{};
+    } else {
+      c.read = now;
+    }
+  }
+}
+
+}  // namespace
+
+void race_begin_launch(const char* name, uint32_t threads_per_block, const std::vector<Range>& uses) {
+  g_kernel = name;
+  g_threads = threads_per_block;
+  g_uses.clear();
+  for (const Range& u : uses) {
+    if (u.p == nullptr) {  // kAllMemory: an undeclared struct argument
+      g_uses.clear();
+      break;
+    }
+    if (u.bytes) g_uses.push_back(u);
+  }
+  if (g_check) g_global = global_ranges();
+  g_global_cells.clear();
+}
+void race_begin_block() { g_block_cells.clear(); }
+void race_end_launch() {
+  g_global_cells.clear();
+  g_block_cells.clear();
+  g_kernel = nullptr;
+}
+
+}  // namespace emu
+
+// The instrumentation's entry points (the names and signatures GCC's -fsanitize=thread calls).
+extern "C" {
+void __tsan_init() {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit() {}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_read1(void* p) { emu::check(p, 1, false, false); }
+void __tsan_read2(void* p) { emu::check(p, 2, false, false); }
+void __tsan_read4(void* p) { emu::check(p, 4, false, false); }
+void __tsan_read8(void* p) { emu::check(p, 8, false, false); }
+void __tsan_read16(void* p) { emu::check(p, 16, false, false); }
+void __tsan_write1(void* p) { emu::check(p, 1, true, false); }
+void __tsan_write2(void* p) { emu::check(p, 2, true, false); }
+void __tsan_write4(void* p) { emu::check(p, 4, true, false); }
+void __tsan_write8(void* p) { emu::check(p, 8, true, false); }
+void __tsan_write16(void* p) { emu::check(p, 16, true, false); }
+void __tsan_unaligned_read2(void* p) { emu::check(p, 2, false, false); }
+void __tsan_unaligned_read4(void* p) { emu::check(p, 4, false, false); }
+void __tsan_unaligned_read8(void* p) { emu::check(p, 8, false, false); }
+void __tsan_unaligned_read16(void* p) { emu::check(p, 16, false, false); }
+void __tsan_unaligned_write2(void* p) { emu::check(p, 2, true, false); }
+void __tsan_unaligned_write4(void* p) { emu::check(p, 4, true, false); }
+void __tsan_unaligned_write8(void* p) { emu::check(p, 8, true, false); }
+void __tsan_unaligned_write16(void* p) { emu::check(p, 16, true, false); }
+void __tsan_read_range(void* p, unsigned long n) { emu::check(p, n, false, false); }
+void __tsan_write_range(void* p, unsigned long n) { emu::check(p, n, true, false); }
+// Atomics (memory order ignored: one thread runs at a time). atomicAdd is std::atomic_ref's
+// fetch_add (cuda_emu.h), which reaches these.
+int32_t __tsan_atomic32_fetch_add(volatile int32_t* a, int32_t v, int) {
+  emu::check(const_cast<int32_t*>(a), 4, true, true);
+  return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+}
+int64_t __tsan_atomic64_fetch_add(volatile int64_t* a, int64_t v, int) {
+  emu::check(const_cast<int64_t*>(a), 8, true, true);
+  return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+}
+int32_t __tsan_atomic32_load(const volatile int32_t* a, int) {
+  emu::check(const_cast<int32_t*>(a), 4, false, true);
+  return __atomic_load_n(a, __ATOMIC_SEQ_CST);
+}
+int64_t __tsan_atomic64_load(const volatile int64_t* a, int) {
+  emu::check(const_cast<int64_t*>(a), 8, false, true);
+  return __atomic_load_n(a, __ATOMIC_SEQ_CST);
+}
+int __tsan_atomic32_compare_exchange_strong(volatile int32_t* a, int32_t* c, int32_t v, int, int) {
+  emu::check(const_cast<int32_t*>(a), 4, true, true);
+  return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+int __tsan_atomic64_compare_exchange_strong(volatile int64_t* a, int64_t* c, int64_t v, int, int) {
+  emu::check(const_cast<int64_t*>(a), 8, true, true);
+  return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+}  // extern "C"
