@@ -99,6 +99,12 @@ Outcome one_step(const std::string& env, const std::string& extra = "") {
 
 bool has(const std::string& out, const std::string& regex) { return std::regex_search(out, std::regex(regex)); }
 
+// How many calls of `kind` a run with CUDA_EMU_COUNT=1 made (0 when it did not say).
+int calls_of(const Outcome& o, const std::string& kind) {
+  std::smatch m;
+  return std::regex_search(o.out, m, std::regex("calls " + kind + " ([0-9]+)")) ? std::stoi(m[1]) : 0;
+}
+
 // What every run with an injected failure must end in: exit 1 or 2 with zoe's line, or (a
 // documented retry, such as the caching allocator's after freeing its cache) a finished step
 // with the loss of the run without the failure. Never a signal, a hang, or another loss.
@@ -138,10 +144,10 @@ TEST(GpuFaults, AFailedLaunchEndsTheStepNamingTheOp) {
 TEST(GpuFaults, AFailedScratchAllocationEndsTheStep) {
   const Outcome ref = one_step("CUDA_EMU_COUNT=1");
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(ref.out, m, std::regex("calls cudaMalloc ([0-9]+)"))) << ref.out;
+  const int mallocs = calls_of(ref, "cudaMalloc");
+  ASSERT_GT(mallocs, 0) << ref.out;
   bool scratch = false;
-  for (int n = 1; n <= std::stoi(m[1]); n++) {
+  for (int n = 1; n <= mallocs; n++) {
     const Outcome o = one_step("CUDA_EMU_FAIL=cudaMalloc:" + std::to_string(n));
     expect_clean(o, ref.loss, "cudaMalloc " + std::to_string(n));
     scratch |= o.rc == 1 && has(o.out, "zoe: a device op failed .*[a-z_]+\\(.*\\): cudaMalloc of the ops scratch: "
@@ -161,9 +167,7 @@ TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
 TEST(GpuFaults, EveryCallOfAStepFailedInTurnEndsCleanly) {
   const Outcome ref = one_step("CUDA_EMU_COUNT=1");
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(ref.out, m, std::regex("calls any ([0-9]+)"))) << ref.out;
-  const int total = std::stoi(m[1]);
+  const int total = calls_of(ref, "any");
   EXPECT_GT(total, 200) << "a step makes fewer calls than the sweep expects";
   std::atomic<int> next{1};
   auto worker = [&] {

@@ -127,22 +127,25 @@ CudaModelOps::~CudaModelOps() {
 
 size_t CudaModelOps::workspace_bytes() const { return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_; }
 
-CudaModelOps::OpScope::OpScope(CudaModelOps* o, const char* name,
-                               std::initializer_list<std::pair<const char*, int64_t>> dims)
-    : ops(o), outer(o->op_.empty()) {
-  if (!outer) return;  // an op run by another (zero inside matmul_backward) is named by its caller
-  std::string s = std::string(name) + "(";
-  for (const auto& [label, value] : dims) s += (s.back() == '(' ? "" : ", ") + std::string(label) + " " + std::to_string(value);
-  ops->op_ = s + ")";
+// An op run by another (zero inside matmul_backward) is named by its caller: only the outer
+// scope registers. Nothing is formatted unless an error is recorded.
+CudaModelOps::OpScope::OpScope(CudaModelOps* o, const char* op_name,
+                               std::initializer_list<std::pair<const char*, int64_t>> sizes)
+    : ops(o), name(op_name), n(std::min(sizes.size(), dims.size())) {
+  std::copy_n(sizes.begin(), n, dims.begin());
+  if (!ops->op_) ops->op_ = this;
 }
 CudaModelOps::OpScope::~OpScope() {
-  if (outer) ops->op_.clear();
+  if (ops->op_ == this) ops->op_ = nullptr;
+}
+std::string CudaModelOps::OpScope::text() const {
+  std::string s = std::string(name) + "(";
+  for (size_t i = 0; i < n; i++) s += (i ? ", " : "") + std::string(dims[i].first) + " " + std::to_string(dims[i].second);
+  return s + ")";
 }
 
 bool CudaModelOps::fail(Status s) {
-  if (status_.ok()) {
-    static_cast<void>(status_ = s.prefixed(op_.empty() ? "" : op_ + ": "));  // (Status is [[nodiscard]])
-  }
+  if (status_.ok()) static_cast<void>(status_ = s.prefixed(op_ ? op_->text() + ": " : ""));  // ([[nodiscard]])
   return false;
 }
 

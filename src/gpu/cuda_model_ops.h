@@ -12,8 +12,8 @@
 // bitwise the same result every time on the same GPU model with the same shapes.
 //
 // Errors: ModelOps calls return nothing, so the first failure (a CUDA or cuBLASLt error, a shape
-// the kernels do not support) is kept and returned by status() as a Runtime error that names the
-// op and its sizes; later calls still run. Errors that happen asynchronously inside kernels
+// the kernels do not support) is kept and returned by status(), its message naming the op and its
+// sizes; later calls still run. Errors that happen asynchronously inside kernels
 // surface at the next synchronization of the stream, as for any CUDA work.
 //
 // Device memory held besides the caller's buffers (workspace_bytes()): the cuBLASLt workspace and
@@ -22,6 +22,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
@@ -103,10 +104,15 @@ class CudaModelOps final : public ModelOps {
   struct Gemm;  // cuBLASLt handle, workspace and cached matmul plans (cuda_model_ops.cu)
   // Names the public op that runs, with its sizes, in the errors recorded meanwhile.
   struct OpScope {
-    OpScope(CudaModelOps* o, const char* name, std::initializer_list<std::pair<const char*, int64_t>> dims);
+    OpScope(CudaModelOps* o, const char* op_name, std::initializer_list<std::pair<const char*, int64_t>> sizes);
     ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+    std::string text() const;  // "matmul_forward(N 8, C 32, OC 96)"
     CudaModelOps* ops;
-    bool outer;
+    const char* name;
+    std::array<std::pair<const char*, int64_t>, 4> dims{};
+    size_t n;
   };
 
   // Records the first error; each returns whether the call succeeded.
@@ -149,7 +155,7 @@ class CudaModelOps final : public ModelOps {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   Status status_;
-  std::string op_;  // the op that runs and its sizes ("" between ops)
+  const OpScope* op_ = nullptr;  // the public op that runs (null between ops)
 };
 
 // The factory CudaDevice calls: ops on `compute_stream` in exact fp32 (no TF32). Check

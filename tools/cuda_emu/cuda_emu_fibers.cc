@@ -303,7 +303,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const char* name, const 
   g_body = &body;
   g_name = name;
   t_in_grid = true;
-  race_begin_launch(name, static_cast<uint32_t>(nthreads), uses);
+  race_begin_launch(name, uses);
   for (unsigned z = 0; z < grid.z; z++)
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {

@@ -37,7 +37,7 @@ bool on_fiber_stack(const void* p);
 void chaos_point();
 // `uses`: what the launch declared (its pointer arguments' blocks, or ZOE_KERNEL_SPAN); a kernel
 // that touches global memory outside them aborts (a span its launcher forgot hides a race).
-void race_begin_launch(const char* name, uint32_t threads_per_block, const std::vector<Range>& uses);
+void race_begin_launch(const char* name, const std::vector<Range>& uses);
 void race_begin_block();
 void race_end_launch();
 // The [begin, end) of every cudaMalloc and pinned allocation now (global memory).

@@ -43,7 +43,6 @@ const bool g_check = [] {
 
 // The launch that runs (one at a time: the streams' executor lock is held around it).
 const char* g_kernel = nullptr;
-uint32_t g_threads = 0;
 std::vector<std::pair<const char*, const char*>> g_global;
 std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
 std::unordered_map<uintptr_t, Cell> g_global_cells, g_block_cells;
@@ -113,9 +112,8 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
 
 }  // namespace
 
-void race_begin_launch(const char* name, uint32_t threads_per_block, const std::vector<Range>& uses) {
+void race_begin_launch(const char* name, const std::vector<Range>& uses) {
   g_kernel = name;
-  g_threads = threads_per_block;
   g_uses.clear();
   for (const Range& u : uses) {
     if (u.p == nullptr) {  // kAllMemory: an undeclared struct argument
