@@ -116,6 +116,9 @@ TEST(Config, Bf16ComputeNeedsBf16WeightsAndGpt2) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->compute_dtype, "bf16");
   EXPECT_EQ(parse_config("{}", {}, "t")->compute_dtype, "auto");
+  auto named = parse_config(R"({"zoe": {"compute_dtype": "auto"}})", {}, "t");  // its default, said outright
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->compute_dtype, "auto");
   for (const char* bad : {R"({"zoe": {"compute_dtype": "bf16", "model": {"type": "gpt2"}}})",
                           R"({"bf16": {"enabled": true}, "zoe": {"compute_dtype": "bf16", "model": {"type": "mlp"}}})",
                           R"({"zoe": {"compute_dtype": "fp16"}})"}) {
@@ -144,6 +147,10 @@ TEST(Config, OffloadRatioIsAFraction) {
   EXPECT_DOUBLE_EQ(r->offload_optimizer.ratio, 0.3);
   Status s = parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})");
   EXPECT_NE(s.message().find("offload_optimizer.ratio"), std::string::npos) << s.message();
+  auto p = parse_config(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "ratio": 0.25}}})",
+                        {}, "t");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_DOUBLE_EQ(p->offload_param.ratio, 0.25);
 }
 
 // Inputs fuzz/fuzz_config found crashing or hitting UB (fuzz/regressions/fuzz_config): each is an

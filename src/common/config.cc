@@ -42,7 +42,8 @@ const std::vector<std::string> kKeys = {
     "zero_optimization.sub_group_size", "zero_optimization.offload_optimizer.device",
     "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_optimizer.pin_memory",
     "zero_optimization.offload_optimizer.ratio", "zero_optimization.offload_param.device",
-    "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory", "aio.block_size",
+    "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory",
+    "zero_optimization.offload_param.ratio", "aio.block_size",
     "aio.queue_depth", "steps_per_print", "seed", "zoe.device", "zoe.device_memory_budget", "zoe.host_memory_budget",
     "zoe.model.type", "zoe.model.n_layer", "zoe.model.n_head", "zoe.model.n_embd", "zoe.model.vocab_size",
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
@@ -345,7 +346,9 @@ Result<Config> parse_config(const std::string& text, const std::vector<std::stri
                  std::find(kAcceptedNoEffect.begin(), kAcceptedNoEffect.end(), k) != kAcceptedNoEffect.end();
     if (!known)
       return Status::Invalid(fmt::format("unknown config key '{}' in {} (did you mean '{}'?)", k, source, closest_key(k)));
-    if (v.is_string() && v.get<std::string>() == "auto")
+    // DeepSpeed's "auto" (filled in by its integrations) has no meaning here, except where zoe
+    // itself chooses: zoe.compute_dtype's default.
+    if (v.is_string() && v.get<std::string>() == "auto" && k != "zoe.compute_dtype")
       return Status::Invalid(fmt::format("config key '{}': \"auto\" is not supported, give a value", k));
   }
   Config c;
