@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -522,6 +523,49 @@ TEST_F(CudaModelOpsTest, AttentionRejectsHeadsAbove128) {
   gpu().attention_forward(buf.get(), buf.get(), buf.get(), 1, 1, 258, 4);  // C % NH != 0
   EXPECT_EQ(status().code(), Code::kInvalidInput) << status().message();
   static_cast<gpu::CudaModelOps&>(gpu()).clear_status();
+}
+
+// A size no op can run is the ops' status: Invalid (or Unsupported), its message starting with
+// the op and its sizes, no launch made; the next op still runs.
+TEST_F(CudaModelOpsTest, BadSizesAreErrorsNamingTheOp) {
+  auto& ops = static_cast<gpu::CudaModelOps&>(gpu());
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"matmul_forward(N -1", [&] { ops.matmul_forward(nullptr, nullptr, nullptr, nullptr, -1, 4, 4); }},
+      {"matmul_backward(N 4, C -1", [&] { ops.matmul_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, -1, 4, false); }},
+      {"lm_head_forward(N 4, C 4, V -1", [&] { ops.lm_head_forward(nullptr, nullptr, nullptr, 4, 4, -1); }},
+      {"lm_head_backward(N -1", [&] { ops.lm_head_backward(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4); }},
+      {"encoder_forward(B -1", [&] { ops.encoder_forward(nullptr, nullptr, nullptr, nullptr, -1, 4, 4); }},
+      {"encoder_forward_bf16(B 1, T -1", [&] { ops.encoder_forward_bf16(nullptr, nullptr, nullptr, nullptr, 1, -1, 4); }},
+      {"encoder_backward(B 1, T 1, C -1", [&] { ops.encoder_backward(nullptr, nullptr, nullptr, nullptr, 1, 1, -1); }},
+      {"encoder_backward(B 65536, T 65536", [&] { ops.encoder_backward(nullptr, nullptr, nullptr, nullptr, 65536, 65536, 1); }},
+      {"matmul_forward_bf16(N -1", [&] { ops.matmul_forward_bf16(static_cast<float*>(nullptr), nullptr, nullptr, nullptr, -1, 4, 4); }},
+      {"matmul_forward_bf16(N 4, C 4, OC -1", [&] { ops.matmul_forward_bf16(static_cast<uint16_t*>(nullptr), nullptr, nullptr, nullptr, 4, 4, -1); }},
+      {"matmul_backward_bf16(N -1", [&] { ops.matmul_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr, false); }},
+      {"lm_head_forward_bf16(N -1", [&] { ops.lm_head_forward_bf16(nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
+      {"lm_head_backward_bf16(N -1", [&] { ops.lm_head_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
+      {"layernorm_forward(N -1", [&] { ops.layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
+      {"layernorm_forward_bf16(N 4, C 0", [&] { ops.layernorm_forward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 0); }},
+      {"layernorm_backward(N -1", [&] { ops.layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
+      {"attention_backward(B 1, T 1, C 258, NH 1", [&] { ops.attention_backward(nullptr, nullptr, nullptr, nullptr, 1, 1, 258, 1); }},
+      {"attention_backward_bf16(B 1, T 1, C 6, NH 4", [&] { ops.attention_backward_bf16(nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4); }},
+      {"crossentropy(N 4, V 0", [&] { ops.crossentropy(nullptr, nullptr, nullptr, nullptr, 4, 0, 1.f); }},
+  };
+  for (const auto& [name, call] : calls) {
+    call();
+    const Status st = status();
+    EXPECT_TRUE(st.code() == Code::kInvalidInput || st.code() == Code::kUnsupported) << name << ": " << st.message();
+    EXPECT_EQ(st.message().rfind(name, 0), 0u) << name << ": " << st.message();
+    ops.clear_status();
+  }
+  sync();
+}
+
+// A product over an empty sum (C 0) writes zeros (cuBLASLt is not asked for a k = 0 product).
+TEST_F(CudaModelOpsTest, AnEmptySumWritesZeros) {
+  DevF out(Vf(12, 7.f));
+  gpu().matmul_forward(out.get(), nullptr, nullptr, nullptr, 3, 0, 4);
+  sync();
+  EXPECT_EQ(out.download(), Vf(12, 0.f));
 }
 
 TEST_F(CudaModelOpsTest, Tf32IsOptIn) {
