@@ -19,11 +19,14 @@
 // an operation that starts while work of another stream that was queued before it, and uses the
 // same memory (one of them writing), has not run is a race (a missing event wait, or memory handed
 // on before its last user finished) and aborts naming both; freeing memory queued work still uses
-// aborts. CUDA_EMU_FAIL fails chosen calls (cuda_emu_faults.cc). What it cannot check: races
+// aborts. An async copy from pageable memory takes its source at the call and lands later, as
+// CUDA stages it; one to pageable memory returns when done. CUDA_EMU_FAIL fails chosen calls
+// (cuda_emu_faults.cc). What it cannot check: races
 // between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
 // touching device memory while an operation runs, timing, registers, static __shared__ read before
-// it is written (plain zeroed statics here), the real cuBLASLt (cuda_emu_cublaslt.cc has a naive
-// column-major GEMM that checks the layouts and the alignments promised to the heuristic).
+// it is written (plain zeroed statics here), the real cuBLASLt (cuda_emu_cublaslt.cc reads the
+// operands as cuBLASLt would, checks the layouts and the alignments promised to the heuristic, and
+// multiplies with OpenBLAS).
 #pragma once
 #define ZOE_CUDA_EMU 1
 

@@ -1,8 +1,10 @@
-// cuBLASLt behind the same calls: a naive column-major GEMM (fp32, or bf16 widened exactly, into
-// fp32) that checks that the layouts make a product and that the pointers keep the alignments
-// promised to the heuristic; a matmul is queued on its stream like a kernel.
+// cuBLASLt behind the same calls: a column-major GEMM (fp32, TF32-rounded fp32, or bf16 widened
+// exactly, into fp32; the product by OpenBLAS) that checks that the layouts make a product and that
+// the pointers keep the alignments promised to the heuristic; a matmul is queued on its stream like
+// a kernel.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
+#include <cblas.h>
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -82,17 +84,21 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
   auto* Df = static_cast<float*>(Dp);
   const int64_t m = Dl.rows, n = Dl.cols;
   const int64_t k = o.ta == CUBLAS_OP_N ? A.cols : A.rows;
-  auto at = [&](int64_t i, int64_t p) { return load(Ap, A.type, o.ta == CUBLAS_OP_N ? p * A.ld + i : i * A.ld + p); };
-  auto bt = [&](int64_t p, int64_t j) { return load(Bp, B.type, o.tb == CUBLAS_OP_N ? j * B.ld + p : p * B.ld + j); };
-  std::vector<float> col(m);
-  for (int64_t j = 0; j < n; j++) {
-    for (int64_t i = 0; i < m; i++) {
-      float acc = 0.f;
-      for (int64_t p = 0; p < k; p++) acc += at(i, p) * bt(p, j);
-      col[i] = alpha * acc + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
-    }
-    for (int64_t i = 0; i < m; i++) Df[j * Dl.ld + i] = col[i];
-  }
+  // op(A) and op(B) as dense column-major fp32 (widened, TF32-rounded), then one OpenBLAS sgemm:
+  // the operands are read as cuBLASLt reads them, the product in fp32 in some order, as on a GPU
+  // (whose sums run in an order of its own too).
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), d(static_cast<size_t>(m * n));
+  for (int64_t p = 0; p < k; p++)
+    for (int64_t i = 0; i < m; i++) a[p * m + i] = load(Ap, A.type, o.ta == CUBLAS_OP_N ? p * A.ld + i : i * A.ld + p);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t p = 0; p < k; p++) b[j * k + p] = load(Bp, B.type, o.tb == CUBLAS_OP_N ? j * B.ld + p : p * B.ld + j);
+  if (m > 0 && n > 0 && k > 0)
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), alpha, a.data(), static_cast<blasint>(m), b.data(), static_cast<blasint>(k),
+                0.f, d.data(), static_cast<blasint>(m));
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++)
+      Df[j * Dl.ld + i] = d[j * m + i] + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
 }
 
 }  // namespace

@@ -329,9 +329,14 @@ const char* kind_name(cudaMemcpyKind k) {
   }
 }
 
+// How a copy is queued: `staged` takes the source now (a pageable source, which CUDA copies into
+// its own pinned staging memory before the call returns), else the copy reads it when it runs.
+enum class Source { kAtRun, kStaged };
+
 // Queues a copy after checking that its kind says where its pointers are (cudaMemcpyDefault:
-// anywhere). True when the copy involves pageable host memory.
-bool queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, const char* call) {
+// anywhere).
+void queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, const char* call,
+                Source source = Source::kAtRun) {
   const emu::Where wd = emu::where(dst), ws = emu::where(src);
   if (kind != cudaMemcpyDefault && bytes > 0) {
     const bool d = wd == emu::Where::kDevice, sd = ws == emu::Where::kDevice;
@@ -341,10 +346,19 @@ bool queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
       emu::die(std::string(kind_name(kind)) + " copies from " + (sd ? "device" : "host") + " memory to " +
                (d ? "device" : "host") + " memory");
   }
-  emu::enqueue(s, std::string(call) + " of " + std::to_string(bytes) + " bytes",
-               {{static_cast<const char*>(dst), bytes, true}, {static_cast<const char*>(src), bytes, false}},
-               [=] { std::memmove(dst, src, bytes); });
-  return wd == emu::Where::kPageable || ws == emu::Where::kPageable;
+  const std::string what = std::string(call) + " of " + std::to_string(bytes) + " bytes";
+  if (source == Source::kStaged) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    emu::enqueue(s, what + " (staged from pageable memory)", {{static_cast<const char*>(dst), bytes, true}},
+                 [=] {
+                   if (bytes) std::memcpy(dst, staged->data(), bytes);
+                 });
+    return;
+  }
+  emu::enqueue(s, what, {{static_cast<const char*>(dst), bytes, true}, {static_cast<const char*>(src), bytes, false}},
+               [=] {
+                 if (bytes) std::memmove(dst, src, bytes);  // (a null pointer is allowed for 0 bytes)
+               });
 }
 
 }  // namespace
@@ -375,6 +389,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaErrorEmulated";
   }
 }
@@ -391,30 +406,46 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 // GPU does that slowly.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   if (emu::injected("cudaMemcpyAsync")) return emu::fail(cudaErrorInvalidValue);
-  if (queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync")) {
-    {
-      std::lock_guard<std::mutex> lock(emu::g_mu);
-      emu::g_pageable++;
-    }
-    if (std::getenv("CUDA_EMU_PAGEABLE_TRACE")) {  // who makes them (a debugging aid)
-      void* frames[8];
-      backtrace_symbols_fd(frames, backtrace(frames, 8), 2);
-    }
-    emu::drain(s);
+  const bool from_pageable = emu::where(src) == emu::Where::kPageable;
+  const bool to_pageable = emu::where(dst) == emu::Where::kPageable;
+  if (!from_pageable && !to_pageable) {
+    queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync");
+    return cudaSuccess;
   }
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    emu::g_pageable++;
+  }
+  if (std::getenv("CUDA_EMU_PAGEABLE_TRACE")) {  // who makes them (a debugging aid)
+    void* frames[8];
+    backtrace_symbols_fd(frames, backtrace(frames, 8), 2);
+  }
+  if (to_pageable) {  // CUDA returns once the copy is done: the host then knows it ran
+    queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync");
+    emu::drain(s);
+    return cudaSuccess;
+  }
+  // From pageable memory CUDA waits for the stream's earlier work, takes the source into staging
+  // memory and returns; the copy itself is still queued: the host does not know when it lands.
+  emu::drain(s);
+  queue_copy(dst, src, bytes, kind, s, "cudaMemcpyAsync", Source::kStaged);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int v, size_t bytes) {
   if (emu::injected("cudaMemset")) return emu::fail(cudaErrorLaunchFailure);
   emu::enqueue(nullptr, "cudaMemset", {{static_cast<const char*>(dst), bytes, true}},
-               [=] { std::memset(dst, v, bytes); });
+               [=] {
+                 if (bytes) std::memset(dst, v, bytes);
+               });
   emu::drain(nullptr);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t s) {
   if (emu::injected("cudaMemsetAsync")) return emu::fail(cudaErrorInvalidValue);
   emu::enqueue(s, "cudaMemsetAsync", {{static_cast<const char*>(dst), bytes, true}},
-               [=] { std::memset(dst, v, bytes); });
+               [=] {
+                 if (bytes) std::memset(dst, v, bytes);
+               });
   return cudaSuccess;
 }
 
@@ -521,6 +552,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   p->multiProcessorCount = 2;
   return cudaSuccess;
 }
+// No PCI device stands behind the emulated GPU.
+cudaError_t cudaDeviceGetPCIBusId(char*, int, int) { return emu::fail(cudaErrorNotSupported); }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : emu::fail(cudaErrorInvalidDevice); }
 cudaError_t cudaGetDevice(int* d) {
   *d = 0;
