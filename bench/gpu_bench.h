@@ -1,6 +1,8 @@
 // `zoe bench gpu`: the GPU path against its own ceilings, in one run on one GPU:
-//   h2d, d2h   the engine's copies (Device::copy_async from pinned memory) vs cudaMemcpyAsync
-//              between the same pinned buffer and the device;
+//   h2d, d2h   the engine's copies (Device::copy_async from pinned memory) vs the PCIe link's
+//              rated rate (its generation and width, from sysfs: pcie_rated_gbps); and
+//              h2d_path, d2h_path: the same copies vs a bare cudaMemcpyAsync between the same
+//              buffers (what the engine's path costs over the runtime call, 1.00 = nothing);
 //   adam       CudaDevice::adam's bytes moved per second vs a device-to-device copy of the same
 //              bytes (every byte Adam reads or writes, read and written once);
 //   gpt2       zoe's GPT-2 tokens/s (resident, stage 0) vs PyTorch training the same model on the
@@ -30,5 +32,10 @@ struct GpuBenchOptions {
 };
 
 Status bench_gpu(const GpuBenchOptions& o, nlohmann::json* out, std::FILE* human);
+
+// A PCIe link's rated data rate in GB/s per direction from sysfs's current_link_speed
+// ("32.0 GT/s PCIe") and current_link_width ("16"): GT/s x lanes x 128/130 (Gen 3 on; 8/10 below
+// 8 GT/s) / 8. 0 when either does not parse.
+double pcie_rated_gbps(const std::string& link_speed, const std::string& link_width);
 
 }  // namespace zoe
