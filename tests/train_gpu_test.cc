@@ -162,6 +162,38 @@ TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
   EXPECT_TRUE(has(o.out, "zoe: config keys 'zoe.model.n_embd', 'zoe.model.n_head'.*head size 160 > 128")) << o.out;
 }
 
+// Two ranks (NCCL over MPI in the emulation): each NCCL call of a step failed on rank 1 alone
+// ends the job within seconds with rank 1's line, never a hang (the others may be waiting inside
+// a collective for it: the job is aborted, as a rank failing alone is).
+TEST(GpuFaults, AnNcclCallFailedOnOneRankEndsTheJob) {
+  const std::string dir = make_temp_dir("gpu-fault-nccl");
+  auto run = [&](const std::string& rank1_env) {
+    Outcome o;
+    o.rc = run_command("cd " + dir + " && timeout -s KILL 120 env " + kMpirun + "-q -np 2 sh -c '" +
+                           "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then export " + rank1_env + "; fi; exec " + kZoe +
+                           " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
+                           " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
+                           " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false"
+                           " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir=\"\"'",
+                       &o.out);
+    return o;
+  };
+  const Outcome ref = run("CUDA_EMU_COUNT=1");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  int tried = 0;
+  for (const char* kind : {"ncclCommInitRank", "ncclAllGather", "ncclGroupEnd"}) {
+    for (int n = 1; n <= calls_of(ref, kind); n++) {
+      const std::string what = std::string(kind) + ":" + std::to_string(n);
+      const Outcome o = run("CUDA_EMU_FAIL=" + what);
+      EXPECT_TRUE(has(o.out, "cuda_emu: injected a failure")) << what << ": not reached\n" << o.out;
+      EXPECT_EQ(o.rc, 1) << what << " (137: a hang)\n" << o.out;
+      EXPECT_TRUE(has(o.out, "zoe: rank 1: .*" + std::string(kind))) << what << "\n" << o.out;
+      tried++;
+    }
+  }
+  EXPECT_GE(tried, 5) << "a step at two ranks makes fewer NCCL calls than expected";
+}
+
 // Every call of one step that the emulation can fail (each n up to the step's count, two runs at
 // a time) ends cleanly (expect_clean).
 TEST(GpuFaults, EveryCallOfAStepFailedInTurnEndsCleanly) {

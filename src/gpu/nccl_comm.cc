@@ -141,16 +141,18 @@ Result<std::unique_ptr<Comm>> make_nccl_comm(Comm& control, CudaDevice& dev) {
                                          ncclGetErrorString(static_cast<ncclResult_t>(hello.rc))));
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRank(&comm, control.size(), hello.id, control.rank());
-  Status mine = Status::Ok();
+  // A rank whose init failed returns at once, without agreeing: the others may still wait for it
+  // inside NCCL's collective init, where no control message reaches them. The job then ends as a
+  // rank failing alone does (the CLI's fail(): a line naming the rank, then MPI_Abort).
   if (r != ncclSuccess) {
     const char* last = ncclGetLastError(nullptr);
-    mine = Status::CommError(fmt::format("NCCL ncclCommInitRank failed on rank {} (GPU {}): {}{}{}", control.rank(),
+    return Status::CommError(fmt::format("NCCL ncclCommInitRank failed on rank {} (GPU {}): {}{}{}", control.rank(),
                                          dev.gpu(), ncclGetErrorString(r), last && *last ? ": " : "",
                                          last ? last : ""));
   }
-  const Status all = agree(control, mine, Status::CommError("NCCL ncclCommInitRank failed on another rank"));
+  const Status all = agree(control, Status::Ok(), Status::CommError("NCCL ncclCommInitRank failed on another rank"));
   if (!all.ok()) {
-    if (r == ncclSuccess && comm) ncclCommDestroy(comm);
+    ncclCommDestroy(comm);
     return all;
   }
   return Result<std::unique_ptr<Comm>>(std::unique_ptr<Comm>(new NcclComm(control, dev, comm)));
