@@ -11,7 +11,8 @@
 // (lane) reaches aborts with a message, as do __syncthreads reached at different calls and a
 // shuffle whose partner lane has exited; inside a launch, accesses of different blocks to the same
 // memory (unless both atomic) and of one block's threads with no barrier between them abort
-// (cuda_emu_race.cc), as does a kernel touching device memory outside what its launch declared;
+// (cuda_emu_race.cc), as do a kernel touching device memory outside what its launch declared and
+// a read of shared memory (static or dynamic) that no thread of the block wrote;
 // launches beyond CUDA's limits fail as CUDA fails them (cudaGetLastError); dynamic
 // shared memory and cudaMalloc'd memory start as NaN, so reading what was never written shows up;
 // cudaMalloc'd memory is closed to host code (PROT_NONE) outside kernels, copies and GEMMs, and a
@@ -23,8 +24,8 @@
 // CUDA stages it; one to pageable memory returns when done. CUDA_EMU_FAIL fails chosen calls
 // (cuda_emu_faults.cc). What it cannot check: races
 // between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
-// touching device memory while an operation runs, timing, registers, static __shared__ read before
-// it is written (plain zeroed statics here), the real cuBLASLt (cuda_emu_cublaslt.cc reads the
+// touching device memory while an operation runs, timing, registers, blocks of a launch running
+// at once (they run one after another; the race check needs no interleaving), the real cuBLASLt (cuda_emu_cublaslt.cc reads the
 // operands as cuBLASLt would, checks the layouts and the alignments promised to the heuristic, and
 // multiplies with OpenBLAS).
 #pragma once

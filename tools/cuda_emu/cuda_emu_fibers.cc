@@ -7,6 +7,7 @@
 // emulated engine's time. x86-64 System V only, as this project is.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
+#include <link.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -279,6 +280,33 @@ KernelThread current_thread() {
 bool on_fiber_stack(const void* p) {
   const char* c = static_cast<const char*>(p);
   return c >= g_stacks && c < g_stacks + kStackBytes * kMaxThreads;
+}
+
+bool maybe_shared(const void* p) {
+  static const std::vector<std::pair<const char*, const char*>> statics = [] {
+    std::vector<std::pair<const char*, const char*>> r;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+          for (int i = 0; i < info->dlpi_phnum; i++) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type == PT_LOAD && (ph.p_flags & PF_W)) {
+              const char* b = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+              static_cast<std::vector<std::pair<const char*, const char*>>*>(out)->emplace_back(b, b + ph.p_memsz);
+            }
+          }
+          return 0;
+        },
+        &r);
+    return r;
+  }();
+  const char* c = static_cast<const char*>(p);
+  const char* smem = reinterpret_cast<const char*>(g_smem.data());
+  if (c >= smem && c < smem + g_smem.size() * sizeof(float)) return true;
+  const char* dims = reinterpret_cast<const char*>(&g_dims);
+  if (c >= dims && c < dims + sizeof g_dims) return false;
+  for (const auto& [b, e] : statics)
+    if (c >= b && c < e) return true;
+  return false;
 }
 
 void chaos_point() {

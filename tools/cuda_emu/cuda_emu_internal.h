@@ -33,6 +33,9 @@ bool in_kernel();
 KernelThread current_thread();
 // p is on a kernel thread's own stack (private to it).
 bool on_fiber_stack(const void* p);
+// p may be a block's shared memory: the dynamic shared memory, or a static __shared__ variable
+// (the process's writable static data; the emulation's own thread-index state excluded).
+bool maybe_shared(const void* p);
 // Under CUDA_EMU_SCHEDULE=chaos, now and then switches the calling kernel thread out.
 void chaos_point();
 // `uses`: what the launch declared (its pointer arguments' blocks, or ZOE_KERNEL_SPAN); a kernel

@@ -8,7 +8,10 @@
 //   unless a __syncthreads (or, for lanes of one warp, a shuffle) lies between them;
 // - other memory a kernel reaches (its __shared__ arrays, dynamic shared memory) is its block's:
 //   checked the same way within the block, and forgotten when the next block starts;
-// - a thread's own stack is never checked.
+// - a thread's own stack is never checked;
+// - a read of shared memory (dynamic, or a static __shared__) that no thread of the block has
+//   written yet aborts: shared memory starts undefined on a GPU, and a write the schedule runs
+//   later without a barrier between is a race.
 // A global access must also lie inside what the launch declared it uses (its pointer arguments'
 // blocks, or its launcher's ZOE_KERNEL_SPANs; a kernel with an undeclared struct argument is not
 // held to this): the streams' race check sees only those.
@@ -93,11 +96,18 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
           ": the streams' race check cannot see that use");
   }
   auto& cells = global ? g_global_cells : g_block_cells;
+  // Shared memory starts undefined for each block: a read of bytes no thread of the block wrote.
+  const bool check_unwritten = !global && !write && !atomic && maybe_shared(p);
   const KernelThread t = current_thread();
   Access now{t.block, t.thread, t.block_epoch, t.warp_epoch, atomic, true};
   const uintptr_t first = reinterpret_cast<uintptr_t>(p) >> 1, last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) >> 1;
   for (uintptr_t g = first; g <= last; g++) {
     Cell& c = cells[g];
+    if (check_unwritten && !c.write.valid)
+      die(std::string("kernel ") + g_kernel + ": thread " + std::to_string(now.thread) + " of block " +
+          std::to_string(now.block) + " reads " + std::to_string(bytes) +
+          " bytes of its block's shared memory that no thread of the block has written yet (memory "
+          "never written, or a missing __syncthreads between its writer and this read)");
     auto races = [&](const Access& a) { return a.valid && !(a.atomic && atomic) && !ordered(a, now); };
     if (races(c.write)) report(p, global, c.write, true, now, write);
     if (write && races(c.read)) report(p, global, c.read, false, now, write);
