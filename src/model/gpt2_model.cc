@@ -139,7 +139,7 @@ Status Gpt2Model::block_backward(Engine& e, int l) {
     gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_);
   }
   ZOE_RETURN_IF_ERROR(release_held(e));
-  ZOE_RETURN_IF_ERROR(ops_ok("block " + std::to_string(l) + "'s gradient was handed on"));
+  ZOE_RETURN_IF_ERROR(ops_ok("a block's gradient was handed on", l));
   return e.grads_ready(1 + l, grad_);
 }
 
@@ -187,10 +187,11 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
 
 // Ops only enqueue and return nothing: their first failure is read here, before a result of
 // theirs leaves the model, so that a failed launch or library call never becomes a finished step.
-Status Gpt2Model::ops_ok(const std::string& before) const {
+Status Gpt2Model::ops_ok(const char* before, int block) const {
   const Status s = dev_->ops().status();
   if (s.ok()) return s;
-  return Status::Runtime("a device op failed (found before " + before + "): " + s.message());
+  const std::string where = block < 0 ? before : std::string(before) + " (block " + std::to_string(block) + ")";
+  return Status::Runtime("a device op failed (found before " + where + "): " + s.message());
 }
 
 Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss_scale) {

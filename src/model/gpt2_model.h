@@ -44,8 +44,8 @@ class Gpt2Model final : public Model {
   Result<const uint16_t*> fetch_bf16(Engine& e, int u, bool widen_vectors);
   Status release_held(Engine& e);
   // The device's ops have not failed (ModelOps::status), else a Runtime error naming the op and
-  // `before`, the hand-over it stops.
-  Status ops_ok(const std::string& before) const;
+  // `before`, the hand-over it stops (of `block`, when not -1). Nothing is formatted unless it failed.
+  Status ops_ok(const char* before, int block = -1) const;
   gpt2::BlockWeights block_weights(const uint16_t* unit) const;
   Status block_forward(Engine& e, int l);
   Status block_backward(Engine& e, int l);
