@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,7 +70,9 @@ TEST_F(AtomicFileTest, StreamingAppendsAndChecksum) {
   std::string data = pattern_bytes(3 << 20, 3);
   Result<AtomicFile> f = AtomicFile::Create(p("s"));
   ASSERT_TRUE(f.ok()) << f.status().message();
-  EXPECT_EQ(f->tmp_path(), p("s") + ".tmp." + std::to_string(getpid()));
+  const std::string prefix = p("s") + ".tmp." + std::to_string(getpid()) + ".";
+  EXPECT_EQ(f->tmp_path().rfind(prefix, 0), 0u) << f->tmp_path();
+  EXPECT_EQ(f->tmp_path().size(), prefix.size() + 16);  // 64 random bits: no name to plant a link at
   EXPECT_TRUE(fs::exists(f->tmp_path()));
   EXPECT_FALSE(fs::exists(p("s")));  // nothing under the final name before commit
   for (size_t off = 0; off < data.size(); off += 1000003)
@@ -118,12 +121,91 @@ TEST_F(AtomicFileTest, CrashBeforeCommitLeavesOldFile) {
   ASSERT_EQ(waitpid(child, &st, 0), child);
   ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "child status " << st;
   EXPECT_EQ(slurp(p("ck")), old_data);  // the final name still holds the old file, intact
-  std::string stray = p("ck") + ".tmp." + std::to_string(child);
-  ASSERT_TRUE(fs::exists(stray));
+  ASSERT_EQ(count_prefixed(dir_, "ck.tmp." + std::to_string(child) + "."), 1);
+  std::string stray;
+  for (const auto& e : fs::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("ck.tmp.", 0) == 0) stray = e.path().string();
   EXPECT_EQ(fs::file_size(stray), 2500u);
   // A later writer is not disturbed by the stray temporary file.
   ASSERT_TRUE(write_file_atomic(p("ck"), "next").ok());
   EXPECT_EQ(slurp(p("ck")), "next");
+}
+
+// Round 3 of the hostile-neighbour checks: on main at 8800094 the temporary name was
+// "<path>.tmp.<pid>", opened O_CREAT|O_TRUNC and following links, so a link planted there made zoe
+// overwrite the link's target; and the final name was renamed over whatever it was.
+TEST_F(AtomicFileTest, ALinkPlantedAtEveryPidTempNameIsNotFollowed) {
+  ASSERT_TRUE(write_file_atomic(p("victim"), "precious").ok());
+  std::string old_style = p("out") + ".tmp." + std::to_string(getpid());
+  ASSERT_EQ(symlink(p("victim").c_str(), old_style.c_str()), 0);
+  ASSERT_TRUE(write_file_atomic(p("out"), "zoe's output").ok());
+  EXPECT_EQ(slurp(p("victim")), "precious");
+  EXPECT_EQ(slurp(p("out")), "zoe's output");
+  EXPECT_TRUE(fs::is_symlink(old_style));  // not ours: left alone
+}
+
+TEST_F(AtomicFileTest, OnlyARegularFileIsReplaced) {
+  ASSERT_EQ(mkfifo(p("fifo").c_str(), 0600), 0);
+  ASSERT_TRUE(write_file_atomic(p("target"), "target").ok());
+  ASSERT_EQ(symlink(p("target").c_str(), p("link").c_str()), 0);
+  ASSERT_TRUE(fs::create_directory(p("dir")));
+  std::vector<std::string> names = {"fifo", "link", "dir"};
+  if (!test::make_device_node(dir_).empty()) names.push_back("null");  // never the system's /dev/null
+  for (const std::string& name : names) {
+    std::string path = p(name);
+    Status s = write_file_atomic(path, "x");
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_EQ(s.code(), Code::kInvalidInput) << s.message();
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("replaces only a regular file"), std::string::npos) << s.message();
+  }
+  struct stat st;
+  if (names.size() == 4) {
+    ASSERT_EQ(lstat(p("null").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  }
+  ASSERT_EQ(lstat(p("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_TRUE(fs::is_symlink(p("link")));
+  EXPECT_EQ(slurp(p("target")), "target");
+  EXPECT_EQ(count_prefixed(dir_, "fifo.tmp."), 0);
+}
+
+TEST_F(AtomicFileTest, FilesAre0600AndDirectories0700WhateverTheUmask) {
+  mode_t old = umask(0);
+  Status w = write_file_atomic(p("f"), "x");
+  Status d = make_private_dirs(p("a/b/c"));
+  umask(old);
+  ASSERT_TRUE(w.ok()) << w.message();
+  ASSERT_TRUE(d.ok()) << d.message();
+  struct stat st;
+  ASSERT_EQ(stat(p("f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  for (const char* sub : {"a", "a/b", "a/b/c"}) {
+    ASSERT_EQ(stat(p(sub).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0700u) << sub;
+  }
+}
+
+TEST_F(AtomicFileTest, InputFilesMustBeRegularAndSmallEnough) {
+  ASSERT_EQ(mkfifo(p("fifo").c_str(), 0600), 0);
+  ASSERT_TRUE(write_file_atomic(p("big"), std::string(100, 'x')).ok());
+  ASSERT_EQ(symlink(p("big").c_str(), p("link").c_str()), 0);
+  auto fail = [](Result<InputFile> r) { return r.ok() ? std::string() : r.status().message(); };
+  // A FIFO would block the open itself; it must come back at once, refused.
+  EXPECT_NE(fail(open_input_file(p("fifo"), "test input", 1000)).find("is a FIFO, not a regular file"),
+            std::string::npos);
+  EXPECT_NE(fail(open_input_file("/dev/zero", "test input", 1000)).find("is a character device"),
+            std::string::npos);
+  EXPECT_NE(fail(open_input_file(dir_, "test input", 1000)).find("is a directory"), std::string::npos);
+  EXPECT_NE(fail(open_input_file(p("big"), "test input", 99)).find("100 bytes, more than the 99"), std::string::npos);
+  EXPECT_NE(fail(open_input_file(p("link"), "test input", 1000, Links::kRefuse)).find("symbolic link"),
+            std::string::npos);
+  Result<InputFile> ok = open_input_file(p("link"), "test input", 100);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->size, 100u);
+  char c;
+  EXPECT_EQ(read(ok->fd.get(), &c, 1), 1);
 }
 
 TEST_F(AtomicFileTest, DevFullIsIoWithStrerror) {

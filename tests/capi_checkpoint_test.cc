@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 #include "zoe/zoe.h"
@@ -69,6 +70,37 @@ TEST(CApiCheckpoint, ASecondEngineSavingToTheSameRootIsRefusedWhileTheFirstLives
   zoe_engine_free(first);  // its lock goes with it
   EXPECT_EQ(zoe_save(second, (dir + "/ckpt").c_str()), ZOE_OK) << zoe_last_error();
   zoe_engine_free(second);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+// Round 3: on main at 8800094 zoe_export renamed its output over whatever the path named (a
+// device node became a regular file) and wrote through a link planted at "<out>.tmp.<pid>".
+TEST(CApiCheckpoint, ZoeExportReplacesOnlyARegularFileAndFollowsNoPlantedLink) {
+  std::string dir = zoe::test::make_temp_dir("capi_export");
+  zoe_engine* e = one_unit("");
+  std::ofstream(dir + "/precious") << "mine";
+  fs::create_symlink(dir + "/precious", dir + "/w.safetensors.tmp." + std::to_string(getpid()));
+  fs::create_symlink(dir + "/precious", dir + "/link.safetensors");
+  std::vector<std::string> outs = {dir + "/link.safetensors"};
+  const std::string node = zoe::test::make_device_node(dir);  // never the system's /dev/null
+  if (!node.empty()) outs.push_back(node);
+  for (const std::string& out : outs) {
+    EXPECT_EQ(zoe_export(e, out.c_str()), ZOE_ERR_INVALID) << out;
+    EXPECT_NE(std::string(zoe_last_error()).find("replaces only a regular file"), std::string::npos)
+        << zoe_last_error();
+  }
+  ASSERT_EQ(zoe_export(e, (dir + "/w.safetensors").c_str()), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(e);
+  EXPECT_EQ(zoe::test::slurp(dir + "/precious"), "mine");
+  if (!node.empty()) {
+    EXPECT_TRUE(fs::is_character_file(fs::symlink_status(node)));
+  }
+  EXPECT_TRUE(fs::is_symlink(dir + "/link.safetensors"));
+  EXPECT_GT(fs::file_size(dir + "/w.safetensors"), 0u);
   fs::remove_all(dir);
 }
 

@@ -95,10 +95,10 @@ TEST_F(DataLoaderTest, HandWrittenOrderTwoRanks) {
   const int32_t want0[] = {100, 108, 100, 108};
   const int32_t want1[] = {104, 112, 104, 112};
   for (int step = 0; step < 4; ++step) {
-    r0->next_batch(in.data(), tgt.data());
+    ASSERT_TRUE(r0->next_batch(in.data(), tgt.data()).ok());
     EXPECT_EQ(in, range(want0[step], 4)) << "rank 0 step " << step;
     EXPECT_EQ(tgt, range(want0[step] + 1, 4)) << "rank 0 step " << step;
-    r1->next_batch(in.data(), tgt.data());
+    ASSERT_TRUE(r1->next_batch(in.data(), tgt.data()).ok());
     EXPECT_EQ(in, range(want1[step], 4)) << "rank 1 step " << step;
     EXPECT_EQ(tgt, range(want1[step] + 1, 4)) << "rank 1 step " << step;
   }
@@ -113,7 +113,7 @@ TEST_F(DataLoaderTest, HandWrittenShardSwitch) {
   const int32_t starts[] = {0, 4, 8, 1000, 1004, 0, 4};
   std::vector<int32_t> in(4), tgt(4);
   for (int32_t s : starts) {
-    d->next_batch(in.data(), tgt.data());
+    ASSERT_TRUE(d->next_batch(in.data(), tgt.data()).ok());
     EXPECT_EQ(in, range(s, 4)) << "batch starting at token " << s;
     EXPECT_EQ(tgt, range(s + 1, 4)) << "batch starting at token " << s;
   }
@@ -132,7 +132,7 @@ TEST_F(DataLoaderTest, MatchesLlmcReferenceAcrossShardsRanksAndEpochs) {
       LlmcReference ref{shards, B, T, rank, world};
       std::vector<int32_t> in(B * T), tgt(B * T), rin, rtgt;
       for (int step = 0; step < 60; ++step) {  // several epochs
-        d->next_batch(in.data(), tgt.data());
+        ASSERT_TRUE(d->next_batch(in.data(), tgt.data()).ok());
         ref.next(&rin, &rtgt);
         ASSERT_EQ(in, rin) << "world " << world << " rank " << rank << " step " << step;
         ASSERT_EQ(tgt, rtgt) << "world " << world << " rank " << rank << " step " << step;
@@ -151,7 +151,7 @@ TEST_F(DataLoaderTest, RanksReadDisjointAdjacentSlices) {
     std::vector<int32_t> global;
     std::set<int32_t> seen;
     for (int r = 0; r < world; ++r) {
-      loaders[r].next_batch(in.data(), tgt.data());
+      ASSERT_TRUE(loaders[r].next_batch(in.data(), tgt.data()).ok());
       for (int32_t t : in) EXPECT_TRUE(seen.insert(t).second) << "token " << t << " read twice";
       global.insert(global.end(), in.begin(), in.end());
     }
@@ -167,11 +167,11 @@ TEST_F(DataLoaderTest, StateSaveAndRestore) {
   Result<DataLoader> a = DataLoader::Create(src, 3, 4, 1, 2);
   ASSERT_TRUE(a.ok());
   std::vector<int32_t> in(12), tgt(12);
-  for (int i = 0; i < 7; ++i) a->next_batch(in.data(), tgt.data());
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(a->next_batch(in.data(), tgt.data()).ok());
   DataLoaderState saved = a->state();
   std::vector<std::vector<int32_t>> after;
   for (int i = 0; i < 9; ++i) {
-    a->next_batch(in.data(), tgt.data());
+    ASSERT_TRUE(a->next_batch(in.data(), tgt.data()).ok());
     after.push_back(in);
   }
   Result<DataLoader> b = DataLoader::Create(src, 3, 4, 1, 2);
@@ -179,12 +179,12 @@ TEST_F(DataLoaderTest, StateSaveAndRestore) {
   ASSERT_TRUE(b->restore(saved).ok());
   EXPECT_EQ(b->state(), saved);
   for (int i = 0; i < 9; ++i) {
-    b->next_batch(in.data(), tgt.data());
+    ASSERT_TRUE(b->next_batch(in.data(), tgt.data()).ok());
     EXPECT_EQ(in, after[i]) << "batch " << i << " after restore";
   }
   b->reset();
   EXPECT_EQ(b->state(), DataLoaderState{});
-  b->next_batch(in.data(), tgt.data());
+  ASSERT_TRUE(b->next_batch(in.data(), tgt.data()).ok());
   EXPECT_EQ(in, range(12, 12));  // rank 1's first batch
 
   Status s = b->restore({3, 0});
@@ -194,7 +194,7 @@ TEST_F(DataLoaderTest, StateSaveAndRestore) {
   EXPECT_EQ(s.code(), Code::kInvalidInput);
   EXPECT_NE(s.message().find("position 41"), std::string::npos) << s.message();
   EXPECT_TRUE(b->restore({2, 40}).ok());  // at the end: the next batch moves to shard 0
-  b->next_batch(in.data(), tgt.data());
+  ASSERT_TRUE(b->next_batch(in.data(), tgt.data()).ok());
   EXPECT_EQ(b->state(), (DataLoaderState{0, 24}));
   EXPECT_EQ(in, range(12, 12));
 }
@@ -230,10 +230,10 @@ TEST_F(DataLoaderTest, BytesSourceBatches) {
   Result<DataLoader> d = DataLoader::Create(src.value(), 1, 5, 0, 1);
   ASSERT_TRUE(d.ok());
   std::vector<int32_t> in(5), tgt(5);
-  d->next_batch(in.data(), tgt.data());
+  ASSERT_TRUE(d->next_batch(in.data(), tgt.data()).ok());
   EXPECT_EQ(std::string(in.begin(), in.end()), "hello");
   EXPECT_EQ(std::string(tgt.begin(), tgt.end()), "ello,");
-  d->next_batch(in.data(), tgt.data());
+  ASSERT_TRUE(d->next_batch(in.data(), tgt.data()).ok());
   EXPECT_EQ(std::string(in.begin(), in.end()), ", wor");
 }
 

@@ -80,9 +80,21 @@ TEST_F(NvmeFilesTest, ALinkNamedLikeADeadJobsDirectoryIsNotFollowed) {
 TEST_F(NvmeFilesTest, TheCleanupRemovesOnlyDirectoriesAndFilesZoeMade) {
   const std::string dead = dead_job_dir("zoe-111-aaaaaaaa-rank0");
   write_file(dead + "/notes.txt", "someone's");
-  const std::string unmarked = root_ + "/zoe-222-bbbbbbbb-rank1";
+  // Unmarked: made before swap directories carried the marker (old format), or not zoe's at all.
+  const std::string unmarked = root_ + "/zoe-222-bbbbbbbb-rank1";  // mode 0755: not one zoe made
   ASSERT_EQ(::mkdir(unmarked.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(unmarked.c_str(), 0755), 0);
   write_file(unmarked + "/master.swap", "not zoe's to judge");
+  const std::string mixed = root_ + "/zoe-444-dddddddd-rank0";  // holds a file zoe never makes
+  ASSERT_EQ(::mkdir(mixed.c_str(), 0700), 0);
+  write_file(mixed + "/master.swap", "not zoe's to judge");
+  write_file(mixed + "/notes.txt", "someone's");
+  const std::string empty = root_ + "/zoe-555-eeeeeeee-rank0";  // a job between mkdir and its lock
+  ASSERT_EQ(::mkdir(empty.c_str(), 0700), 0);
+  const std::string old_format = root_ + "/zoe-666-ffffffff-rank0";  // provably zoe's: cleaned
+  ASSERT_EQ(::mkdir(old_format.c_str(), 0700), 0);
+  write_file(old_format + "/master.swap", "stale");
+  write_file(old_format + "/exp_avg.swap", "stale");
   const std::string foreign = dead_job_dir("zoe-333-cccccccc-rank0");
   ASSERT_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
 
@@ -91,6 +103,10 @@ TEST_F(NvmeFilesTest, TheCleanupRemovesOnlyDirectoriesAndFilesZoeMade) {
   EXPECT_FALSE(fs::exists(dead + "/master.swap"));
   EXPECT_EQ(test::slurp(dead + "/notes.txt"), "someone's");  // so the directory stays, marked
   EXPECT_EQ(test::slurp(unmarked + "/master.swap"), "not zoe's to judge");
+  EXPECT_EQ(test::slurp(mixed + "/master.swap"), "not zoe's to judge");
+  EXPECT_EQ(test::slurp(mixed + "/notes.txt"), "someone's");
+  EXPECT_TRUE(fs::is_directory(empty));
+  EXPECT_FALSE(fs::exists(old_format));  // round 3: old swap directories without a marker stayed forever
   EXPECT_EQ(test::slurp(foreign + "/master.swap"), "stale");
 
   // With only zoe's files left, the next job removes it all.

@@ -1,5 +1,8 @@
 #include "test_util.h"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <unistd.h>
 
 #include <array>
@@ -54,6 +57,11 @@ std::string on_test_device(const std::string& config_json) {
   nlohmann::json j = nlohmann::json::parse(config_json);
   j["zoe"]["device"] = d;
   return j.dump();
+}
+
+std::string make_device_node(const std::string& dir) {
+  std::string p = dir + "/null";
+  return ::mknod(p.c_str(), S_IFCHR | 0600, makedev(1, 3)) == 0 ? p : std::string();
 }
 
 }  // namespace zoe::test

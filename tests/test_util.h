@@ -28,6 +28,22 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float
 std::string make_temp_dir(const std::string& tag);
 // A whole file's bytes ("" when it cannot be read).
 std::string slurp(const std::string& path);
+// AddressSanitizer reserves terabytes of address space for its shadow: `ulimit -v` cannot be used.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+inline constexpr bool kAddressSanitizer = __has_feature(address_sanitizer);  // clang
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+// "ulimit -v KB; " for a shell command line that must run in bounded memory ("" under ASan).
+inline std::string limit_memory_kb(long kb) {
+  return kAddressSanitizer ? std::string() : "ulimit -v " + std::to_string(kb) + "; ";
+}
+// A character device of our own for tests that check zoe never replaces one: `dir`/null, the
+// null device's numbers (1, 3), made with mknod (root only; "" where that is not allowed). Never
+// the system's /dev/null: a regression must not destroy the machine's.
+std::string make_device_node(const std::string& dir);
 // Runs a shell command, returns its exit status and captures stdout+stderr into *out.
 int run_command(const std::string& cmd, std::string* out);
 

@@ -1,6 +1,9 @@
 // TokenSource: the bytes and llm.c formats, globbing, and every bad-data case.
 #include "data/token_source.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -79,11 +82,11 @@ TEST_F(TokenSourceTest, BytesEveryByteIsAToken) {
   EXPECT_EQ(s.shard_path(0), p("bin"));
   ASSERT_EQ(s.total_tokens(), all.size());
   std::vector<int32_t> t(all.size());
-  s.copy(0, 0, t.size(), t.data());
+  ASSERT_TRUE(s.copy(0, 0, t.size(), t.data()).ok());
   for (size_t i = 0; i < all.size(); ++i)
     EXPECT_EQ(t[i], static_cast<uint8_t>(all[i])) << i;
-  EXPECT_EQ(s.token(0, 0), 255);
-  EXPECT_EQ(s.token(0, 256), 't');
+  EXPECT_EQ(s.token(0, 0).value(), 255);
+  EXPECT_EQ(s.token(0, 256).value(), 't');
 }
 
 TEST_F(TokenSourceTest, BytesTokenNotBelowVocab) {
@@ -108,8 +111,53 @@ TEST_F(TokenSourceTest, ShippedCorpusLoadsAsAscii) {
   EXPECT_GT(r->total_tokens(), 400u * 1000);
   EXPECT_LT(r->total_tokens(), 700u * 1000);
   std::vector<int32_t> head(9);
-  r->copy(0, 0, head.size(), head.data());
+  ASSERT_TRUE(r->copy(0, 0, head.size(), head.data()).ok());
   EXPECT_EQ(std::string(head.begin(), head.end()), "Genesis 1");
+}
+
+// Round 3: on main at 8800094 tokens were checked once and then read through the mapping, so a
+// file rewritten in place reached the model with ids past the vocabulary (out-of-bounds reads and
+// writes in the encoder and the loss), and a truncated one was SIGBUS.
+TEST_F(TokenSourceTest, AFileRewrittenInPlaceAfterOpenIsAnErrorWhereTheTokenIsRead) {
+  write_bytes(p("llmc"), llmc_bytes({1, 2, 3, 4, 5, 6, 7, 8}));
+  Result<TokenSource> r = TokenSource::Open(TokenFormat::kLlmc, p("llmc"), 100);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  {  // rewrite token 5 in place (same inode, same size) with an id past the vocabulary
+    std::fstream f(p("llmc"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024 + 2 * 5);
+    const char big[2] = {char(0x50), char(0xc3)};  // 50000
+    f.write(big, 2);
+  }
+  std::vector<int32_t> t(8, -1);
+  ASSERT_TRUE(r->copy(0, 0, 5, t.data()).ok());  // the tokens before it are still good
+  Status s = r->copy(0, 0, 8, t.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kInvalidInput);
+  EXPECT_NE(s.message().find("token 50000 at position 5 is not below vocab_size 100"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find(p("llmc")), std::string::npos) << s.message();
+}
+
+TEST_F(TokenSourceTest, AFileTruncatedAfterOpenIsAnIoErrorNotASigbus) {
+  write_bytes(p("bin"), std::string(100000, 'a'));
+  Result<TokenSource> r = TokenSource::Open(TokenFormat::kBytes, p("bin"), 256);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::filesystem::resize_file(p("bin"), 10);
+  std::vector<int32_t> t(1000);
+  ASSERT_TRUE(r->copy(0, 0, 10, t.data()).ok());
+  Status s = r->copy(0, 50000, t.size(), t.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kIo);
+  EXPECT_NE(s.message().find("data file changed while the job ran"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(p("bin")), std::string::npos) << s.message();
+}
+
+TEST_F(TokenSourceTest, FifosAndDevicesAreRefusedAtOnce) {
+  ASSERT_EQ(mkfifo(p("fifo").c_str(), 0600), 0);
+  expect_error(TokenFormat::kBytes, p("fifo"), 256, {p("fifo"), "is a FIFO, not a regular file"});
+  expect_error(TokenFormat::kBytes, "/dev/zero", 256, {"/dev/zero", "is a character device"});
+  ASSERT_EQ(symlink("/dev/zero", p("zero").c_str()), 0);
+  expect_error(TokenFormat::kLlmc, p("zero"), 256, {p("zero"), "is a character device"});
 }
 
 TEST_F(TokenSourceTest, MappedFileReadsFilesThatCannotBeMapped) {
@@ -135,9 +183,9 @@ TEST_F(TokenSourceTest, LlmcRoundTripAndUint16Range) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_EQ(r->total_tokens(), toks.size());
   std::vector<int32_t> t(toks.size());
-  r->copy(0, 0, t.size(), t.data());
+  ASSERT_TRUE(r->copy(0, 0, t.size(), t.data()).ok());
   for (size_t i = 0; i < toks.size(); ++i) EXPECT_EQ(t[i], toks[i]);
-  EXPECT_EQ(r->token(0, 3), 65535);
+  EXPECT_EQ(r->token(0, 3).value(), 65535);
 }
 
 TEST_F(TokenSourceTest, LlmcGlobReadsShardsInSortedOrder) {
@@ -155,12 +203,12 @@ TEST_F(TokenSourceTest, LlmcGlobReadsShardsInSortedOrder) {
   EXPECT_EQ(r->shard_tokens(1), 1u);
   EXPECT_EQ(r->shard_tokens(2), 2u);
   EXPECT_EQ(r->total_tokens(), 6u);
-  EXPECT_EQ(r->token(2, 1), 10);
+  EXPECT_EQ(r->token(2, 1).value(), 10);
   // An existing path is taken literally even when it looks like a glob.
   write_bytes(p("odd[1].bin"), llmc_bytes({5}));
   Result<TokenSource> lit = TokenSource::Open(TokenFormat::kLlmc, p("odd[1].bin"), 50257);
   ASSERT_TRUE(lit.ok()) << lit.status().message();
-  EXPECT_EQ(lit->token(0, 0), 5);
+  EXPECT_EQ(lit->token(0, 0).value(), 5);
 }
 
 TEST_F(TokenSourceTest, LlmcNoMatch) {

@@ -23,11 +23,6 @@ std::string strip_trailing_slashes(std::string p) {
   return p;
 }
 
-std::string base_name(const std::string& p) {
-  size_t slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
 // fsyncs every regular file and directory under `dir`, then `dir` itself. Symlinks are not followed.
 Status sync_tree(const std::string& dir) {
   std::error_code ec;
@@ -100,17 +95,30 @@ Result<AtomicDir> AtomicDir::Create(const std::string& final_path, Options opt) 
   if (fin.empty() || fin == "/" || base_name(fin) == "." || base_name(fin) == "..")
     return Status::Invalid("'" + final_path + "': not a directory name that can be replaced");
   std::string parent = parent_dir(fin);
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) return Status::Io(parent + ": cannot create directory: " + ec.message());
+  ZOE_RETURN_IF_ERROR(make_private_dirs(parent));
   ZOE_RETURN_IF_ERROR(Recover(fin));
   AtomicDir d;
   d.final_ = fin;
   d.tmp_ = fin + ".tmp." + std::to_string(::getpid());
   d.opt_ = std::move(opt);
   ZOE_RETURN_IF_ERROR(remove_tree(d.tmp_));
-  if (::mkdir(d.tmp_.c_str(), 0755) != 0) return open_error(d.tmp_, "create directory", errno);
+  if (::mkdir(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "create directory", errno);
   d.open_ = true;
+  // The whole model and its optimizer state go in here: its owner's alone, whatever the umask.
+  if (::chmod(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "set mode 0700 on", errno);
+  // A signal that ends the `zoe` command abandons the save: the half-written directory goes. (After
+  // an exchange it holds the old checkpoint, which step 3 removes anyway; between the two renames
+  // of 2b Recover() puts the old one back.)
+  // The writers may still be adding files meanwhile (the signal thread runs beside them), so the
+  // removal is retried until the directory is gone (half a second at most).
+  d.on_signal_ = SignalCleanup([tmp = d.tmp_] {
+    for (int i = 0; i < 100; ++i) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      if (!fs::exists(fs::symlink_status(tmp, ec))) return;
+      ::usleep(5000);
+    }
+  });
   return d;
 }
 
@@ -123,12 +131,14 @@ AtomicDir& AtomicDir::operator=(AtomicDir&& o) noexcept {
   tmp_ = std::move(o.tmp_);
   opt_ = std::move(o.opt_);
   open_ = std::exchange(o.open_, false);
+  on_signal_ = std::move(o.on_signal_);
   return *this;
 }
 
 AtomicDir::~AtomicDir() { abort(); }
 
 void AtomicDir::abort() {
+  on_signal_.reset();
   if (!open_) return;
   open_ = false;
   std::error_code ec;
@@ -201,6 +211,7 @@ Status AtomicDir::commit() {
     }
   }
   open_ = false;
+  on_signal_.reset();  // the new directory is in place: a signal from here on keeps it
   ZOE_RETURN_IF_ERROR(fsync_dir(parent));
   step(Step::kNewInPlace);
   if (!old.empty()) {

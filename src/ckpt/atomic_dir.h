@@ -32,6 +32,7 @@
 #include <functional>
 #include <string>
 
+#include "common/signal_exit.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -70,6 +71,7 @@ class AtomicDir {
   std::string tmp_;
   Options opt_;
   bool open_ = false;
+  SignalCleanup on_signal_;  // removes tmp_ if a signal ends the process mid-save
 };
 
 }  // namespace zoe

@@ -1,12 +1,16 @@
-// Crash-safe replacement of one file.
+// Crash-safe replacement of one file, safe against a hostile neighbour in the same directory.
 //
-// Create() opens "<path>.tmp.<pid>" (created or truncated); append() writes to it; commit()
+// Create() opens the directory that will hold <path>, checks that <path> is absent or a regular
+// file (a link, device, FIFO or directory there is Invalid, and left alone), and creates a new
+// temporary file "<name>.tmp.<pid>.<16 random hex>" beside it with O_CREAT|O_EXCL|O_NOFOLLOW, mode
+// 0600 whatever the umask: a link or file planted at any name is never opened. append() writes
+// to it; commit()
 //   1. fsyncs and closes the temporary file,
-//   2. renames it over <path>,
-//   3. fsyncs the directory holding <path>.
+//   2. renames it over <path> (relative to the directory's descriptor),
+//   3. fsyncs that directory.
 // A crash (or failure) before step 2 leaves <path> exactly as it was (old contents, or absent)
-// plus possibly a stray, incomplete "<path>.tmp.<pid>"; from step 2 on <path> holds the complete
-// new contents. <path> never holds a partial file. Failures (ENOSPC, EIO, short writes) are
+// plus possibly a stray, incomplete temporary file; from step 2 on <path> holds the complete new
+// contents. <path> never holds a partial file. Failures (ENOSPC, EIO, short writes) are
 // Status::Io naming the path and strerror, and remove the temporary file; so does destroying an
 // uncommitted AtomicFile. A stray temporary file of a crashed process is left for the caller to
 // delete; it is never read. One writer per path at a time.
@@ -17,6 +21,7 @@
 #include <string_view>
 
 #include "common/checksum.h"
+#include "common/unique_fd.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -47,6 +52,8 @@ class AtomicFile {
 
   std::string path_;
   std::string tmp_;
+  std::string name_, tmp_name_;  // path_'s and tmp_'s last components, relative to dir_
+  UniqueFd dir_;
   int fd_ = -1;
   uint64_t bytes_ = 0;
   Checksum sum_;

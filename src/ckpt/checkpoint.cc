@@ -1,6 +1,7 @@
 #include "ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,7 +86,7 @@ std::vector<std::string> step_dirs(const std::string& root) {
   std::smatch m;
   for (auto& d : fs::directory_iterator(root, ec)) {
     std::string name = d.path().filename().string();
-    if (d.is_directory(ec) && std::regex_match(name, m, kStepName))
+    if (!d.is_symlink(ec) && d.is_directory(ec) && std::regex_match(name, m, kStepName))
       found.emplace_back(std::stoll(m[1].str()), d.path().string());
   }
   std::sort(found.begin(), found.end());
@@ -103,7 +104,11 @@ Status prune_checkpoints(const std::string& root, int keep) {
       fs::remove_all(d.path(), ec);
       if (ec) return Status::Io(fmt::format("cannot remove '{}': {}", d.path().string(), ec.message()));
     }
-  std::vector<std::string> dirs = step_dirs(root);
+  // Only directories that hold a complete, valid zoe manifest count and may go: a step_* directory
+  // without one may be the user's, whatever its name.
+  std::vector<std::string> dirs;
+  for (std::string& d : step_dirs(root))
+    if (read_manifest(d).ok()) dirs.push_back(std::move(d));
   for (size_t i = 0; i + keep < dirs.size(); ++i) {
     fs::remove_all(dirs[i], ec);
     if (ec) return Status::Io(fmt::format("cannot remove old checkpoint '{}': {}", dirs[i], ec.message()));
@@ -185,18 +190,18 @@ Result<std::string> agree_latest_checkpoint(const std::string& root, Comm& comm,
 namespace {
 
 Result<std::string> read_small_file(const std::string& path, const std::string& dir, const char* name) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT)
-      return Status::Corrupt(fmt::format("checkpoint '{}': {} is missing (incomplete checkpoint)", dir, name));
-    return open_error(path, "checkpoint manifest", errno);
-  }
-  std::string text(kMaxManifestBytes + 1, '\0');
-  auto n = read_upto(fd, text.data(), text.size(), path);
-  close(fd);
-  if (!n.ok()) return n.status();
-  if (*n > kMaxManifestBytes)
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec)))
+    return Status::Corrupt(fmt::format("checkpoint '{}': {} is missing (incomplete checkpoint)", dir, name));
+  // A FIFO or device under the manifest's name is refused at once, never read (or waited on).
+  ZOE_ASSIGN_OR_RETURN(InputFile f, open_input_file(path, fmt::format("checkpoint '{}': {}", dir, name), UINT64_MAX));
+  if (f.size > kMaxManifestBytes)
     return Status::Corrupt(fmt::format("checkpoint '{}': {} is larger than {} bytes", dir, name, kMaxManifestBytes));
+  std::string text(f.size + 1, '\0');  // one byte more: a file that grew since fstat is seen
+  auto n = read_upto(f.fd.get(), text.data(), text.size(), path);
+  if (!n.ok()) return n.status();
+  if (*n > f.size)
+    return Status::Corrupt(fmt::format("checkpoint '{}': {} grew while it was read", dir, name));
   text.resize(*n);
   return text;
 }
@@ -275,11 +280,27 @@ class ChunkReader {
   }
 
  private:
+  // At most half the descriptor limit (256 at most) open at once: a checkpoint of thousands of
+  // ranks must not run the process out of descriptors (EMFILE). The lowest-numbered open files
+  // are closed first; a file reopened is not verified again.
+  static int max_open() {
+    rlimit r{};
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 256;
+    return static_cast<int>(std::clamp<rlim_t>(r.rlim_cur / 2, 1, 256));
+  }
   Status open_file(int q, bool verify) {
     if (fds_[q] >= 0) return Status::Ok();
     if (verify) ZOE_RETURN_IF_ERROR(verify_file(q));
-    fds_[q] = open(file(q).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fds_[q] < 0) return open_error(file(q), "checkpoint file", errno);
+    static const int kMaxOpen = max_open();
+    for (int k = 0; open_ >= kMaxOpen && k < world_; ++k)
+      if (fds_[k] >= 0) {
+        close(fds_[k]);
+        fds_[k] = -1;
+        --open_;
+      }
+    ZOE_ASSIGN_OR_RETURN(InputFile f, open_input_file(file(q), "checkpoint file", UINT64_MAX));
+    fds_[q] = f.fd.release();
+    ++open_;
     return Status::Ok();
   }
   std::string file(int q) const { return path_ + "/" + m_.files[q].name; }
@@ -288,6 +309,7 @@ class ChunkReader {
   const CheckpointManifest& m_;
   int world_;
   std::vector<int> fds_;  // opened when first read: a rank reads only the files its range overlaps
+  int open_ = 0;          // of fds_
   std::vector<bool> verified_;
   UnitOffsets offsets_;
 };

@@ -1,6 +1,7 @@
 #include "ckpt/root_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -43,15 +44,19 @@ Result<std::optional<CheckpointRootLock>> CheckpointRootLock::AcquireOnRankZero(
 }
 
 Result<CheckpointRootLock> CheckpointRootLock::Acquire(const std::string& root, const std::string& what) {
-  std::error_code ec;
-  std::filesystem::create_directories(root, ec);
-  if (ec)
-    return Status::Invalid(fmt::format("{}: cannot create '{}': {}", what, root, ec.message()));
+  Status made = make_private_dirs(root);
+  if (!made.ok()) return Status::Invalid(fmt::format("{}: checkpoint directory: {}", what, made.message()));
   std::string path = root + "/" + kCheckpointLockName;
-  // O_NOFOLLOW: a link planted under the lock's name must not make us truncate its target.
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // O_NOFOLLOW: a link planted under the lock's name must not make us truncate its target;
+  // O_NONBLOCK: a FIFO planted there must not hang the job before fstat refuses it.
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return open_error(path, "checkpoint lock file", errno);
   CheckpointRootLock lock(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Status::Io(fmt::format("{}: fstat: {}", path, errno_string(errno)));
+  if (!S_ISREG(st.st_mode))
+    return Status::Invalid(fmt::format("{}: the checkpoint lock '{}' is {}, not a regular file; remove it", what, path,
+                                       file_kind(st.st_mode)));
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return in_use(root, what, fd);
     return Status::Io(fmt::format("{}: flock: {}", path, errno_string(errno)));

@@ -1,6 +1,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "common/signal_exit.h"
 
 namespace zoe::cli {
 
@@ -12,6 +13,7 @@ int exit_code(const Status& s) {
 }
 
 int report_error(const Status& s) {
+  SignalExit::ending();
   std::fprintf(stderr, "zoe: %s\n", s.message().c_str());
   return exit_code(s);
 }

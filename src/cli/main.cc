@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "common/signal_exit.h"
 
 int main(int argc, char** argv) {
   using namespace zoe::cli;
@@ -67,6 +68,9 @@ int main(int argc, char** argv) {
                  app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
     return 2;
   }
+  // train and export write files a signal must not leave behind (a swap directory, a checkpoint or
+  // export in progress): there a signal ends the job as an error does (common/signal_exit.h).
+  if (*train || *exp) zoe::SignalExit::Install();
   // Nothing escapes as an exception: bad input is exit 2 (a Status), anything unexpected exit 1
   // with what it was.
   try {

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "comm/comm.h"
 #include "common/config.h"
+#include "common/signal_exit.h"
 #include "train/backend.h"
 #include "train/trainer.h"
 
@@ -20,6 +21,7 @@ namespace {
 // together, rank 0 alone printing an input error. A rank that fails alone while the others wait
 // in a collective says which rank it is and why, then aborts the job: never a hang.
 int fail(Comm& comm, const Status& st) {
+  SignalExit::ending();
   constexpr double kMeetSeconds = 3.0;
   int code = exit_code(st);
   bool root = comm.rank() == 0, together = comm.size() == 1 || comm.barrier_within(kMeetSeconds);

@@ -97,8 +97,9 @@ class Comm {
 };
 
 // One rank's outcome made everyone's (collective): every rank returns an error when any rank
-// had one, its own if it had one, else `elsewhere`. So no rank goes on alone into a collective
-// that the failed rank will never join.
+// had one, its own if it had one, else `elsewhere` followed by "; rank R: " and the first failed
+// rank's message, with that error's code. So no rank goes on alone into a collective that the
+// failed rank will never join, and every rank's line says what failed.
 Status agree(Comm& comm, const Status& mine, const Status& elsewhere);
 
 // Sums chunk r of `n` chunks (each `count` elements of `dtype`, stored back to back in `chunks`)

@@ -57,8 +57,8 @@ uint64_t xxh3_64(const void* data, size_t n) { return XXH3_64bits_dispatch(data,
 std::string checksum_buffer(const void* data, size_t n) { return Checksum::checksum_to_hex(xxh3_64(data, n)); }
 
 Result<std::string> checksum_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return open_error(path, "open for checksum", errno);
+  ZOE_ASSIGN_OR_RETURN(InputFile in, open_input_file(path, "file to checksum", UINT64_MAX));
+  int fd = in.fd.release();
   constexpr size_t kChunk = size_t{8} << 20;
   // Not a zero-filled vector: only the pages a read fills are touched, so checking the many small
   // or empty files of a wide checkpoint does not cost 8 MiB of memset each.

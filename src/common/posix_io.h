@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/unique_fd.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -30,7 +31,32 @@ Status fsync_fd(int fd, const std::string& path);
 // Opens the directory and fsyncs it, so that entries created or renamed in it are durable.
 Status fsync_dir(const std::string& dir);
 
-// The directory part of `path` ("." for a bare name).
+// The directory part of `path` ("." for a bare name), and the part after the last '/'.
 std::string parent_dir(const std::string& path);
+std::string base_name(const std::string& path);
+
+// What a stat mode is, in words: "a regular file", "a FIFO", "a character device", ...
+std::string file_kind(unsigned mode);
+
+// A file opened to be read, and its size when opened.
+struct InputFile {
+  UniqueFd fd;
+  uint64_t size = 0;
+};
+enum class Links { kFollow, kRefuse };
+// Opens `path` to read, checked on the opened descriptor: a regular file only (a FIFO, device,
+// socket or directory is Invalid naming what it is; the open never blocks, as a FIFO's would), at
+// most `max_bytes` long (Invalid naming both sizes). A final symlink is refused (ELOOP) when
+// `links` is kRefuse. `what` names the file's role, e.g. "config key 'zoe.init'".
+Result<InputFile> open_input_file(const std::string& path, const std::string& what, uint64_t max_bytes,
+                                  Links links = Links::kFollow);
+
+// Creates `path` and its missing parents as directories of mode 0700, whatever the umask. Those that
+// exist are left as they are; one that is not a directory is Invalid.
+Status make_private_dirs(const std::string& path);
+
+// OK when `name` in the directory `dirfd` is absent or a regular file: the only things a file zoe
+// writes may replace. A link, device, FIFO, socket or directory there is Invalid naming `path`.
+Status check_replaceable(int dirfd, const std::string& name, const std::string& path);
 
 }  // namespace zoe

@@ -1,5 +1,6 @@
 #include "data/data_loader.h"
 
+#include <algorithm>
 #include <string>
 
 namespace zoe {
@@ -35,16 +36,21 @@ Result<DataLoader> DataLoader::Create(const TokenSource& source, int64_t B, int6
   return d;
 }
 
-void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
-  if (state_.position + global_ + 1 > src_->shard_tokens(state_.shard)) {
-    state_.shard = (state_.shard + 1) % src_->num_shards();
-    state_.position = 0;
+Status DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+  DataLoaderState at = state_;
+  if (at.position + global_ + 1 > src_->shard_tokens(at.shard)) {
+    at.shard = (at.shard + 1) % src_->num_shards();
+    at.position = 0;
   }
   const uint64_t bt = static_cast<uint64_t>(B_ * T_);
-  const uint64_t start = state_.position + static_cast<uint64_t>(rank_) * bt;
-  src_->copy(state_.shard, start, bt, inputs);
-  src_->copy(state_.shard, start + 1, bt, targets);
-  state_.position += global_;
+  const uint64_t start = at.position + static_cast<uint64_t>(rank_) * bt;
+  // One read of B*T + 1 tokens; the targets are the inputs shifted by one.
+  ZOE_RETURN_IF_ERROR(src_->copy(at.shard, start, bt, inputs));
+  ZOE_RETURN_IF_ERROR(src_->copy(at.shard, start + bt, 1, targets + bt - 1));
+  std::copy(inputs + 1, inputs + bt, targets);
+  at.position += global_;
+  state_ = at;
+  return Status::Ok();
 }
 
 Status DataLoader::restore(const DataLoaderState& s) {

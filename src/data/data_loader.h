@@ -35,8 +35,9 @@ class DataLoader {
   static Result<DataLoader> Create(const TokenSource& source, int64_t B, int64_t T, int rank,
                                    int world);
 
-  // Fills inputs[0, B*T) and targets[0, B*T) with this rank's next micro-batch.
-  void next_batch(int32_t* inputs, int32_t* targets);
+  // Fills inputs[0, B*T) and targets[0, B*T) with this rank's next micro-batch. An error (the
+  // file changed since it was checked: TokenSource::copy) leaves the state where it was.
+  Status next_batch(int32_t* inputs, int32_t* targets);
 
   DataLoaderState state() const { return state_; }
   // Invalid when the shard index or the position is outside the source.

@@ -7,6 +7,8 @@
 #include <bit>
 #include <cstring>
 
+#include "common/posix_io.h"
+
 namespace zoe {
 
 static_assert(std::endian::native == std::endian::little, "token shards are read in place as little-endian");
@@ -42,16 +44,16 @@ Result<std::vector<std::string>> expand(const std::string& pattern) {
 
 }  // namespace
 
-Status TokenSource::add_shard(MappedFile file) {
-  const std::string& path = file.path();
+Status TokenSource::add_shard(const std::string& path) {
+  ZOE_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path, "data file"));
   const uint64_t size = file.size();
   if (size == 0) return Status::Invalid(path + ": empty file (no tokens)");
   Shard sh;
+  sh.path = path;
   if (format_ == TokenFormat::kBytes) {
-    sh.tokens = file.data();
     sh.ntok = size;
     if (vocab_size_ < 256) {
-      const uint8_t* t = sh.tokens;
+      const uint8_t* t = file.data();
       for (uint64_t i = 0; i < sh.ntok; ++i)
         if (t[i] >= vocab_size_)
           return Status::Invalid(path + ": byte " + std::to_string(t[i]) + " at position " +
@@ -60,9 +62,13 @@ Status TokenSource::add_shard(MappedFile file) {
     }
   } else {
     ZOE_ASSIGN_OR_RETURN(sh.ntok, check_llmc_shard(file.data(), size, vocab_size_, path));
-    sh.tokens = file.data() + kLlmcHeaderBytes;
+    sh.first = kLlmcHeaderBytes;
   }
-  sh.file = std::move(file);
+  // Reads go through a descriptor of their own, each checked again (copy()): the mapping is gone
+  // before training starts, so a file changed later cannot reach the model unchecked.
+  ZOE_ASSIGN_OR_RETURN(InputFile in, open_input_file(path, "data file", UINT64_MAX));
+  if (in.size != size) return Status::Invalid(path + ": data file changed while zoe opened it");
+  sh.fd = std::move(in.fd);
   shards_.push_back(std::move(sh));
   return Status::Ok();
 }
@@ -75,10 +81,7 @@ Result<TokenSource> TokenSource::Open(TokenFormat format, const std::string& pat
   src.format_ = format;
   src.vocab_size_ = vocab_size;
   ZOE_ASSIGN_OR_RETURN(std::vector<std::string> paths, expand(pattern));
-  for (const std::string& p : paths) {
-    ZOE_ASSIGN_OR_RETURN(MappedFile f, MappedFile::Open(p));
-    ZOE_RETURN_IF_ERROR(src.add_shard(std::move(f)));
-  }
+  for (const std::string& p : paths) ZOE_RETURN_IF_ERROR(src.add_shard(p));
   return src;
 }
 
@@ -88,20 +91,31 @@ uint64_t TokenSource::total_tokens() const {
   return n;
 }
 
-void TokenSource::copy(size_t i, uint64_t pos, size_t n, int32_t* out) const {
+Status TokenSource::copy(size_t i, uint64_t pos, size_t n, int32_t* out) const {
   const Shard& s = shards_[i];
-  if (format_ == TokenFormat::kBytes) {
-    const uint8_t* t = s.tokens + pos;
-    for (size_t k = 0; k < n; ++k) out[k] = t[k];
-  } else {
-    const uint16_t* t = reinterpret_cast<const uint16_t*>(s.tokens) + pos;
-    for (size_t k = 0; k < n; ++k) out[k] = t[k];
+  const size_t width = format_ == TokenFormat::kBytes ? 1 : 2;
+  uint8_t buf[8192];
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(n - done, sizeof(buf) / width);
+    Status r = pread_all(s.fd.get(), buf, k * width, s.first + (pos + done) * width, s.path);
+    if (!r.ok()) return Status::Io("data file changed while the job ran: " + r.message());
+    for (size_t j = 0; j < k; ++j) {
+      const int32_t t = width == 1 ? buf[j] : int32_t{buf[2 * j]} | int32_t{buf[2 * j + 1]} << 8;
+      // Checked again where it is used: it will index the embedding and the logits.
+      if (t >= vocab_size_)
+        return Status::Invalid(s.path + ": token " + std::to_string(t) + " at position " + std::to_string(pos + done + j) +
+                               " is not below vocab_size " + std::to_string(vocab_size_) +
+                               " (the data file changed after zoe checked it)");
+      out[done + j] = t;
+    }
+    done += k;
   }
+  return Status::Ok();
 }
 
-int32_t TokenSource::token(size_t i, uint64_t pos) const {
+Result<int32_t> TokenSource::token(size_t i, uint64_t pos) const {
   int32_t v;
-  copy(i, pos, 1, &v);
+  ZOE_RETURN_IF_ERROR(copy(i, pos, 1, &v));
   return v;
 }
 

@@ -1,5 +1,7 @@
-// The tokens of a training or validation data set: one or more shards, memory-mapped and fully
-// validated on Open().
+// The tokens of a training or validation data set: one or more shards, fully validated on Open()
+// (through a mapping), then read with pread and every token checked again as it is read: a file
+// rewritten in place (ids past the vocabulary) or truncated while a job runs is an error naming
+// it, never an id that indexes past a table, never a SIGBUS.
 //   bytes: any file; every byte is one token (vocab 256).
 //   llmc:  llm.c token shards (data/llmc_shard.h), checked by check_llmc_shard.
 // `pattern` is a path or a glob(3) pattern; a path that exists is taken literally, otherwise the
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "common/mapped_file.h"
+#include "common/unique_fd.h"
 #include "data/llmc_shard.h"
 #include "zoe/status.h"
 
@@ -33,21 +36,24 @@ class TokenSource {
   TokenFormat format() const { return format_; }
   int64_t vocab_size() const { return vocab_size_; }
   size_t num_shards() const { return shards_.size(); }
-  const std::string& shard_path(size_t i) const { return shards_[i].file.path(); }
+  const std::string& shard_path(size_t i) const { return shards_[i].path; }
   uint64_t shard_tokens(size_t i) const { return shards_[i].ntok; }
   uint64_t total_tokens() const;
 
-  // Copies tokens [pos, pos + n) of shard `i` to out as int32; requires pos + n <= shard_tokens(i).
-  void copy(size_t i, uint64_t pos, size_t n, int32_t* out) const;
-  int32_t token(size_t i, uint64_t pos) const;
+  // Reads tokens [pos, pos + n) of shard `i` into out as int32; requires pos + n <= shard_tokens(i).
+  // Invalid when a token read is not below the vocabulary, Io when the file ended early: either
+  // means the file changed after Open() checked it, and the message says so.
+  Status copy(size_t i, uint64_t pos, size_t n, int32_t* out) const;
+  Result<int32_t> token(size_t i, uint64_t pos) const;
 
  private:
   struct Shard {
-    MappedFile file;
-    const uint8_t* tokens = nullptr;  // first token's first byte
+    std::string path;
+    UniqueFd fd;
+    uint64_t first = 0;  // byte offset of the first token
     uint64_t ntok = 0;
   };
-  Status add_shard(MappedFile file);
+  Status add_shard(const std::string& path);
 
   TokenFormat format_ = TokenFormat::kBytes;
   int64_t vocab_size_ = 0;

@@ -1,5 +1,7 @@
 #include "nvme/nvme_store.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "common/round_up.h"
+#include "common/signal_exit.h"
 #include "nvme/io_error.h"
 #include "nvme/io_worker.h"
 #include "nvme/transfer.h"
@@ -51,6 +54,24 @@ bool job_dir_name(const std::string& name) {
 // A swap file name the store makes: <plain region name>.swap.
 bool swap_name(const std::string& name) { return name.ends_with(".swap") && name.size() > 5 && plain_name(name); }
 
+// What a signal that ends the `zoe` command removes of a live store (SignalExit): its swap files
+// and marker, then its directory, all through the descriptors the store holds (never by path).
+void remove_store_files(int dir_fd, int parent_fd, const std::string& dir_name) {
+  int d = ::dup(dir_fd);
+  DIR* dp = d >= 0 ? ::fdopendir(d) : nullptr;
+  if (!dp) {
+    if (d >= 0) ::close(d);
+    return;
+  }
+  ::rewinddir(dp);
+  while (dirent* e = ::readdir(dp)) {
+    std::string name = e->d_name;
+    if (swap_name(name) || name == kMarker) ::unlinkat(dir_fd, name.c_str(), 0);
+  }
+  ::closedir(dp);
+  ::unlinkat(parent_fd, dir_name.c_str(), AT_REMOVEDIR);
+}
+
 // An open directory, closed unless released.
 class DirHolder {
  public:
@@ -70,11 +91,25 @@ class DirHolder {
   Dir d_;
 };
 
+// A directory zoe made before swap directories carried the marker (before cc3ffbe), provably so:
+// mode 0700, and inside only regular files of the owner named like swap files, at least one. A
+// job of today's zoe puts files in only after its marker, so an unmarked directory with swap files
+// in it is no job starting up; an empty one may be, and is left alone.
+bool old_format_dead_job(NvmeEnv* env, const Dir& d, const EntryInfo& self, const std::vector<std::string>& files) {
+  if (self.mode != 0700 || files.empty()) return false;
+  for (const std::string& f : files) {
+    Result<EntryInfo> e = env->stat_at(d, f);
+    if (!swap_name(f) || !e.ok() || e->kind != EntryInfo::Kind::kFile || e->owner != ::geteuid()) return false;
+  }
+  return true;
+}
+
 // Directories of other jobs whose lock nobody holds belong to jobs that died: their swap files
 // are scratch, so they are removed (a live job holds its lock for as long as its files exist).
 // Only what zoe made is touched: real directories (never a link), ours by owner, carrying the
-// marker, and inside them only swap file names and the marker, all unlinked through the
-// directory's descriptor; a directory holding anything else keeps it, and its marker.
+// marker (or made by zoe before the marker: old_format_dead_job), and inside them only swap file
+// names and the marker, all unlinked through the directory's descriptor; a directory holding
+// anything else keeps it, and its marker.
 void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
   Result<std::vector<std::string>> names = env->list_dir(parent);
   if (!names.ok()) return;  // nothing of ours depends on it
@@ -89,9 +124,10 @@ void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
     if (!locked.ok() || !*locked) continue;  // alive
     Result<EntryInfo> self = env->stat_at(d.get(), "");
     Result<EntryInfo> marker = env->stat_at(d.get(), kMarker);
-    if (!self.ok() || self->owner != ::geteuid() || !marker.ok() || marker->kind != EntryInfo::Kind::kFile) continue;
+    if (!self.ok() || self->owner != ::geteuid() || !marker.ok()) continue;
     Result<std::vector<std::string>> files = env->list_dir(d.get());
     if (!files.ok()) continue;
+    if (marker->kind != EntryInfo::Kind::kFile && !old_format_dead_job(env, d.get(), *self, *files)) continue;
     bool only_ours = true;
     for (const std::string& f : *files) {
       if (swap_name(f)) (void)env->remove_file_at(d.get(), f);
@@ -205,6 +241,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
   Result<Dir> dir = open_job_dir(env, st->parent_, st->dir_name_);
   if (!dir.ok()) return dir.status();  // someone else's: the destructor leaves it alone
   st->dir_ = std::move(dir).value();
+  st->on_signal_ = SignalCleanup(
+      [d = st->dir_.fd, p = st->parent_.fd, name = st->dir_name_] { remove_store_files(d, p, name); });
 
   const unsigned bounce = o.bounce_buffers ? o.bounce_buffers : o.queue_depth;
   if (o.pool) {
@@ -421,6 +459,7 @@ Status NvmeStore::wait(const Ticket& t) {
 Status NvmeStore::close() {
   if (closed_) return Status::Ok();
   closed_ = true;
+  on_signal_.reset();  // from here on close() removes the files; the descriptors will go
   if (worker_) worker_->stop();  // every transfer submitted completes first
   // Bounce buffers the kernel may still write into (requests abandoned after the queue failed)
   // never go back to the pool (a pool of the store's own is unmapped below, but the kernel keeps

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/signal_exit.h"
 #include "nvme/block_sums.h"
 #include "nvme/nvme_env.h"
 #include "nvme/pinned_pool.h"
@@ -170,6 +171,7 @@ class NvmeStore {
   Dir parent_;            // nvme_path, links resolved
   Dir dir_;               // the store's directory; its descriptor holds the lock
   std::string dir_name_;  // its name in parent_
+  SignalCleanup on_signal_;  // removes the directory's files if a signal ends the process
   bool closed_ = true;
   std::unique_ptr<PinnedPool> own_pool_;
   PinnedPool* pool_ = nullptr;

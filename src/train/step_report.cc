@@ -1,12 +1,17 @@
 #include "train/step_report.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "common/posix_io.h"
 
 namespace zoe {
 
@@ -77,13 +82,43 @@ ReportWriter::~ReportWriter() {
 Status ReportWriter::open(const std::string& path, bool append) {
   if (path.empty()) return Status::Ok();
   path_ = path;
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f_) return Status::Invalid(fmt::format("--report '{}': cannot be written: {}", path, std::strerror(errno)));
+  // Created by zoe, 0600 whatever the umask; an existing one may only be a regular file, and is
+  // emptied only when the first line is written: a typo in another input leaves it as it was.
+  // O_NOFOLLOW: never through a planted link; O_NONBLOCK: a FIFO there is refused, not waited on.
+  const int flags = O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  bool created = true;
+  int fd = ::open(path.c_str(), flags | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = ::open(path.c_str(), flags);
+  }
+  if (fd < 0) {
+    int e = errno;
+    return Status::Invalid(fmt::format("--report '{}': cannot be written: {}", path,
+                                       e == ELOOP ? "it is a symbolic link, which zoe does not follow" : std::strerror(e)));
+  }
+  struct stat st = {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (created && ::fchmod(fd, 0600) != 0)) {
+    std::string kind = file_kind(st.st_mode);
+    ::close(fd);
+    return Status::Invalid(fmt::format("--report '{}': is {}; zoe writes its report only to a regular file", path, kind));
+  }
+  f_ = ::fdopen(fd, "a");
+  if (!f_) {
+    ::close(fd);
+    return Status::Io(fmt::format("--report '{}': fdopen: {}", path, std::strerror(errno)));
+  }
+  truncate_at_first_line_ = !append && !created;
   return Status::Ok();
 }
 
 Status ReportWriter::write(const nlohmann::json& line) {
   if (!f_) return Status::Ok();
+  if (truncate_at_first_line_) {
+    truncate_at_first_line_ = false;
+    if (::ftruncate(::fileno(f_), 0) != 0)
+      return Status::Io(fmt::format("report '{}': cannot truncate: {}", path_, std::strerror(errno)));
+  }
   std::string s = line.dump() + "\n";
   if (std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0)
     return Status::Io(fmt::format("report '{}': write failed: {}", path_, std::strerror(errno)));

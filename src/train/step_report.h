@@ -37,6 +37,8 @@ class ReportWriter {
   ReportWriter() = default;
   ~ReportWriter();
   // Empty path: no report. append: a resumed run continues the file instead of truncating it.
+  // A new file is 0600; an existing one must be a regular file (not a link, FIFO or device) and
+  // is emptied only when the first line is written.
   Status open(const std::string& path, bool append = false);
   Status write(const nlohmann::json& line);
   bool active() const { return f_ != nullptr; }
@@ -44,6 +46,7 @@ class ReportWriter {
  private:
   std::FILE* f_ = nullptr;
   std::string path_;
+  bool truncate_at_first_line_ = false;
 };
 
 }  // namespace zoe

@@ -20,7 +20,7 @@ class TokenBatchSource final : public BatchSource {
     b.T = T_;
     b.inputs.resize(size_t(B_) * T_);
     b.targets.resize(size_t(B_) * T_);
-    loader_.next_batch(b.inputs.data(), b.targets.data());
+    ZOE_RETURN_IF_ERROR(loader_.next_batch(b.inputs.data(), b.targets.data()));
     return b;
   }
   DataPosition position() const override {

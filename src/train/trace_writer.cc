@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/atomic_file.h"
 #include "common/posix_io.h"
 #include "common/profiler.h"
 
@@ -43,18 +44,19 @@ Status write_trace(Comm& comm, const std::string& path) {
     auto part = nlohmann::json::parse(all.begin() + r * max_len, all.begin() + r * max_len + lens[r]);
     for (auto& e : part) events.push_back(std::move(e));
   }
-  std::ofstream f(path);
-  if (!f) return Status::Invalid(fmt::format("--trace '{}': cannot be written", path));
-  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!f) return Status::Io(fmt::format("trace '{}': write failed", path));
-  return Status::Ok();
+  std::string out = nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
+  return write_file_atomic(path, out);
 }
 
 Status check_trace_path(const std::string& path) {
   if (path.empty()) return Status::Ok();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::Invalid(fmt::format("--trace '{}': cannot be written: {}", path, errno_string(errno)));
-  ::close(fd);
+  // Written at the end through an AtomicFile: here, only whether it could be.
+  const std::string dir = parent_dir(path);
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d.valid() || ::faccessat(d.get(), ".", W_OK, AT_EACCESS) != 0)
+    return Status::Invalid(fmt::format("--trace '{}': cannot be written: {}", path, errno_string(errno)));
+  Status s = check_replaceable(d.get(), base_name(path), path);
+  if (!s.ok()) return Status::Invalid("--trace " + s.message());
   return Status::Ok();
 }
 

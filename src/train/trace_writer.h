@@ -8,6 +8,7 @@
 
 namespace zoe {
 Status write_trace(Comm& comm, const std::string& path);
-// Checks up front that `path` can be written (creating it empty if absent); "" is fine.
+// Checks up front that `path` could be written (its directory writable, the name absent or a
+// regular file), creating nothing; "" is fine. The trace is written whole, through an AtomicFile.
 Status check_trace_path(const std::string& path);
 }
