@@ -180,6 +180,30 @@ TEST(Cli, EstimateJsonIsTheSeedTable) {
   EXPECT_NE(out.find("come on top"), std::string::npos) << out;
 }
 
+// Round 3: on main at 8800094 each was exit 1 "device memory budget exhausted" (the seq_len case
+// after 2.2 GB): a budget that cannot hold the state, one unit in flight or the activations is a
+// bad config, exit 2 naming the key and the need, in bounded memory.
+TEST(Cli, ABudgetThatCannotHoldTheJobIsExitTwoNamingTheKeyAndTheNeed) {
+  const std::string base = " train --quiet --set zoe.checkpoint.dir='\"\"' --set zoe.steps=2"
+                           " --set zero_optimization.offload_optimizer.device='\"none\"' ";
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"--set zoe.device_memory_budget='\"4MiB\"'", "its state on the device needs"},
+      {"--set zoe.data.seq_len=16777216 --set zoe.model.n_positions=16777216", "unit 'embed' in flight"},
+      {"--set zoe.model.vocab_size=16777216", "unit 'embed' in flight"},
+      {"--set train_micro_batch_size_per_gpu=3000", "the activations of one micro-batch of B=3000 x T=128"},
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    int rc = run_command(limit_memory_kb(4000000) + kZoe + base + c.args, &out);
+    EXPECT_EQ(rc, 2) << c.args << "\n" << out;
+    EXPECT_EQ(lines(out), 1) << out;
+    EXPECT_NE(out.find("config key 'zoe.device_memory_budget'"), std::string::npos) << out;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
 // A --trace path that cannot be written is found before the first step, not after the whole run.
 TEST(Cli, AnUnwritableTraceFailsBeforeTheFirstStep) {
   std::string dir = make_temp_dir("cli");

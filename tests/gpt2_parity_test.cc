@@ -108,6 +108,33 @@ TEST(Gpt2Parity, LossAndEveryGradientMatchPyTorch) {
   fs::remove_all(dir);
 }
 
+// Round 3: ids past the vocabulary reached the encoder and the loss (out-of-bounds reads and
+// writes of wte, dwte and dlogits). Whatever made the batch, the model refuses it, naming the id.
+TEST(Gpt2Model, TokensOutsideTheVocabularyAreRefusedWhereTheyEnterTheModel) {
+  Gpt2Model model(kShape, /*activation_checkpointing=*/false);
+  CaptureEngine e(model.units());
+  auto init = default_init(model, 1234);
+  for (int u = 0; u < e.num_units(); ++u) ASSERT_TRUE(e.set_params(u, init[u].data()).ok());
+  Batch b;
+  b.B = kB;
+  b.T = kT;
+  b.inputs.assign(size_t(kB) * kT, 1);
+  b.targets.assign(size_t(kB) * kT, 2);
+  ASSERT_TRUE(model.train_micro_step(e, b, 1.0f).ok());
+  b.inputs[kT + 3] = kShape.vocab_size;
+  auto past = model.train_micro_step(e, b, 1.0f);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), Code::kInvalidInput);
+  EXPECT_NE(past.status().message().find(fmt::format("input {} (row 1, position 3) is {}", kT + 3, kShape.vocab_size)),
+            std::string::npos) << past.status().message();
+  b.inputs[kT + 3] = 1;
+  b.targets[0] = -1;
+  auto negative = model.eval_loss(e, b);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("target 0 (row 0, position 0) is -1"), std::string::npos)
+      << negative.status().message();
+}
+
 // The training job: fp32 AdamW, constant lr, no clipping, stage 3, zoe.init from a file.
 nlohmann::json train_config(const std::string& dir, int steps) {
   return {{"train_micro_batch_size_per_gpu", kB},

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/profiler.h"
 #include "model/gpt2_ops.h"
 #include "model/model_ops.h"
@@ -31,6 +33,11 @@ void Gpt2Model::free_buffers() {
 }
 
 Result<float*> Gpt2Model::take(size_t floats) {
+  if (counting_) {
+    counted_ += std::max<size_t>(floats, 1) * 4;
+    static float nowhere;  // never read or written: the first pass only sizes
+    return &nowhere;
+  }
   ZOE_ASSIGN_OR_RETURN(Buffer b, dev_->alloc(std::max<size_t>(floats, 1) * 4, Tier::kDevice, Kind::kActivation));
   bufs_.push_back(b);
   return b.as<float>();
@@ -38,8 +45,26 @@ Result<float*> Gpt2Model::take(size_t floats) {
 
 // Activations, fp32 unit copies and gradients: device memory, booked as activations, held for
 // one micro-step (the device reuses the same blocks next time, so no fresh pages are touched).
+// Sized first: a budget that cannot hold them is a bad config naming the need, not an
+// out-of-memory error in the middle of the first step.
 Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
   free_buffers();
+  counting_ = true;
+  counted_ = 0;
+  Status sized = lay_out_buffers(e, b);
+  counting_ = false;
+  ZOE_RETURN_IF_ERROR(sized);
+  Status s = lay_out_buffers(e, b);
+  if (s.code() != Code::kOutOfMemory) return s;
+  free_buffers();
+  return Status::Invalid(fmt::format(
+      "config key 'zoe.device_memory_budget': too small for the activations of one micro-batch of B={} x T={} "
+      "(vocab_size {}, n_embd {}, n_layer {}): they need {:.3f} GiB on the device ({}); raise the budget, or lower "
+      "train_micro_batch_size_per_gpu or zoe.data.seq_len",
+      b.B, b.T, s_.vocab_size, s_.n_embd, s_.n_layer, counted_ / double(1 << 30), s.message()));
+}
+
+Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {
   dev_ = &e.device();
   dims_ = {b.B, b.T, s_.n_embd, s_.n_head};
   size_t BT = size_t(b.B) * b.T, C = s_.n_embd, L = s_.n_layer;
@@ -143,8 +168,27 @@ Status Gpt2Model::block_backward(Engine& e, int l) {
   return e.grads_ready(1 + l, grad_);
 }
 
+// Every input indexes wte (the encoder) and every target the logits (the loss), on every backend:
+// checked where they enter the model, whatever made the batch (the data loader also checks each
+// token as it reads it). B*T compares: nothing beside a step.
+namespace {
+Status check_batch(const Batch& b, int vocab) {
+  const size_t bt = size_t(b.B) * size_t(b.T);
+  if (b.B < 1 || b.T < 1 || b.inputs.size() != bt || b.targets.size() != bt)
+    return Status::Invalid(fmt::format("a batch of B={} x T={} holds {} inputs and {} targets", b.B, b.T,
+                                       b.inputs.size(), b.targets.size()));
+  for (const auto* v : {&b.inputs, &b.targets})
+    for (size_t i = 0; i < bt; ++i)
+      if (static_cast<uint32_t>((*v)[i]) >= static_cast<uint32_t>(vocab))
+        return Status::Invalid(fmt::format("batch {} {} (row {}, position {}) is {}: not a token id below vocab_size {}",
+                                           v == &b.inputs ? "input" : "target", i, i / b.T, i % b.T, (*v)[i], vocab));
+  return Status::Ok();
+}
+}  // namespace
+
 Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   if (b.T > s_.n_positions) return Status::Invalid("sequence length exceeds n_positions");
+  ZOE_RETURN_IF_ERROR(check_batch(b, s_.vocab_size));
   ZOE_RETURN_IF_ERROR(size_buffers(e, b));
   ModelOps& ops = dev_->ops();
   const int BT = b.B * b.T, C = s_.n_embd, V = s_.vocab_size, L = s_.n_layer;

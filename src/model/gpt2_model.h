@@ -50,6 +50,7 @@ class Gpt2Model final : public Model {
   Status block_forward(Engine& e, int l);
   Status block_backward(Engine& e, int l);
   Status size_buffers(Engine& e, const Batch& b);  // allocates every buffer below
+  Status lay_out_buffers(Engine& e, const Batch& b);  // size_buffers' allocations, in order
   Result<float*> take(size_t floats);  // one more device buffer of the current set
   void free_buffers();
   // Frees the buffers when a micro-step ends, however it ends, and releases a unit an error left
@@ -71,6 +72,8 @@ class Gpt2Model final : public Model {
   gpt2::BlockDims dims_{};
   Device* dev_ = nullptr;     // the device the buffers below live on
   std::vector<Buffer> bufs_;  // every buffer below, held for one micro-step
+  bool counting_ = false;     // take() only adds up the bytes (size_buffers' first pass)
+  uint64_t counted_ = 0;
   std::vector<float*> x_;     // x_[l]: input of block l; x_[L]: input of ln_f
   std::vector<float*> acts_mem_;  // per block, or one shared when checkpointing
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *scratch_ = nullptr,

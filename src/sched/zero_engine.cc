@@ -1,5 +1,8 @@
 #include "sched/zero_engine.h"
 
+#include "sched/memory_estimate.h"
+#include "nvme/io_error.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -96,6 +99,7 @@ Status ZeroEngine::allocate() {
     ZOE_RETURN_IF_ERROR(comm_.broadcast(id.data(), sizeof(id), 0));
     job = swap_job_name(id[0], static_cast<uint32_t>(id[1]));
   }
+  ZOE_RETURN_IF_ERROR(check_state_fits());
   ZOE_RETURN_IF_ERROR(state_.allocate(job));
   ZOE_RETURN_IF_ERROR(pass_.allocate());
   ZOE_RETURN_IF_ERROR(check_device_fits());
@@ -128,6 +132,27 @@ Status ZeroEngine::start_comm_worker() {
 uint64_t ZeroEngine::unit_device_need(int u) const {
   uint64_t full = layout_.slot(u).full_size;
   return full * ((plan_.shard_params ? wsize_ : 0) + 4 + (plan_.shard_grads ? gsize_ : 0));
+}
+
+// Before the state is allocated: what the state certainly keeps on the device (the seed's table,
+// a lower bound: a partial offload ratio only lowers it further) and the largest unit in flight
+// must fit the budget, or the job is a bad config, refused naming the key, the need and the room.
+Status ZeroEngine::check_state_fits() {
+  StageMemory m = exact_stage(layout_.padded_params(), layout_.shard_size(), cfg_.stage, dtype_,
+                              cfg_.offload_optimizer.device, cfg_.offload_param.device);
+  const uint64_t state = static_cast<uint64_t>(m.by_tier[static_cast<int>(Tier::kDevice)]);
+  uint64_t in_flight = 0;
+  int largest = 0;
+  for (int u = 0; u < num_units(); ++u)
+    if (unit_device_need(u) > in_flight) in_flight = unit_device_need(largest = u);
+  const uint64_t left = units_.device_free();
+  if (state + in_flight <= left) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "config key 'zoe.device_memory_budget' ({}): too small for this model: its state on the device needs {} and "
+      "unit '{}' in flight {} more ({} in all), and {} of the budget is free; raise the budget, offload the state "
+      "(offload_optimizer, offload_param) or shard it over more ranks",
+      bytes_text(cfg_.device_memory_budget), bytes_text(state), unit(largest).name, bytes_text(in_flight),
+      bytes_text(state + in_flight), bytes_text(left)));
 }
 
 // A unit that cannot be in flight next to the persistent state is an error now, not an
