@@ -3,7 +3,8 @@
 // zoe_set_param passes them before zoe reads a byte. ndim, dtype, shape, strides and byte offset
 // come from the input, so no input may crash, overflow or read out of bounds: a bad one is an
 // Invalid Status. An accepted tensor must lie where byte_span says (recomputed here in 128 bits),
-// and reading it from a heap block of exactly that size must stay inside it (ASan watches).
+// below kMaxUserAddress, and reading it from a heap block of exactly that size must stay inside
+// it (ASan watches).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -57,6 +58,8 @@ void expect_span(const DLTensor& t, const zoe::capi::ByteSpan& got) {
   }
   const i128 end = i128{t.byte_offset} + (last + 1) * (t.dtype.bits / 8);
   if (got.first != t.byte_offset || i128{got.last} != end || end > PTRDIFF_MAX) std::abort();
+  // A valid pointer plus a huge byte_offset (2^62) points at no memory of the caller's.
+  if (i128{reinterpret_cast<uintptr_t>(t.data)} + end > i128{zoe::capi::kMaxUserAddress}) std::abort();
   if (zoe::capi::dl_compact(t) && end - t.byte_offset != numel * (t.dtype.bits / 8)) std::abort();
 }
 

@@ -208,6 +208,85 @@ TEST(CApi, OverflowingGradientTensorsAreRefused) {
   zoe_engine_free(e);
 }
 
+// A byte_offset that takes a valid pointer far past any user address (2^62, well below the wrap of
+// the address space) is refused before zoe reads there, for a gradient and an initial value.
+TEST(CApi, ByteOffsetsPastTheUserAddressSpaceAreRefused) {
+  zoe_engine* e = two_units(3);
+  std::vector<float> g(kD * kD, 1.0f);
+  std::vector<int64_t> w{kD, kD};
+  DLTensor t = host_tensor(g.data(), w);
+  t.byte_offset = uint64_t{1} << 62;
+  expect_error(zoe_grad_param(e, "a.w", &t), ZOE_ERR_INVALID, "zoe_grad_param 'a.w': the gradient's data pointer");
+  EXPECT_NE(std::string(zoe_last_error()).find("byte_offset (4611686018427387904)"), std::string::npos)
+      << zoe_last_error();
+  expect_error(zoe_set_param(e, "a.w", &t), ZOE_ERR_INVALID, "zoe_set_param 'a.w': the value's data pointer");
+  std::vector<float> unit(kD * kD + kD, 1.0f);
+  std::vector<int64_t> flat{kD * kD + kD};
+  DLTensor whole = host_tensor(unit.data(), flat);
+  whole.byte_offset = uint64_t{1} << 56;  // the bound itself: past it by the tensor's bytes
+  expect_error(zoe_grads_ready(e, 1, &whole), ZOE_ERR_INVALID, "byte_offset");
+  hand_over_ones(e, 0);
+  zoe_step_result r;
+  ASSERT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(r.step, 1);
+  zoe_engine_free(e);
+}
+
+// zoe_step while a unit is fetched and not released is refused (it is not waited for: the caller
+// holds the unit), naming the units: an update would move the weights under the caller's view
+// of them. Released, the same gradients step.
+TEST(CApi, StepWhileUnitsAreHeldIsRefused) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    zoe_engine* e = two_units(stage);
+    hand_over_ones(e, 0);
+    hand_over_ones(e, 1);
+    DLManagedTensor* b = nullptr;
+    ASSERT_EQ(zoe_fetch(e, 1, &b), ZOE_OK) << zoe_last_error();
+    const std::vector<float> before = zoe::test::read_floats(b->dl_tensor, b->dl_tensor.shape[0]);
+    zoe_step_result r{};
+    expect_error(zoe_step(e, 1e-2, &r), ZOE_ERR_RUNTIME,
+                 "zoe_step: unit 1 ('b') is still held (fetched and not released); release it before stepping");
+    DLManagedTensor* a = nullptr;
+    ASSERT_EQ(zoe_fetch(e, 0, &a), ZOE_OK) << zoe_last_error();
+    expect_error(zoe_step(e, 1e-2, &r), ZOE_ERR_RUNTIME, "2 units are still held (fetched and not released): "
+                                                         "0 ('a'), 1 ('b'); release them");
+    EXPECT_EQ(zoe::test::read_floats(b->dl_tensor, b->dl_tensor.shape[0]), before);
+    a->deleter(a);
+    b->deleter(b);
+    ASSERT_EQ(zoe_release(e, 0), ZOE_OK) << zoe_last_error();
+    ASSERT_EQ(zoe_release(e, 1), ZOE_OK) << zoe_last_error();
+    ASSERT_EQ(zoe_step(e, 1e-2, &r), ZOE_OK) << zoe_last_error();
+    EXPECT_EQ(r.step, 1);
+    EXPECT_NEAR(fetch_copy(e, 1)[0], -0.01f, 1e-6);
+    zoe_engine_free(e);
+  }
+}
+
+// A run-time lr passes the config's own check of optimizer.params.lr (finite, in [0, 1e30]); a
+// finite negative lr is the documented "the config's value". NaN, inf or 1e300 used to make every
+// weight NaN.
+TEST(CApi, RunTimeLearningRatesAreCheckedAsTheConfigChecksThem) {
+  zoe_engine* e = two_units(3);
+  hand_over_ones(e, 0);
+  hand_over_ones(e, 1);
+  zoe_step_result r{};
+  expect_error(zoe_step(e, NAN, &r), ZOE_ERR_INVALID, "zoe_step: lr nan is not a learning rate");
+  expect_error(zoe_step(e, INFINITY, &r), ZOE_ERR_INVALID, "zoe_step: lr inf is not");
+  expect_error(zoe_step(e, -INFINITY, &r), ZOE_ERR_INVALID, "zoe_step: lr -inf is not");
+  expect_error(zoe_step(e, 1e300, &r), ZOE_ERR_INVALID, "zoe_step: lr 1e+300 is not");
+  EXPECT_NE(std::string(zoe_last_error()).find("[0, 1e+30]"), std::string::npos) << zoe_last_error();
+  expect_error(zoe_update_during_backward(e, NAN), ZOE_ERR_INVALID, "zoe_update_during_backward: lr nan");
+  ASSERT_EQ(zoe_step(e, 1e30, &r), ZOE_OK) << zoe_last_error();  // the config's upper bound is an lr
+  EXPECT_EQ(r.lr, 1e30);
+  for (float v : fetch_copy(e, 0)) EXPECT_TRUE(std::isfinite(v)) << v;
+  hand_over_ones(e, 0);
+  ASSERT_EQ(zoe_step(e, -1, &r), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(r.lr, 0.01);  // the config's
+  EXPECT_EQ(r.step, 2);
+  zoe_engine_free(e);
+}
+
 TEST(CApi, MisuseDuringTrainingLeavesTheEngineUsable) {
   for (int stage : {0, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

@@ -83,6 +83,11 @@ ZOE_API int zoe_unit_index(const zoe_engine* e, const char* unit_or_param);
 /* Parameter `name`'s place: its unit, element offset in the unit's flat buffer, and element count. */
 ZOE_API zoe_status zoe_param_info(const zoe_engine* e, const char* name, int* unit, int64_t* offset, int64_t* numel);
 
+/* Tensors handed in (initial values, gradients) are checked before zoe reads a byte: a float dtype,
+ * at most 64 dimensions, non-negative strides, counts that do not overflow, and every byte they span
+ * (data + byte_offset + the strides' reach) below 2^56, the top of the largest user address space
+ * (x86-64 with 5-level paging; aarch64's is 2^52 at most): else ZOE_ERR_INVALID naming the call and
+ * the field (a byte_offset of 2^62 on a valid pointer is refused, not read). */
 /* Initial values. zoe_set_param takes host memory of any float dtype and any strides; a unit's
  * values are applied when all its parameters are set, and then rank 0's count (collective: every
  * rank sets the same parameters in the same order). */
@@ -94,7 +99,8 @@ ZOE_API zoe_status zoe_load_safetensors(zoe_engine* e, const char* path);
 /* Unit u's full parameters (gathered if sharded: collective at stage 3), as a 1-D tensor of the
  * unit's elements in the engine's weight dtype, in the engine device's memory (kDLCPU for the CPU
  * device, kDLCUDA for the GPU). Zero-copy: valid until the matching zoe_release. The caller calls
- * (*out)->deleter(*out) when done with the handle (it frees the handle, never the memory). */
+ * (*out)->deleter(*out) when done with the handle (it frees the handle, never the memory). A
+ * fetched unit must be released before zoe_step (which refuses otherwise). */
 ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
 ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
 
@@ -116,16 +122,25 @@ ZOE_API zoe_status zoe_wait_stream(zoe_engine* e, void* stream);
 ZOE_API zoe_status zoe_grad_param(zoe_engine* e, const char* name, const DLTensor* grad);
 ZOE_API zoe_status zoe_grads_ready(zoe_engine* e, int unit, const DLTensor* grad);
 
-/* One optimizer step with learning rate lr (lr < 0: the config's optimizer/scheduler value).
- * Collective. Gradients still staged by zoe_grad_param are handed over first. An error on every
- * rank when no rank handed over any gradient since the last step, or ranks handed over different
- * units (then the step's gradients are dropped). */
+/* One optimizer step with learning rate lr. Collective. lr is a finite number in [0, 1e30], the
+ * bounds the config file sets for optimizer.params.lr, or a finite lr < 0 for the config's
+ * optimizer/scheduler value; NaN, +-inf and lr > 1e30 are ZOE_ERR_INVALID naming the value (the
+ * optimizer's other hyperparameters come from the config only). Gradients still staged by
+ * zoe_grad_param are handed over first. Refused, stepping nothing and keeping the gradients,
+ * while a unit is fetched and not released (ZOE_ERR_RUNTIME "zoe_step: unit 3 ('h.3') is still
+ * held (fetched and not released); release it before stepping", or "N units are still held:
+ * ..."): an error, not a wait, as the caller holds the unit and the update would move the weights
+ * under its view; and with a bad lr. Both are found before the step's first collective, on the
+ * rank concerned: other ranks wait in their zoe_step until it calls zoe_step again. Errors on
+ * every rank, dropping the step's gradients, when no rank handed over any gradient since the last
+ * step, or ranks handed over different units. */
 ZOE_API zoe_status zoe_step(zoe_engine* e, double lr, zoe_step_result* out);
 /* With the config key zoe.update_in_backward (gradient_clipping 0, no fp16): announces the next
- * step's lr (lr < 0: the config's value) before that step's last micro-step, so that each unit's
- * update begins as soon as its gradient is final, during the backward; zoe_step must then get the
- * same lr (or < 0), and a step with non-finite gradients fails instead of being skipped. Without
- * the key it does nothing. Collective only as far as the hand-overs it precedes are. */
+ * step's lr (checked as zoe_step checks it; lr < 0: the config's value) before that step's last
+ * micro-step, so that each unit's update begins as soon as its gradient is final, during the
+ * backward; zoe_step must then get the same lr (or < 0), and a step with non-finite gradients
+ * fails instead of being skipped. Without the key it does nothing. Collective only as far as the
+ * hand-overs it precedes are. */
 ZOE_API zoe_status zoe_update_during_backward(zoe_engine* e, double lr);
 ZOE_API double zoe_loss_scale(const zoe_engine* e);
 

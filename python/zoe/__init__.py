@@ -33,10 +33,22 @@ class Engine(_zoe.Engine):
 
     def __init__(self, config):
         super().__init__(config if isinstance(config, str) else _json.dumps(config))
+        self._before_step = []  # zoe.torch.wrap's checks that its model is as wrap left it
 
     def step(self, lr=None):
-        """One optimizer step (collective); lr None: the config's optimizer/scheduler value."""
-        return super().step(-1.0 if lr is None else float(lr))
+        """One optimizer step (collective). lr None: the config's optimizer/scheduler value;
+        otherwise a finite number in [0, 1e30], as the config key optimizer.params.lr (a negative,
+        NaN or infinite lr raises zoe.Error: it would make every weight NaN, or quietly mean the
+        config's). Raises zoe.Error, stepping nothing, while a unit is held (fetched and not
+        released, as inside zoe.torch.gathered()): the held weights would not see the update."""
+        if lr is not None:
+            lr = float(lr)
+            if lr < 0:  # the C API's "config's value" sentinel is None here
+                raise Error(f"Engine.step: lr {lr} is not a learning rate (>= 0); lr=None takes the config's "
+                            "optimizer/scheduler value")
+        for check in self._before_step:
+            check()
+        return super().step(-1.0 if lr is None else lr)
 
     def close(self):
         """Waits for a call in progress on another thread and for the last update, then frees the

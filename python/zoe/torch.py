@@ -26,6 +26,19 @@ collective, so every rank must make the same reads in the same order, as it make
 forwards. register_external_parameter(module, param) makes `param` part of `module`'s fetches instead,
 as DeepSpeed's function of that name does.
 
+model.state_dict() holds full copies of the weights in host memory (each unit fetched, copied and
+released in turn: collective at stage 3, so every rank calls it), so that torch.save(model.state_dict())
+and transformers' save_pretrained save the model; tied parameters share one copy. state_dict(
+keep_vars=True) returns the parameters themselves, as torch does: inside gathered() only (it raises
+elsewhere, where they are empty). named_parameters() yields the parameters: empty outside a forward.
+
+wrap registers the model's trainable parameters as they are. Changes zoe cannot follow raise,
+naming the parameter, at the next outermost forward or engine.step(): a parameter added (or
+replaced) after wrap, one frozen (requires_grad_(False)) or unfrozen after wrap, one converted to
+another dtype (model.double(), .half(), .to(dtype)). wrap refuses a model with a parameter that
+another wrap already put under an engine (shared between two wrapped models). engine.step() raises
+while units are held (inside gathered(), or fetched and not released).
+
 On a GPU, zoe's streams wait for torch's current stream (an event, zoe_wait_stream) before each
 release and each gradient hand-over, since a kernel torch queued may still read the weights or
 write the gradient (tests/python/stream_waits.py).
@@ -54,11 +67,11 @@ _live = {}  # storage address of a fetched unit's buffer -> its _Unit (any wrapp
 
 
 class _Param:
-    __slots__ = ("param", "name", "offset", "numel", "shape", "empty")
+    __slots__ = ("param", "name", "offset", "numel", "shape", "dtype", "empty")
 
     def __init__(self, param, name, offset, numel):
         self.param, self.name, self.offset, self.numel = param, name, offset, numel
-        self.shape = tuple(param.shape)
+        self.shape, self.dtype = tuple(param.shape), param.dtype
         self.empty = None  # what the parameter holds while its unit is released
 
 
@@ -86,7 +99,8 @@ def wrap(module, engine, decay=None):
 
     decay(name, param) -> bool chooses weight decay (default: tensors of two or more dimensions).
     The engine must be new (not started); it is started here with the module's current values
-    (rank 0's count)."""
+    (rank 0's count). Parameters with requires_grad False stay torch's. Raises ValueError when a
+    parameter is already under an engine (another wrapped model shares it)."""
     module._zoe = _Wrapper(module, engine, decay or (lambda name, p: p.dim() >= 2))
     return module
 
@@ -94,10 +108,11 @@ def wrap(module, engine, decay=None):
 @contextlib.contextmanager
 def gathered(module):
     """Within the block every wrapped parameter holds its full values (zoe's gathered memory, as
-    in a forward): to read them, copy a state_dict, or compare with another model. Collective at
-    stage 3 (every rank enters the block). Writes to them are not kept: set values through
-    zoe.Engine.set_param, or load a checkpoint. A fetch that fails releases what the block had
-    fetched before raising."""
+    in a forward): to read them, or compare with another model (state_dict() needs no block: it
+    gathers unit by unit). Collective at stage 3 (every rank enters the block). Writes to them are
+    not kept: set values through zoe.Engine.set_param, or load a checkpoint. engine.step() inside
+    the block raises (the held units would keep their old values). A fetch that fails releases
+    what the block had fetched before raising."""
     w = module._zoe
     fetched = []
     try:
@@ -127,6 +142,27 @@ def register_external_parameter(module, param):
         wrapper._hook(module, [param._zoe_unit.index])
     elif param._zoe_unit.index not in units:
         units.append(param._zoe_unit.index)
+
+
+def _refuse_wrapped_parameters(module):
+    """A parameter another wrap already put under an engine (a model sharing it with this one, or
+    this model wrapped twice) holds its values there, not here: refused by name."""
+    for name, p in module.named_parameters():
+        if getattr(p, "_zoe_unit", None) is not None:
+            raise ValueError(f"zoe.torch.wrap: parameter '{name}' is already under a zoe engine (zoe.torch.wrap "
+                             "of another model that shares it, or of this one before); a parameter can belong "
+                             "to one wrapped model only")
+
+
+def _parameter_keys(module, prefix):
+    """(key, parameter) for each parameter entry module.state_dict(prefix=prefix) makes: shared
+    modules and tied parameters under each of their names, as torch's state_dict lists them."""
+    for name, p in module._parameters.items():
+        if p is not None:
+            yield prefix + name, p
+    for name, child in module._modules.items():
+        if child is not None:
+            yield from _parameter_keys(child, prefix + name + ".")
 
 
 class _ZoeParameter(torch.nn.Parameter):
@@ -162,7 +198,8 @@ def _released_units(values, out):
 
 # When an op on a released parameter fetches it: always (it reads the values), only inside a
 # forward (it asks for the shape: the true one there, [0] elsewhere, so that numel() outside
-# counts what torch holds and state_dict() outside gathered() stays local), or never (the answer is
+# counts what torch holds and state_dict()'s detach() fetches nothing: its hook, _full_state_dict,
+# then copies the units one at a time), or never (the answer is
 # the same either way, as for dtype, which transformers asks in every forward).
 _ALWAYS, _IN_FORWARD, _NEVER = 2, 1, 0
 _SHAPE_QUERIES = {getattr(torch.Tensor, n) for n in (
@@ -210,6 +247,9 @@ class _Wrapper:
         self.callback_queued = False
         self.saved_views = 0  # saved tensors that autograd kept as descriptors of a unit's buffer
         self.on_demand_fetches = 0
+        _refuse_wrapped_parameters(module)
+        # Parameters left out (frozen), by id, held so that no later tensor takes their id.
+        self.frozen = {id(p): p for p in module.parameters() if not p.requires_grad}
         owned = {}      # id(param) -> its _Param
         module_units = []
         for mname, mod in module.named_modules():
@@ -235,8 +275,12 @@ class _Wrapper:
             ps.param.data = ps.empty
             ps.param.__class__ = _ZoeParameter
             ps.param._zoe_unit = self.units[u]
+        self.owned = owned
         for mod, ids in module_units:
             self._hook(mod, sorted({engine.unit_index(owned[i].name) for i in ids}))
+        module._register_state_dict_hook(self._full_state_dict)
+        if getattr(engine, "_before_step", None) is not None:
+            engine._before_step.append(self.check_parameters)
         forward = module.forward
 
         def forward_saving_descriptors(*args, **kwargs):
@@ -282,8 +326,76 @@ class _Wrapper:
         if _on_gpu(t):
             self.engine.wait_stream(_torch_stream(t.device))
 
+    # --- what wrap registered, checked at each outermost forward and each step ---
+    def check_parameters(self):
+        """Raises naming the first parameter that changed since wrap in a way zoe cannot follow:
+        added (or replaced by a new Parameter), frozen, unfrozen, or converted to another dtype.
+        zoe would go on updating what wrap registered, as it was then. Attributes are read as plain
+        tensors' (_plain_ops): 0.15 ms for 200 parameters instead of 0.75."""
+        with _plain_ops():
+            for name, p in self.root.named_parameters():
+                problem = self._changed(p)
+                if problem:
+                    raise RuntimeError(f"zoe.torch: parameter '{name}' {problem}")
+
+    def _changed(self, p):
+        ps = self.owned.get(id(p))
+        if ps is not None:
+            if not p.requires_grad:
+                return ("was set requires_grad=False after zoe.torch.wrap, and zoe would still update it; "
+                        "freeze parameters before wrap (wrap leaves frozen ones to torch)")
+            if p.dtype != ps.dtype:
+                return (f"is {p.dtype} now but was {ps.dtype} at zoe.torch.wrap (model.double(), .half() or "
+                        f".to(dtype) after wrap?), and zoe trains it in {ps.dtype}; convert before wrap")
+            return None
+        if not p.requires_grad:
+            return None  # zoe does not train it, and nobody asks it to
+        if id(p) in self.frozen:
+            return ("had requires_grad=False at zoe.torch.wrap and requires a gradient now; zoe never "
+                    "updates it: unfreeze parameters before wrap")
+        return ("was added after zoe.torch.wrap (a new module or Parameter, or one replaced), and zoe "
+                "would never update it while its .grad grows; add it before wrap")
+
+    # --- state_dict(): full copies in host memory, one unit at a time ---
+    def _full_state_dict(self, module, state_dict, prefix, local_metadata):
+        """The root's state_dict hook: each wrapped parameter's entry (empty outside a forward)
+        becomes a full copy in host memory, so that torch.save(model.state_dict()) and
+        transformers' save_pretrained save the weights. Units are gathered one at a time
+        (collective at stage 3); tied parameters share one copy, as they share one tensor."""
+        entries = [(k, p) for k, p in _parameter_keys(module, prefix) if k in state_dict and id(p) in self.owned]
+        if any(state_dict[k] is p for k, p in entries):  # keep_vars=True: the parameters themselves
+            released = [k for k, p in entries if p._zoe_unit.refs == 0]
+            if released:
+                raise RuntimeError(f"zoe.torch: state_dict(keep_vars=True) returns the wrapped parameters "
+                                   f"themselves, and '{released[0]}' holds no values outside a forward; call "
+                                   "it inside `with zoe.torch.gathered(model):`, or use state_dict() for copies")
+            return None
+        copies = self._host_copies([p for _, p in entries])
+        for k, p in entries:
+            state_dict[k] = copies[id(p)]
+        return None
+
+    def _host_copies(self, params):
+        """{id(param): its full values, copied to host memory}: each unit fetched, copied, released
+        in turn, so that only one unit is gathered at a time (beside those held already)."""
+        by_unit = {}
+        for p in params:
+            by_unit.setdefault(p._zoe_unit.index, {})[id(p)] = p
+        copies = {}
+        for u in sorted(by_unit):
+            self.acquire(u)
+            try:
+                for key, p in by_unit[u].items():
+                    with _plain_ops():
+                        copies[key] = p.detach().to("cpu", copy=True)
+            finally:
+                self.release(u)
+        return copies
+
     # --- forwards in progress ---
     def enter(self, units):
+        if not self.frames:  # an outermost forward: the model must be as wrap registered it
+            self.check_parameters()
         frame = _Frame(list(units), torch.is_grad_enabled())
         self.frames.append(frame)
         for u in frame.units:

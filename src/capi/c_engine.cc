@@ -1,5 +1,7 @@
 #include "capi/c_engine.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -287,20 +289,45 @@ void CEngine::drop_staged(int u) {
   }
 }
 
+Status CEngine::check_none_held(const char* op) const {
+  std::vector<std::string> held;
+  for (int u = 0; u < num_units(); ++u)
+    if (state_[u].fetched > 0) held.push_back(fmt::format("{} ('{}')", u, units_[u].name));
+  if (held.empty()) return Status::Ok();
+  if (held.size() == 1)
+    return Status::Runtime(fmt::format("{}: unit {} is still held (fetched and not released); release it before "
+                                       "stepping", op, held[0]));
+  const size_t shown = std::min<size_t>(held.size(), 8);
+  return Status::Runtime(fmt::format("{}: {} units are still held (fetched and not released): {}{}; release them "
+                                     "before stepping", op, held.size(),
+                                     fmt::join(held.begin(), held.begin() + shown, ", "),
+                                     shown < held.size() ? ", ..." : ""));
+}
+
+Result<double> CEngine::step_lr(const char* op, double lr) const {
+  if (std::isfinite(lr) && lr < 0) return lr_at(cfg_, engine_->steps_applied());
+  ZOE_RETURN_IF_ERROR(check_learning_rate(lr, fmt::format("{}: lr", op)));
+  return lr;
+}
+
 Result<StepResult> CEngine::step(double lr) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_step"));
+  // Refused before the step's first collective: this rank has not joined the step, and other
+  // ranks wait in theirs until it calls zoe_step again. (No agreement here: at stages 2-3 the
+  // engine's own protocol must be the first to speak, as it serves hand-overs still in flight.)
+  ZOE_RETURN_IF_ERROR(check_none_held("zoe_step"));
+  ZOE_ASSIGN_OR_RETURN(double checked_lr, step_lr("zoe_step", lr));
   // Staged gradients not yet handed over go now, in unit order (other ranks' differing sets are
   // matched by the engine with zeros, as for any unit a rank has no gradient for).
   for (int u = 0; u < num_units(); ++u)
     if (state_[u].grad) ZOE_RETURN_IF_ERROR(grads_ready(u, nullptr));
-  if (lr < 0) lr = lr_at(cfg_, engine_->steps_applied());
-  return engine_->step(lr);  // stage 3's update runs on, overlapped with the next forward
+  return engine_->step(checked_lr);  // stage 3's update runs on, overlapped with the next forward
 }
 
 Status CEngine::update_during_backward(double lr) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_update_during_backward"));
-  if (lr < 0) lr = lr_at(cfg_, engine_->steps_applied());  // as step() will pick it
-  return engine_->update_during_backward(lr);
+  ZOE_ASSIGN_OR_RETURN(double checked_lr, step_lr("zoe_update_during_backward", lr));  // as step() will pick it
+  return engine_->update_during_backward(checked_lr);
 }
 
 Status CEngine::flush() { return engine_ ? engine_->flush().status() : Status::Ok(); }

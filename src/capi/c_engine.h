@@ -75,6 +75,12 @@ class CEngine {
 
   CEngine(Config c, std::unique_ptr<Comm> comm) : cfg_(std::move(c)), comm_(std::move(comm)) {}
   Status need_started(const char* op) const;
+  // Ok when no unit is fetched and not released: a step would update the weights under the
+  // caller's view of them, which would keep the old ones.
+  Status check_none_held(const char* op) const;
+  // lr < 0 (finite): the config's optimizer/scheduler value for the next step; any other lr must
+  // pass the config's own check (check_learning_rate).
+  Result<double> step_lr(const char* op, double lr) const;
   Status check_unit(const char* op, int u) const;
   Result<const ParamRef*> find_param(const char* op, const std::string& name) const;
   Comm& tensor_comm() { return backend_.tensor_comm ? *backend_.tensor_comm : *comm_; }

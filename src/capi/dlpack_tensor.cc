@@ -68,10 +68,14 @@ Result<ByteSpan> byte_span(const DLTensor& t, const std::string& what, const cha
       __builtin_add_overflow(t.byte_offset, bytes, &end) || end > static_cast<uint64_t>(PTRDIFF_MAX))
     return Status::Invalid(fmt::format("{}: the {}'s byte offset ({}) and strides reach past {} bytes", what, noun,
                                        t.byte_offset, PTRDIFF_MAX));
-  uintptr_t top = 0;
-  if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), end, &top))
+  uint64_t top = 0;
+  if (__builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data)), end, &top))
     return Status::Invalid(fmt::format("{}: the {}'s byte offset ({}) and strides run past the end of the address "
                                        "space", what, noun, t.byte_offset));
+  if (top > kMaxUserAddress)
+    return Status::Invalid(fmt::format("{}: the {}'s data pointer ({}) plus byte_offset ({}) and the {} bytes its "
+                                       "strides span reach past 2^56, above any user address", what, noun, t.data,
+                                       t.byte_offset, end - t.byte_offset));
   return ByteSpan{t.byte_offset, end};
 }
 

@@ -16,6 +16,11 @@ namespace zoe::capi {
 // The most elements a parameter, a unit or a tensor handed in may have: the engine keeps 16 bytes
 // an element at most (fp32 master, two moments, a gradient), and those byte counts are int64_t.
 inline constexpr int64_t kMaxElements = INT64_MAX / 16;
+// One past the highest address a tensor's bytes may reach: 2^56, the top of the largest user
+// address space Linux gives a process (x86-64 with 5-level paging: 2^56 - 1 bytes; 4-level: 2^47;
+// aarch64: 2^48 or 2^52). A byte_offset that takes a valid pointer past it points at no memory of
+// the caller's, however far it stays below the wrap of the address space.
+inline constexpr uint64_t kMaxUserAddress = uint64_t{1} << 56;
 // DLPack sets no limit on ndim; torch's is 64, and a caller's shape array is read only up to it.
 inline constexpr int kMaxDims = 64;
 
@@ -35,7 +40,7 @@ struct ByteSpan {
 };
 // The span of a tensor whose ndim, shape and strides are sane (as check_tensor checks them first);
 // Invalid, naming the dimension, when a stride offset overflows, and when the span runs past
-// PTRDIFF_MAX bytes or past the end of the address space from t.data.
+// PTRDIFF_MAX bytes or its last byte (t.data + byte_offset + span) lies at or past kMaxUserAddress.
 Result<ByteSpan> byte_span(const DLTensor& t, const std::string& what, const char* noun);
 
 // For tensors check_tensor accepted (their counts do not overflow):

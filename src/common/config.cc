@@ -206,7 +206,8 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.string("optimizer.type", opt, {"AdamW", "Adam"}));
   c.adamw = opt == "AdamW";
   if (!c.adamw) c.weight_decay = 0.0;  // torch.optim.Adam's default
-  ZOE_RETURN_IF_ERROR(r.number("optimizer.params.lr", c.lr, 0, 1e30, "a learning rate >= 0"));
+  ZOE_RETURN_IF_ERROR(r.number("optimizer.params.lr", c.lr, kMinLearningRate, kMaxLearningRate,
+                               "a learning rate >= 0"));
   if (const json* b = r.find("optimizer.params.betas")) {
     if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
       return r.bad("optimizer.params.betas", "[beta1, beta2]");
@@ -299,6 +300,12 @@ Status read_all(const Reader& r, Config& c) {
 
 const std::vector<std::string>& known_config_keys() { return kKeys; }
 
+Status check_learning_rate(double lr, const std::string& what) {
+  if (std::isfinite(lr) && lr >= kMinLearningRate && lr <= kMaxLearningRate) return Status::Ok();
+  return Status::Invalid(fmt::format("{} {} is not a learning rate: a finite number in [{}, {}], as the config key "
+                                     "'optimizer.params.lr' takes", what, lr, kMinLearningRate, kMaxLearningRate));
+}
+
 Result<uint64_t> parse_bytes(const json& v, const std::string& key) {
   auto bad = [&] {
     return Status::Invalid(fmt::format("config key '{}': expected bytes, more than 0 and at most 1 EiB (e.g. 4294967296 or \"4GiB\"), got {}",
@@ -359,9 +366,15 @@ Result<Config> parse_config(const std::string& text, const std::vector<std::stri
 Result<Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream f(path);
   if (!f) return Status::Invalid(fmt::format("config file '{}': cannot be opened", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_config(ss.str(), overrides, path);
+  // Bounded: a path such as /dev/zero must not be read until memory runs out. (A pipe is allowed:
+  // `zoe train <(...)`.)
+  constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+  std::string text(kMaxConfigBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > kMaxConfigBytes)
+    return Status::Invalid(fmt::format("config file '{}': larger than {} bytes; not a zoe config", path, kMaxConfigBytes));
+  return parse_config(text, overrides, path);
 }
 
 json config_to_json(const Config& c) {

@@ -92,6 +92,13 @@ struct Config {
   DType grad_dtype() const { return grad_accum_dtype.value_or(dtype); }
 };
 
+// A learning rate's bounds, for the config key optimizer.params.lr and for an lr given at run time
+// (zoe_step, zoe_update_during_backward): one rule for both, so that no lr reaches Adam that the
+// config file would refuse (NaN or 1e300 would make every weight NaN).
+inline constexpr double kMinLearningRate = 0.0, kMaxLearningRate = 1e30;
+// Ok for a finite lr in [kMinLearningRate, kMaxLearningRate]; else Invalid: "<what> <lr> is not ...".
+Status check_learning_rate(double lr, const std::string& what);
+
 // Parses JSON text (a file's contents), applies --set overrides ("a.b.c=<json or bare string>")
 // in order, rejects unknown keys and bad values. Errors are kInvalidInput and name the key.
 Result<Config> parse_config(const std::string& json_text, const std::vector<std::string>& overrides,
