@@ -86,61 +86,60 @@ def unused_on_some_ranks_at(stage):
 def close_waits_for_a_call():
     """close() from one thread while another is inside a call: it waits for that call, then later
     calls raise "closed" (it used to free the engine under the call). The call is a zoe_load of a
-    checkpoint of a large unit (it reads and checksums its file for tens of milliseconds); close()
-    starts once the load is under way. (It was held on a FIFO manifest until zoe refused to read
-    FIFOs.) A load that ended before close() began proves nothing: tried again with a unit 4x the
-    size, up to 4 times."""
+    checkpoint of a large unit, D seconds long when nothing else runs (the shorter of two loads);
+    close() starts 2 ms into the load. (It was held on a FIFO manifest until zoe refused to read
+    FIFOs.) Which thread's Python runs first after the call is the GIL's choice, so the check is
+    on close(): had it not waited, it would return about 2 ms into the load; waiting, it returns
+    when the load's call ends, at least D/2 in (or the load had ended before close() began)."""
     probe = zoe.Engine({"zero_optimization": {"stage": 0}})
     world = probe.world_size
     probe.close()
     if world > 1:  # zoe_load is collective: one rank's close would hold the others
         return
-    n = 1 << 22
-    for _ in range(4):
-        e = zoe.Engine({"zero_optimization": {"stage": 0}})
-        e.register_param("u", "u.w", [n], "float32", False)
-        e.start()
-        with tempfile.TemporaryDirectory() as d:
-            e.save(d)
-            outcome = {}
+    e = zoe.Engine({"zero_optimization": {"stage": 0}})
+    e.register_param("u", "u.w", [1 << 23], "float32", False)
+    e.start()
+    with tempfile.TemporaryDirectory() as d:
+        e.save(d)
+        durations = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            e.load(d)
+            durations.append(time.monotonic() - t0)
+        alone = min(durations)
+        outcome = {}
 
-            def load():
-                outcome["load_start"] = time.monotonic()
-                try:
-                    e.load(d)
-                    outcome["load"] = "ok"
-                except zoe.Error as x:
-                    outcome["load"] = str(x)
-                outcome["load_done"] = time.monotonic()
-
-            loader = threading.Thread(target=load, daemon=True)  # a stuck one must not hold the exit
-            loader.start()
-            while "load_start" not in outcome:
-                time.sleep(0.0005)
-            time.sleep(0.002)
-            close_start = time.monotonic()
+        def load():
+            outcome["load_start"] = time.monotonic()
             try:
-                e.close()
-                outcome["close"] = "ok"
+                e.load(d)
+                outcome["load"] = "ok"
             except zoe.Error as x:
-                outcome["close"] = str(x)
-            close_done = time.monotonic()
-            loader.join(60)
-        if "load_done" not in outcome:
-            failures.append(f"close vs a call: the load is stuck: {outcome}")
-            return
-        if outcome["load_done"] < close_start:
-            n *= 4  # the load was over before close() began: try a longer one
-            continue
-        if outcome["close"] != "ok" or close_done < outcome["load_done"]:
-            failures.append(f"close() returned before the call in progress: {outcome}")
-        if "closed" in outcome["load"]:
-            failures.append(f"the load ran after close: {outcome['load']}")
-        expect_error(lambda: e.step(), "the engine is closed")
-        expect_error(lambda: e.rank, "the engine is closed")
-        e.close()  # again: a no-op
+                outcome["load"] = str(x)
+
+        loader = threading.Thread(target=load, daemon=True)  # a stuck one must not hold the exit
+        loader.start()
+        while "load_start" not in outcome:
+            time.sleep(0.0005)
+        time.sleep(0.002)
+        try:
+            e.close()
+            outcome["close"] = "ok"
+        except zoe.Error as x:
+            outcome["close"] = str(x)
+        close_done = time.monotonic()
+        loader.join(60)
+    if "load" not in outcome:
+        failures.append(f"close vs a call: the load is stuck: {outcome}")
         return
-    failures.append("close vs a call: every load ended before close() began; the check never ran")
+    if outcome["close"] != "ok" or outcome["load"] not in ("ok",) and "closed" not in outcome["load"]:
+        failures.append(f"close vs a call: {outcome}")
+    if outcome["load"] == "ok" and close_done - outcome["load_start"] < alone / 2:
+        failures.append(f"close() returned {close_done - outcome['load_start']:.3f} s into a load of {alone:.3f} s: "
+                        f"it did not wait for the call ({outcome})")
+    expect_error(lambda: e.step(), "the engine is closed")
+    expect_error(lambda: e.rank, "the engine is closed")
+    e.close()  # again: a no-op
 
 
 def close_raises_the_last_update_error():
