@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -95,6 +96,14 @@ TEST(CApiCheckpoint, ZoeExportReplacesOnlyARegularFileAndFollowsNoPlantedLink) {
   }
   ASSERT_EQ(zoe_export(e, (dir + "/w.safetensors").c_str()), ZOE_OK) << zoe_last_error();
   zoe_engine_free(e);
+  // transformers' from_pretrained refuses a safetensors file without {"format": "pt"} (issue 45).
+  std::string file = zoe::test::slurp(dir + "/w.safetensors");
+  ASSERT_GT(file.size(), 8u);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), 8);
+  std::string header = file.substr(8, header_bytes);
+  EXPECT_NE(header.find("\"__metadata__\":{\"format\":\"pt\"}"), std::string::npos) << header;
+  EXPECT_NE(header.find("\"a.w\":{\"dtype\":\"F32\",\"shape\":[4,4]"), std::string::npos) << header;
   EXPECT_EQ(zoe::test::slurp(dir + "/precious"), "mine");
   if (!node.empty()) {
     EXPECT_TRUE(fs::is_character_file(fs::symlink_status(node)));

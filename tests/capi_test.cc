@@ -235,6 +235,22 @@ TEST(CApi, ByteOffsetsPastTheUserAddressSpaceAreRefused) {
 // zoe_step while a unit is fetched and not released is refused (it is not waited for: the caller
 // holds the unit), naming the units: an update would move the weights under the caller's view
 // of them. Released, the same gradients step.
+// Issue 45: under torchrun or accelerate launch (WORLD_SIZE > 1, no MPI) each process trained
+// alone as a one-rank zoe, N replicas and no error. It is refused, saying how to launch.
+TEST(CApi, SeveralProcessesLaunchedWithoutMpiAreRefused) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) GTEST_SKIP() << "under mpirun";
+  const char* kConfig = "{\"zero_optimization\": {\"stage\": 0}}";
+  setenv("WORLD_SIZE", "2", 1);
+  zoe_engine* e = nullptr;
+  EXPECT_EQ(zoe_engine_new(kConfig, &e), ZOE_ERR_INVALID);
+  EXPECT_NE(std::string(zoe_last_error()).find("WORLD_SIZE=2"), std::string::npos) << zoe_last_error();
+  EXPECT_NE(std::string(zoe_last_error()).find("mpirun -np 2"), std::string::npos) << zoe_last_error();
+  setenv("WORLD_SIZE", "1", 1);  // one process: nothing to refuse
+  EXPECT_EQ(zoe_engine_new(kConfig, &e), ZOE_OK) << zoe_last_error();
+  zoe_engine_free(e);
+  unsetenv("WORLD_SIZE");
+}
+
 TEST(CApi, StepWhileUnitsAreHeldIsRefused) {
   for (int stage : {0, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

@@ -56,7 +56,8 @@ ZOE_API const char* zoe_last_error(void);
 ZOE_API const char* zoe_version(void);
 
 /* Creates an engine from a JSON config text (keys as in `zoe train`; zoe.model and zoe.data are
- * ignored). Starts MPI when launched by mpirun. *out is NULL on failure. */
+ * ignored). Starts MPI when launched by mpirun; WORLD_SIZE > 1 without MPI (torchrun, accelerate
+ * launch) is ZOE_ERR_INVALID, since each process would train alone. *out is NULL on failure. */
 ZOE_API zoe_status zoe_engine_new(const char* config_json, zoe_engine** out);
 /* Waits for the last update (at stage 3 it runs on after zoe_step returns), then frees the engine
  * (removes its NVMe files) whatever the update's outcome; returns that update's error, if it
@@ -148,7 +149,9 @@ ZOE_API double zoe_loss_scale(const zoe_engine* e);
  * checkpoint_keep); zoe_load reads a checkpoint directory, or the newest under a root. zoe_export
  * writes the consolidated weights as one fp32 safetensors file of the registered names, from rank 0
  * (the gathered weights: in bf16/fp16 training those values widened, not the fp32 masters, which
- * zoe_save keeps and `zoe export --checkpoint` consolidates). */
+ * zoe_save keeps and `zoe export --checkpoint` consolidates), streamed a unit at a time (rank 0
+ * holds one unit's copy, not the model's), with the {"format": "pt"} metadata transformers' loaders
+ * require. The path may name only a new or a regular file (a link, device or FIFO: ZOE_ERR_INVALID). */
 ZOE_API zoe_status zoe_save(zoe_engine* e, const char* dir);
 ZOE_API zoe_status zoe_load(zoe_engine* e, const char* path);
 ZOE_API zoe_status zoe_export(zoe_engine* e, const char* safetensors_path);

@@ -44,6 +44,7 @@ release and each gradient hand-over, since a kernel torch queued may still read 
 write the gradient (tests/python/stream_waits.py).
 """
 import contextlib
+import functools
 import types
 
 import torch
@@ -283,6 +284,9 @@ class _Wrapper:
             engine._before_step.append(self.check_parameters)
         forward = module.forward
 
+        # functools.wraps keeps forward's signature for inspect.signature: transformers' Trainer
+        # reads it to choose the dataset columns it keeps (a bare (*args, **kwargs) lost input_ids).
+        @functools.wraps(forward)
         def forward_saving_descriptors(*args, **kwargs):
             # The wrapped module's forward is a frame too, unless its own hook made one: reads
             # on demand outside every hooked module are held until it ends.

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "capi/dlpack_tensor.h"
+#include "ckpt/atomic_file.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors_writer.h"
 #include "model/model.h"
@@ -366,22 +367,40 @@ Status CEngine::load(const std::string& path) {
 
 // Unit by unit: gathered (collective) and converted to fp32 on every rank; rank 0 keeps them until
 // the file is written.
+// Rank 0 streams each unit's tensors into the file as that unit is fetched, so one unit's fp32
+// copy is in memory at a time, not the model's (the consolidation that runs DeepSpeed users out
+// of memory); the other ranks fetch the same units in the same order, a fetch being collective at
+// stage 3. A write that fails on rank 0 (a refused path, a full disk) leaves it fetching the units
+// left, so that no rank waits on a fetch another never makes. The file carries safetensors'
+// {"format": "pt"} metadata, which transformers' from_pretrained requires.
 Status CEngine::export_weights(const std::string& path) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_export"));
-  std::vector<std::vector<float>> values(num_units());
-  for (int u = 0; u < num_units(); ++u) {
-    values[u].resize(units_[u].numel);
-    ZOE_RETURN_IF_ERROR(fetch_to_host(*engine_, u, values[u].data()));
-    if (rank() != 0) values[u] = {};
-  }
+  std::vector<float> unit;  // the values of unit fetched - 1
+  int fetched = 0;          // units fetched so far, in unit order
+  Status fetch_failed;
+  auto fetch_through = [&](int u) -> Status {  // fetches units [fetched, u]
+    for (; fetched <= u; ++fetched) {
+      unit.assign(units_[fetched].numel, 0.0f);
+      fetch_failed = fetch_to_host(*engine_, fetched, unit.data());
+      ZOE_RETURN_IF_ERROR(fetch_failed);
+    }
+    return Status::Ok();
+  };
   Status st = Status::Ok();
   if (rank() == 0) {
     SafetensorsWriter w;
     for (int u = 0; u < num_units() && st.ok(); ++u)
       for (const TensorSpec& t : units_[u].tensors)
-        if (st.ok()) st = w.add(t.name, DType::kF32, t.shape, values[u].data() + t.offset);
+        if (st.ok())
+          st = w.add_streamed(t.name, DType::kF32, t.shape, [&, u](AtomicFile& f) {
+            ZOE_RETURN_IF_ERROR(fetch_through(u));
+            return f.append(unit.data() + t.offset, size_t(t.numel) * 4);
+          });
+    w.set_metadata("format", "pt");
     if (st.ok()) st = w.write(path);
   }
+  if (!fetch_failed.ok()) return fetch_failed;  // the engine's own error: as a failed fetch always was
+  ZOE_RETURN_IF_ERROR(fetch_through(num_units() - 1));
   return agree(*comm_, st, Status::Io("zoe_export: rank 0 could not write the file"));
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -25,8 +26,23 @@ uint64_t physical_memory_bytes() {
 
 }  // namespace
 
+// A launcher that starts several processes without MPI (torchrun, accelerate launch) says so in
+// WORLD_SIZE; each process would be a one-rank zoe training alone: N replicas and no error.
+Status check_launched_alone() {
+  const char* ws = std::getenv("WORLD_SIZE");
+  if (!ws || !*ws) return Status::Ok();
+  char* end = nullptr;
+  long n = std::strtol(ws, &end, 10);
+  if (*end != '\0' || n <= 1) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "WORLD_SIZE={} (torchrun, accelerate launch or another launcher of {} processes) but no MPI launcher: zoe's "
+      "ranks are MPI processes, so each of these would train alone; start them with `mpirun -np {} ...` instead",
+      ws, n, n));
+}
+
 Result<std::unique_ptr<Comm>> make_comm() {
   if (launched_by_mpirun()) return make_mpi_comm();
+  ZOE_RETURN_IF_ERROR(check_launched_alone());
   return make_self_comm();
 }
 

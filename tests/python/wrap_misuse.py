@@ -4,9 +4,14 @@ learning rate that is not one, a parameter added, frozen or converted after wrap
 shared with another wrapped model; and state_dict() of a wrapped model holds the full weights.
 Run alone or under mpirun (at 2+ ranks a unit held on rank 0 only: its step is refused there, and
 every rank steps once when it retries)."""
+import inspect
 import io
+import json
 import math
+import os
+import struct
 import sys
+import tempfile
 
 import torch
 
@@ -216,9 +221,28 @@ def shared_with_another_wrapped_model():
     engine.close()
 
 
+def forward_keeps_its_signature():
+    """transformers' Trainer reads the forward's signature to choose the dataset columns it keeps;
+    wrap's (*args, **kwargs) made it drop input_ids (issue 45). Exports carry {"format": "pt"}."""
+    model, engine = wrapped()
+    params = list(inspect.signature(model.forward).parameters)
+    if params != ["ids"]:
+        failures.append(f"the wrapped forward's parameters are {params}, not ['ids']")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "w.safetensors")
+        engine.export(path)  # collective: rank 0 writes (its own temporary path)
+        if engine.rank == 0:
+            with open(path, "rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            if header.get("__metadata__", {}).get("format") != "pt":
+                failures.append(f"export's metadata is {header.get('__metadata__')}, not {{'format': 'pt'}}")
+    engine.close()
+
+
 def main():
     for test in (step_while_held, held_on_one_rank, learning_rates, state_dict_is_full, added_after_wrap,
-                 frozen_after_wrap, converted_after_wrap, shared_with_another_wrapped_model):
+                 frozen_after_wrap, converted_after_wrap, shared_with_another_wrapped_model,
+                 forward_keeps_its_signature):
         before = len(failures)
         try:
             test()
