@@ -1,0 +1,118 @@
+"""zoe where users already train: the pieces every framework integration shares, importable without
+any framework (issue 45; the Trainer, Accelerate and Lightning glue builds on these).
+
+    cfg = zoe.integrations.config_from(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0, bf16=True,
+                                       zoe_config={"zero_optimization": {"stage": 3}})
+    engine = zoe.Engine(cfg)
+    model = zoe.torch.wrap(model, engine)
+    optimizer = zoe.integrations.ZoeOptimizer(engine, lr=5e-4)   # what the framework steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_decay)
+
+A framework that drives an optimizer and a scheduler (and divides the loss for gradient
+accumulation, stepping at the boundary) then trains with zoe underneath: `optimizer.step()` is one
+zoe step at the lr the scheduler set, `zero_grad()` is zoe's business, and `state_dict()` keeps the
+schedule's state so that a resumed run continues it (the weights and Adam moments live in
+`engine.save`'s checkpoints).
+"""
+import copy
+
+import torch
+
+from . import Error
+
+__all__ = ["ZoeOptimizer", "config_from"]
+
+
+class ZoeOptimizer(torch.optim.Optimizer):
+    """A facade torch optimizer over a zoe engine. step() runs engine.step(lr) with
+    param_groups[0]["lr"] (what the framework's scheduler set); zero_grad() does nothing (zoe
+    takes each gradient as the backward hands it over and starts the next step from zero);
+    state_dict() / load_state_dict() carry param_groups, so a scheduler resumed beside it sets the
+    same lr. The result of the last step (applied, grad_norm before clipping, lr, step) is
+    `last_step`; `grad_norm` is its grad_norm, for the frameworks' logs."""
+
+    def __init__(self, engine, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        # torch.optim.Optimizer needs a parameter to hold the groups; zoe holds the real ones.
+        self._placeholder = torch.nn.Parameter(torch.zeros(0), requires_grad=False)
+        super().__init__([self._placeholder], {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                               "weight_decay": weight_decay})
+        self.engine = engine
+        self.last_step = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.last_step = self.engine.step(lr=self.param_groups[0]["lr"])
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """zoe's gradients are handed over by the backward and cleared by each step: nothing to do."""
+
+    @property
+    def grad_norm(self):
+        return None if self.last_step is None else self.last_step["grad_norm"]
+
+
+# What the framework's arguments set, as zoe config paths.
+def _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16):
+    return {
+        ("optimizer", "type"): "AdamW",
+        ("optimizer", "params", "lr"): lr,
+        ("optimizer", "params", "betas"): list(betas),
+        ("optimizer", "params", "eps"): eps,
+        ("optimizer", "params", "weight_decay"): weight_decay,
+        ("gradient_clipping",): max_grad_norm,
+        ("bf16", "enabled"): bool(bf16),
+        ("fp16", "enabled"): bool(fp16),
+        # The framework divides the loss and steps at the accumulation boundary: one zoe step each.
+        ("gradient_accumulation_steps",): 1,
+    }
+
+
+def _get(d, path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None, False
+        d = d[k]
+    return d, True
+
+
+def _set(d, path, value):
+    for k in path[:-1]:
+        d = d.setdefault(k, {})
+    d[path[-1]] = value
+
+
+def _same(a, b):
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
+
+
+def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_norm=0.0, bf16=False,
+                fp16=False, zoe_config=None):
+    """zoe's config from a framework's training arguments (AdamW, clipping by global norm, bf16
+    or fp16) and `zoe_config`, a dict of zoe's keys (zero_optimization, zoe.*, ...). A key given in
+    both must agree, or zoe.Error names it and both values; "auto" in zoe_config takes the
+    framework's value, as DeepSpeed's config does. The framework does gradient accumulation, so
+    gradient_accumulation_steps is 1 (another value in zoe_config is an error)."""
+    if bf16 and fp16:
+        raise Error("config_from: bf16 and fp16 are both set")
+    cfg = copy.deepcopy(zoe_config or {})
+    if not isinstance(cfg, dict):
+        raise Error(f"config_from: zoe_config must be a dict of zoe's config keys, not {type(cfg).__name__}")
+    for path, value in _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16).items():
+        given, present = _get(cfg, path)
+        if present and given != "auto" and not _same(given, value):
+            name = ".".join(path)
+            raise Error(f"config_from: '{name}' is {given!r} in zoe_config but {value!r} from the framework's "
+                        "arguments; give it in one place (or \"auto\" in zoe_config)")
+        _set(cfg, path, value)
+    return cfg
