@@ -1,6 +1,7 @@
 // TokenSource: the bytes and llm.c formats, globbing, and every bad-data case.
 #include "data/token_source.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -150,6 +151,27 @@ TEST_F(TokenSourceTest, AFileTruncatedAfterOpenIsAnIoErrorNotASigbus) {
   EXPECT_EQ(s.code(), Code::kIo);
   EXPECT_NE(s.message().find("data file changed while the job ran"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find(p("bin")), std::string::npos) << s.message();
+}
+
+// A data set of many shards (llm.c's fineweb has hundreds) holds one descriptor while it is read,
+// not one per shard: 300 shards under a limit of 64 descriptors.
+TEST_F(TokenSourceTest, ManyShardsHoldOneDescriptor) {
+  for (int i = 0; i < 300; ++i) write_bytes(p("s" + std::to_string(1000 + i)), std::string(10, char('a' + i % 20)));
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  Result<TokenSource> r = TokenSource::Open(TokenFormat::kBytes, p("s*"), 256);
+  std::string bad;
+  for (size_t i = 0; r.ok() && i < r->num_shards() && bad.empty(); ++i) {
+    Result<int32_t> t = r->token(i, 9);
+    if (!t.ok() || t.value() != 'a' + int(i % 20)) bad = "shard " + std::to_string(i) + ": " + t.status().message();
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->num_shards(), 300u);
+  EXPECT_EQ(bad, "");
 }
 
 TEST_F(TokenSourceTest, FifosAndDevicesAreRefusedAtOnce) {

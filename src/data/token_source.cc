@@ -64,11 +64,9 @@ Status TokenSource::add_shard(const std::string& path) {
     ZOE_ASSIGN_OR_RETURN(sh.ntok, check_llmc_shard(file.data(), size, vocab_size_, path));
     sh.first = kLlmcHeaderBytes;
   }
-  // Reads go through a descriptor of their own, each checked again (copy()): the mapping is gone
-  // before training starts, so a file changed later cannot reach the model unchecked.
-  ZOE_ASSIGN_OR_RETURN(InputFile in, open_input_file(path, "data file", UINT64_MAX));
-  if (in.size != size) return Status::Invalid(path + ": data file changed while zoe opened it");
-  sh.fd = std::move(in.fd);
+  // Reads go through a descriptor of their own (open_shard), each token checked again (copy()):
+  // the mapping is gone before training starts, so a file changed later cannot reach the model
+  // unchecked.
   shards_.push_back(std::move(sh));
   return Status::Ok();
 }
@@ -91,13 +89,25 @@ uint64_t TokenSource::total_tokens() const {
   return n;
 }
 
+Status TokenSource::open_shard(size_t i) const {
+  if (open_index_ == i) return Status::Ok();
+  open_fd_.reset();
+  open_index_ = SIZE_MAX;
+  Result<InputFile> in = open_input_file(shards_[i].path, "data file", UINT64_MAX);
+  if (!in.ok()) return Status::Io("data file changed while the job ran: " + in.status().message());
+  open_fd_ = std::move(in.value().fd);
+  open_index_ = i;
+  return Status::Ok();
+}
+
 Status TokenSource::copy(size_t i, uint64_t pos, size_t n, int32_t* out) const {
   const Shard& s = shards_[i];
+  ZOE_RETURN_IF_ERROR(open_shard(i));
   const size_t width = format_ == TokenFormat::kBytes ? 1 : 2;
   uint8_t buf[8192];
   for (size_t done = 0; done < n;) {
     const size_t k = std::min(n - done, sizeof(buf) / width);
-    Status r = pread_all(s.fd.get(), buf, k * width, s.first + (pos + done) * width, s.path);
+    Status r = pread_all(open_fd_.get(), buf, k * width, s.first + (pos + done) * width, s.path);
     if (!r.ok()) return Status::Io("data file changed while the job ran: " + r.message());
     for (size_t j = 0; j < k; ++j) {
       const int32_t t = width == 1 ? buf[j] : int32_t{buf[2 * j]} | int32_t{buf[2 * j + 1]} << 8;

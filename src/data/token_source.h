@@ -41,6 +41,7 @@ class TokenSource {
   uint64_t total_tokens() const;
 
   // Reads tokens [pos, pos + n) of shard `i` into out as int32; requires pos + n <= shard_tokens(i).
+  // One thread at a time (it keeps the shard being read open).
   // Invalid when a token read is not below the vocabulary, Io when the file ended early: either
   // means the file changed after Open() checked it, and the message says so.
   Status copy(size_t i, uint64_t pos, size_t n, int32_t* out) const;
@@ -49,10 +50,14 @@ class TokenSource {
  private:
   struct Shard {
     std::string path;
-    UniqueFd fd;
     uint64_t first = 0;  // byte offset of the first token
     uint64_t ntok = 0;
   };
+  // The shard being read, open: the loader reads one shard after another, so a data set of
+  // thousands of shards holds one descriptor, not thousands (EMFILE).
+  Status open_shard(size_t i) const;
+  mutable UniqueFd open_fd_;
+  mutable size_t open_index_ = SIZE_MAX;
   Status add_shard(const std::string& path);
 
   TokenFormat format_ = TokenFormat::kBytes;
