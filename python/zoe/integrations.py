@@ -15,12 +15,13 @@ schedule's state so that a resumed run continues it (the weights and Adam moment
 `engine.save`'s checkpoints).
 """
 import copy
+import os
 
 import torch
 
 from . import Error
 
-__all__ = ["ZoeOptimizer", "config_from"]
+__all__ = ["ZoeOptimizer", "config_from", "torch_distributed_env"]
 
 
 class ZoeOptimizer(torch.optim.Optimizer):
@@ -116,3 +117,29 @@ def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_
                         "arguments; give it in one place (or \"auto\" in zoe_config)")
         _set(cfg, path, value)
     return cfg
+
+
+def torch_distributed_env(environ=None):
+    """Under mpirun (Open MPI), sets what torch.distributed's env:// init reads and the frameworks
+    look for, from Open MPI's own variables, where not set already: RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_PORT (29500) and, when every rank runs on this node, MASTER_ADDR
+    (127.0.0.1). Across nodes MASTER_ADDR must name rank 0's host (zoe.Error otherwise). Returns
+    the variables set. Without mpirun it does nothing; a launcher's WORLD_SIZE > 1 without MPI is
+    refused by zoe.Engine."""
+    env = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_SIZE" not in env:
+        return {}
+    mpi = {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
+           "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+           "LOCAL_WORLD_SIZE": env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), "MASTER_PORT": "29500"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if key in env and env[key] != mpi[key]:
+            raise Error(f"torch_distributed_env: {key}={env[key]} but Open MPI says {mpi[key]}")
+    if mpi["LOCAL_WORLD_SIZE"] == mpi["WORLD_SIZE"]:
+        mpi["MASTER_ADDR"] = "127.0.0.1"
+    elif "MASTER_ADDR" not in env:
+        raise Error(f"torch_distributed_env: {mpi['WORLD_SIZE']} ranks over several nodes: set MASTER_ADDR to rank "
+                    "0's host name (mpirun -x MASTER_ADDR=...) for torch.distributed")
+    added = {k: v for k, v in mpi.items() if k not in env}
+    env.update(added)
+    return added

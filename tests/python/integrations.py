@@ -7,9 +7,11 @@ optimizer's lr, clipping at 1.0, weight decay on 2-D weights) trains a wrapped m
 zoe.integrations.ZoeOptimizer with config_from's config; beside it, plain PyTorch AdamW with the
 same scheduler and torch.nn.utils.clip_grad_norm_ trains on every rank's batches together. Each
 step's loss on this rank's batch must agree to 1e-5 relative, and so must the final weights. The
-facade's state_dict, loaded into a fresh facade, gives a resumed scheduler the same lr; and
-config_from refuses a value given differently in both places."""
+facade's state_dict, loaded into a fresh facade, gives a resumed scheduler the same lr;
+config_from refuses a value given differently in both places; and (stage 0) torch_distributed_env
+lets torch.distributed start over mpirun's ranks."""
 import argparse
+import os
 import sys
 
 import torch
@@ -57,6 +59,35 @@ def config_checks():
                 failures.append(f"config_from's message '{e}' lacks '{needle}'")
 
 
+def distributed_env_checks():
+    """Under mpirun, torch_distributed_env sets what torch.distributed's env:// reads: a gloo
+    all_reduce over it then sums every rank's value."""
+    import torch.distributed as dist
+    added = zoe.integrations.torch_distributed_env()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank != int(os.environ["OMPI_COMM_WORLD_RANK"]) or "MASTER_ADDR" not in os.environ:
+        failures.append(f"torch_distributed_env set {added}")
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    if t.item() != world * (world + 1) / 2:
+        failures.append(f"gloo all_reduce over torch_distributed_env's variables gave {t.item()}")
+    dist.destroy_process_group()
+    for environ, needle in (({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0",
+                              "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "set MASTER_ADDR"),
+                            ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1",
+                              "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "RANK": "0"},
+                             "RANK=0 but Open MPI says 1")):
+        try:
+            zoe.integrations.torch_distributed_env(environ)
+            failures.append(f"torch_distributed_env accepted {environ}")
+        except zoe.Error as e:
+            if needle not in str(e):
+                failures.append(f"torch_distributed_env's message '{e}' lacks '{needle}'")
+    if zoe.integrations.torch_distributed_env({}) != {}:
+        failures.append("torch_distributed_env set variables without mpirun")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stage", type=int, default=3)
@@ -65,6 +96,8 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     config_checks()
+    if a.stage == 0:
+        distributed_env_checks()
     cfg = zoe.integrations.config_from(lr=LR, weight_decay=WD, max_grad_norm=CLIP, zoe_config={
         "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": a.stage}})
     engine = zoe.Engine(cfg)
