@@ -58,22 +58,17 @@ std::string checksum_buffer(const void* data, size_t n) { return Checksum::check
 
 Result<std::string> checksum_file(const std::string& path) {
   ZOE_ASSIGN_OR_RETURN(InputFile in, open_input_file(path, "file to checksum", UINT64_MAX));
-  int fd = in.fd.release();
   constexpr size_t kChunk = size_t{8} << 20;
   // Not a zero-filled vector: only the pages a read fills are touched, so checking the many small
   // or empty files of a wide checkpoint does not cost 8 MiB of memset each.
   std::unique_ptr<uint8_t[]> buf(new uint8_t[kChunk]);
   Checksum sum;
   for (;;) {
-    Result<size_t> r = read_upto(fd, buf.get(), kChunk, path);
-    if (!r.ok()) {
-      ::close(fd);
-      return r.status();
-    }
+    Result<size_t> r = read_upto(in.fd.get(), buf.get(), kChunk, path);
+    if (!r.ok()) return r.status();
     sum.update(buf.get(), r.value());
     if (r.value() < kChunk) break;
   }
-  ::close(fd);
   return sum.hex();
 }
 

@@ -368,10 +368,12 @@ Result<Config> load_config_file(const std::string& path, const std::vector<std::
   if (!f) return Status::Invalid(fmt::format("config file '{}': cannot be opened", path));
   // Bounded: a path such as /dev/zero must not be read until memory runs out. (A pipe is allowed:
   // `zoe train <(...)`.)
+  // Read in pieces: a config is a few KiB, and a 16 MiB buffer zero-filled per load is waste.
   constexpr size_t kMaxConfigBytes = size_t{16} << 20;
-  std::string text(kMaxConfigBytes + 1, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(f.gcount()));
+  std::string text;
+  char piece[1 << 16];
+  while (text.size() <= kMaxConfigBytes && f.read(piece, sizeof piece).gcount() > 0)
+    text.append(piece, static_cast<size_t>(f.gcount()));
   if (text.size() > kMaxConfigBytes)
     return Status::Invalid(fmt::format("config file '{}': larger than {} bytes; not a zoe config", path, kMaxConfigBytes));
   return parse_config(text, overrides, path);
