@@ -32,4 +32,16 @@ if [ "${ZOE_SKIP_PYTHON:-0}" != 1 ]; then
     /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages 'transformers==4.40.2' \
       >/dev/null 2>&1 || echo "note: pip install transformers failed; the parity test uses its plain-torch GPT-2"
   fi
+  # The frameworks zoe.integrations drives (Trainer, Accelerate, Lightning), in versions that run on
+  # Debian's torch 1.13, pinned and --no-deps (their own requirements would pull a multi-GB CUDA torch);
+  # their small pure-Python dependencies beside them.
+  if /usr/bin/python3 -c 'import transformers' >/dev/null 2>&1 &&
+     ! /usr/bin/python3 -c 'import accelerate, pytorch_lightning' >/dev/null 2>&1; then
+    echo "installing: accelerate==0.32.1 pytorch-lightning==2.2.5 (pip --no-deps, beside Debian's torch)"
+    { /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+        psutil pyyaml fsspec tqdm typing_extensions packaging &&
+      /usr/bin/python3 -m pip install -q --disable-pip-version-check --break-system-packages --no-deps \
+        'accelerate==0.32.1' 'pytorch-lightning==2.2.5' 'lightning-utilities==0.11.2' 'torchmetrics==1.4.0'; } \
+      >/dev/null 2>&1 || echo "note: pip install accelerate/pytorch-lightning failed; the framework tests will skip"
+  fi
 fi

@@ -19,9 +19,9 @@ import os
 
 import torch
 
-from . import Error
+from .. import Error
 
-__all__ = ["ZoeOptimizer", "config_from", "torch_distributed_env"]
+__all__ = ["ZoeOptimizer", "config_from", "torch_distributed_env", "launch_env"]
 
 
 class ZoeOptimizer(torch.optim.Optimizer):
@@ -119,10 +119,18 @@ def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_
     return cfg
 
 
+def _port(env):
+    """A port per mpirun job: its job family (the upper 16 bits of Open MPI's job id, the same on
+    every rank of one job, different between jobs started apart) picks one in 20000-31999."""
+    jobid = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or ""
+    return str(20000 + (int(jobid) >> 16) % 12000) if jobid.isdigit() else "29500"
+
+
 def torch_distributed_env(environ=None):
     """Under mpirun (Open MPI), sets what torch.distributed's env:// init reads and the frameworks
     look for, from Open MPI's own variables, where not set already: RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_PORT (29500) and, when every rank runs on this node, MASTER_ADDR
+    LOCAL_WORLD_SIZE, MASTER_PORT (20000 + the mpirun job's family number mod 12000, so that two
+    jobs on one node do not both take torchrun's 29500) and, when every rank runs on this node, MASTER_ADDR
     (127.0.0.1). Across nodes MASTER_ADDR must name rank 0's host (zoe.Error otherwise). Returns
     the variables set. Without mpirun it does nothing; a launcher's WORLD_SIZE > 1 without MPI is
     refused by zoe.Engine."""
@@ -131,7 +139,7 @@ def torch_distributed_env(environ=None):
         return {}
     mpi = {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": env["OMPI_COMM_WORLD_SIZE"],
            "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
-           "LOCAL_WORLD_SIZE": env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), "MASTER_PORT": "29500"}
+           "LOCAL_WORLD_SIZE": env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), "MASTER_PORT": _port(env)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         if key in env and env[key] != mpi[key]:
             raise Error(f"torch_distributed_env: {key}={env[key]} but Open MPI says {mpi[key]}")
@@ -143,3 +151,15 @@ def torch_distributed_env(environ=None):
     added = {k: v for k, v in mpi.items() if k not in env}
     env.update(added)
     return added
+
+
+def launch_env(environ=None):
+    """What zoe.integrations.hf, .accelerate and .lightning run when imported, before the framework
+    starts torch.distributed: torch_distributed_env() under mpirun; under a launcher that sets
+    WORLD_SIZE > 1 without MPI (torchrun, accelerate launch), zoe.Error saying how to launch, as
+    the framework would otherwise wait for peers zoe never joins."""
+    env = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_SIZE" not in env and int(env.get("WORLD_SIZE", "1") or "1") > 1:
+        raise Error(f"zoe: WORLD_SIZE={env['WORLD_SIZE']} without MPI (torchrun or accelerate launch?): zoe's ranks are "
+                    "MPI processes; launch with `mpirun -np N python3 script.py`")
+    return torch_distributed_env(env)
