@@ -50,8 +50,8 @@ struct StepTiming {
 Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads);
 Result<std::string> find_torch_python(const StepBenchOptions& o);
 // PyTorch training the same model: bench/torch_gpt2_step.py's JSON line; mode: eager,
-// autocast_bf16 or compile.
+// autocast_bf16 or compile; passive: OMP_WAIT_POLICY=PASSIVE (else OpenMP's default).
 Result<nlohmann::json> time_torch_step(const StepBenchOptions& o, const std::string& py, int threads,
-                                       const std::string& mode = "eager");
+                                       const std::string& mode = "eager", bool passive = false);
 
 }  // namespace zoe

@@ -12,6 +12,7 @@
 #include "capi/dlpack_tensor.h"
 #include "ckpt/atomic_file.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/params_from_file.h"
 #include "ckpt/safetensors_writer.h"
 #include "model/model.h"
 #include "train/lr_schedule.h"

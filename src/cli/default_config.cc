@@ -1,6 +1,9 @@
 // The job `zoe train` runs without --config (the README's first command): a small GPT-2 learning
 // the embedded public-domain corpus byte by byte, bf16, ZeRO stage 3, the optimizer state (fp32
-// master, exp_avg, exp_avg_sq) on the NVMe tier under out/nvme.
+// master, exp_avg, exp_avg_sq) on the NVMe tier under out/nvme. A 20-step warm-up: after 10, the
+// two-rank job's loss jumped 3.8 -> 7.5 at the first step at the peak lr on every product path of
+// an AMX machine (AMX, AVX512-BF16, OpenBLAS); after 20 it rises 0.2 at most and ends lower
+// (500 steps: 1.907 against 1.976).
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -14,7 +17,7 @@ std::string default_config_json() {
   "gradient_clipping": 1.0,
   "bf16": {{"enabled": true}},
   "optimizer": {{"type": "AdamW", "params": {{"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}}},
-  "scheduler": {{"type": "WarmupCosineLR", "params": {{"total_num_steps": 500, "warmup_num_steps": 10,
+  "scheduler": {{"type": "WarmupCosineLR", "params": {{"total_num_steps": 500, "warmup_num_steps": 20,
                 "warmup_type": "linear", "cos_min_ratio": 0.1}}}},
   "zero_optimization": {{"stage": 3,
                          "offload_optimizer": {{"device": "nvme", "nvme_path": "out/nvme", "pin_memory": true}}}},

@@ -299,6 +299,7 @@ Status read_all(const Reader& r, Config& c) {
 }  // namespace
 
 const std::vector<std::string>& known_config_keys() { return kKeys; }
+const std::vector<std::string>& accepted_no_effect_config_keys() { return kAcceptedNoEffect; }
 
 Status check_learning_rate(double lr, const std::string& what) {
   if (std::isfinite(lr) && lr >= kMinLearningRate && lr <= kMaxLearningRate) return Status::Ok();

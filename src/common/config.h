@@ -110,5 +110,7 @@ nlohmann::json config_to_json(const Config& c);
 Result<uint64_t> parse_bytes(const nlohmann::json& v, const std::string& key);
 // All known dotted keys (for suggestions and docs).
 const std::vector<std::string>& known_config_keys();
+// DeepSpeed keys accepted without effect (how zoe always works, or not applicable).
+const std::vector<std::string>& accepted_no_effect_config_keys();
 
 }  // namespace zoe

@@ -37,11 +37,6 @@ class Model {
 
 // Sets every unit's parameters to the model's default initialisation for `seed`.
 Status init_params(Engine& e, const Model& model, uint64_t seed);
-// Sets every unit's parameters from a safetensors file holding each tensor by its name (or by
-// `alt_prefix` + name) with its shape, in any float dtype. Errors are input errors that start with
-// `what` and name the file and the tensor.
-Status init_params_from_file(Engine& e, const std::string& path, const std::string& alt_prefix,
-                             const std::string& what);
 
 // For models (and tests) that compute on the host, whatever the device: unit u's full parameters
 // as fp32 in host memory (fetch, convert on the device, download, release) ...

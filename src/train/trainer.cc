@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/params_from_file.h"
 #include "ckpt/root_lock.h"
 #include "ckpt/safetensors_reader.h"
 #include "common/profiler.h"
