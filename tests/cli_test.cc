@@ -160,6 +160,10 @@ void expect_demo_trains_without_a_spike(const std::string& env, const std::strin
 
 TEST(Cli, TheDemoJobOnTwoRanksTrainsWithoutASpikeOnEveryProductPath) {
   expect_demo_trains_without_a_spike("", "this machine's default path (" + gemm_onednn_isa() + ")");
+  if (kAddressSanitizer) {  // 30 s a path there: the numerics are the Release pass's to check
+    std::printf("[ info ] under AddressSanitizer: the default path only\n");
+    return;
+  }
   expect_demo_trains_without_a_spike("ZOE_GEMM_BF16=openblas", "OpenBLAS on widened operands");
   if (gemm_onednn_isa().find("amx") != std::string::npos)
     expect_demo_trains_without_a_spike("ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16", "oneDNN held to avx512_core_bf16");

@@ -8,8 +8,9 @@
 
 namespace zoe {
 
-GradReducer::GradReducer(RankState& state, OptimizerPass& pass, Device& dev, Comm& comm)
-    : s_(state), pass_(pass), dev_(dev), comm_(comm) {
+GradReducer::GradReducer(RankState& state, OptimizerPass& pass, Agreement& agreement, Device& dev, Comm& comm)
+    : s_(state), pass_(pass), agreement_(agreement), dev_(dev), comm_(comm) {
+  agreement_.set_reduce([this](int v, const float* grad) { return reduce_sharded(v, grad); });
   const int n = s_.layout().num_units();
   local_seen_.assign(n, 0);
   reduced_.assign(n, 0);
@@ -36,7 +37,7 @@ Status GradReducer::hand_over(int u, const float* grad) {
     ++handed_here_[u];
     return Status::Ok();
   }
-  Status st = agree(OpKind::kGrads, u, grad);
+  Status st = agreement_.agree(Agreement::Call::kGrads, u, grad);
   handed_here_[u] += st.ok();
   return st;
 }
@@ -59,58 +60,6 @@ Status GradReducer::reduce_rest(double* handed) {
     if (!sharded) ZOE_RETURN_IF_ERROR(reduce_replicated(u));
   }
   return Status::Ok();
-}
-
-Status GradReducer::agree(OpKind kind, int u, const float* grad, bool* need, AheadGather* ahead) {
-  if (comm_.size() == 1) return kind == OpKind::kGrads ? reduce_sharded(u, grad) : Status::Ok();
-  const int n = comm_.size();
-  constexpr int kWords = 5;  // kind, unit, need, ahead unit, ahead flags (1 ready, 2 needs)
-  int32_t mine[kWords] = {static_cast<int32_t>(kind), u, need && *need ? 1 : 0, ahead ? ahead->v : -1,
-                          ahead ? (ahead->ready ? 1 : 0) | (ahead->needs ? 2 : 0) : 0};
-  std::vector<int32_t> all(kWords * n);
-  for (;;) {
-    ZOE_RETURN_IF_ERROR(comm_.all_gather_control(mine, all.data(), sizeof(mine)));
-    bool same = true, any_need = false, ahead_ok = all[3] >= 0, ahead_needed = false;
-    for (int r = 0; r < n; ++r) {
-      const int32_t* w = &all[kWords * r];
-      same &= w[0] == all[0] && w[1] == all[1];
-      any_need |= w[2] != 0;
-      ahead_ok &= w[3] == all[3] && (w[4] & 1);
-      ahead_needed |= (w[4] & 2) != 0;
-    }
-    if (same && need) *need = any_need;
-    if (same && ahead) ahead->go = ahead_ok && ahead_needed;
-    if (same) return kind == OpKind::kGrads ? reduce_sharded(u, grad) : Status::Ok();
-    // Ranks differ. Gradients handed over anywhere are reduced now, in unit order, with zeros
-    // from the ranks that have none for that unit; those ranks' calls are then done.
-    std::vector<int> units;
-    for (int r = 0; r < n; ++r)
-      if (all[kWords * r] == static_cast<int32_t>(OpKind::kGrads)) units.push_back(all[kWords * r + 1]);
-    if (units.empty()) {
-      auto what = [&](int r) {
-        auto k = static_cast<OpKind>(all[kWords * r]);
-        int v = all[kWords * r + 1];
-        return k == OpKind::kStep ? std::string("step()")
-                                  : fmt::format("{}('{}')", k == OpKind::kFetch ? "fetch" : "grads_ready",
-                                                v >= 0 && v < s_.layout().num_units() ? name(v) : "?");
-      };
-      int other = 1;
-      while (other < n && all[kWords * other] == all[0] && all[kWords * other + 1] == all[1]) ++other;
-      return Status::Runtime(fmt::format("ranks are out of step: rank 0 calls {} while rank {} calls {} (every rank "
-                                         "must fetch the same units in the same order)", what(0), other, what(other)));
-    }
-    std::sort(units.begin(), units.end());
-    units.erase(std::unique(units.begin(), units.end()), units.end());
-    bool mine_done = false;
-    for (int v : units) {
-      if (v < 0 || v >= s_.layout().num_units())
-        return Status::Runtime(fmt::format("a rank handed over gradients of unit {}", v));
-      bool have = kind == OpKind::kGrads && v == u;
-      ZOE_RETURN_IF_ERROR(reduce_sharded(v, have ? grad : nullptr));
-      mine_done |= have;
-    }
-    if (mine_done) return Status::Ok();
-  }
 }
 
 // Sharded gradients: this micro-step's gradient of unit u (zeros when grad is null) is reduced;

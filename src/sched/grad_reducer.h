@@ -1,5 +1,4 @@
-// GradReducer: a step's gradients from the model's hand-overs to this rank's reduced shard, and
-// the agreement every collective of the engine follows.
+// GradReducer: a step's gradients from the model's hand-overs to this rank's reduced shard.
 //
 // Sharded gradients (stages 2-3) are reduce-scattered when each unit is handed over, on the
 // communication thread where there is one (overlap_comm), the backward going on meanwhile; at
@@ -7,10 +6,8 @@
 // hand-over. Replicated gradients (stages 0-1) accumulate locally and are reduce-scattered at
 // the step, unit by unit, so the sums are the same calls in the same order.
 //
-// The agreement: before each fetch, hand-over and step every rank says what it calls (control
-// traffic). Gradients one rank hands over are reduced with zeros from ranks that have none for
-// that unit; any other disagreement is an error on every rank, never a hang. A fetch's
-// agreement also settles whether the unit the plan fetches next is gathered now (AheadGather).
+// A sharded hand-over is reduced once the ranks agree (Agreement, which also reduces, with zeros
+// here, what other ranks hand over while this one calls something else).
 //
 // Threads: the caller's only; jobs it submits run on the CommWorker, which it waits for.
 #pragma once
@@ -20,20 +17,19 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "sched/agreement.h"
 #include "sched/comm_worker.h"
 #include "sched/optimizer_pass.h"
 #include "sched/rank_state.h"
-#include "sched/unit_mover.h"
 #include "zoe/device.h"
 
 namespace zoe {
 
 class GradReducer {
  public:
-  enum class OpKind : int32_t { kFetch = 1, kGrads = 2, kStep = 3 };
-
   // pass: the optimizer's; a unit's gradient is rewritten only once the pass no longer reads it.
-  GradReducer(RankState& state, OptimizerPass& pass, Device& dev, Comm& comm);
+  // agreement: the engine's; its reductions are this reducer's from now on.
+  GradReducer(RankState& state, OptimizerPass& pass, Agreement& agreement, Device& dev, Comm& comm);
   ~GradReducer();  // waits for the reductions in flight
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -46,8 +42,6 @@ class GradReducer {
 
   // grads_ready(u, grad): accumulate (replicated) or agree and reduce (sharded).
   Status hand_over(int u, const float* grad);
-  // need (fetch only): in, this rank has to gather; out, some rank has to (then all do).
-  Status agree(OpKind kind, int u, const float* grad, bool* need = nullptr, AheadGather* ahead = nullptr);
   // Waits for every reduction in flight; the first error (every buffer goes back anyway).
   Status finish() { return reap(0, -1); }
   // At step(), in this order: the units each rank handed over must be the same (else all fail
@@ -74,6 +68,7 @@ class GradReducer {
 
   RankState& s_;
   OptimizerPass& pass_;
+  Agreement& agreement_;
   Device& dev_;
   Comm& comm_;
   CommWorker* worker_ = nullptr;

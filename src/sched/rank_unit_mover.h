@@ -1,10 +1,11 @@
 // RankUnitMover: the engine's UnitMover. Loads come from RankState's tiers (ChunkLoad), gathers
-// run on the engine's communicator or its communication thread (CommWorker), the agreement is
-// GradReducer's, and "updated" is the optimizer's pass's progress.
+// run on the engine's communicator or its communication thread (CommWorker), the agreement is the
+// engine's (Agreement), and "updated" is the optimizer's pass's progress.
 #pragma once
 #include <memory>
 
 #include "comm/comm.h"
+#include "sched/agreement.h"
 #include "sched/comm_worker.h"
 #include "sched/grad_reducer.h"
 #include "sched/optimizer_pass.h"
@@ -15,13 +16,13 @@ namespace zoe {
 
 class RankUnitMover final : public UnitMover {
  public:
-  RankUnitMover(RankState& state, OptimizerPass& pass, GradReducer& reducer, Comm& comm)
-      : s_(state), pass_(pass), reducer_(reducer), comm_(comm) {}
+  RankUnitMover(RankState& state, OptimizerPass& pass, Agreement& agreement, GradReducer& reducer, Comm& comm)
+      : s_(state), pass_(pass), agreement_(agreement), reducer_(reducer), comm_(comm) {}
   // Gathers ahead run on `worker` (not owned; null: none run ahead).
   void set_worker(CommWorker* worker) { worker_ = worker; }
 
   Status agree_fetch(int u, bool* need, AheadGather* ahead) override {
-    return reducer_.agree(GradReducer::OpKind::kFetch, u, nullptr, need, ahead);
+    return agreement_.agree(Agreement::Call::kFetch, u, nullptr, need, ahead);
   }
   bool updated(int u) const override { return pass_.updated(u); }
   Status wait_updated(int u) override { return pass_.wait_for_unit(u); }
@@ -38,6 +39,7 @@ class RankUnitMover final : public UnitMover {
 
   RankState& s_;
   OptimizerPass& pass_;
+  Agreement& agreement_;
   GradReducer& reducer_;
   Comm& comm_;
   CommWorker* worker_ = nullptr;

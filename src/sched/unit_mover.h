@@ -6,18 +6,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "sched/agreement.h"
 #include "sched/unit_load.h"
 #include "zoe/device.h"
 
 namespace zoe {
-
-// What a fetch's agreement settles about the unit the plan fetches next.
-struct AheadGather {
-  int v = -1;          // the plan's next unit, or -1
-  bool ready = false;  // this rank's chunk of v is loaded or loading with every read issued
-  bool needs = false;  // v is not gathered here
-  bool go = false;     // out: every rank starts v's gather now
-};
 
 class UnitMover {
  public:

@@ -48,8 +48,8 @@ ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitS
       scaler_(c.dtype == DType::kF16 && c.static_loss_scale == 0
                   ? LossScaler::dynamic(c.initial_scale_power, c.loss_scale_window, c.hysteresis, c.min_loss_scale)
                   : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)),
-      state_(cfg_, d, layout_, plan_, comm.rank(), nvme_env), pass_(state_, d), reducer_(state_, pass_, d, comm),
-      mover_(state_, pass_, reducer_, comm),
+      state_(cfg_, d, layout_, plan_, comm.rank(), nvme_env), pass_(state_, d), agreement_(comm, layout_),
+      reducer_(state_, pass_, agreement_, d, comm), mover_(state_, pass_, agreement_, reducer_, comm),
       units_(d, mover_, unit_elems(layout_), wsize_,
              PrefetchLimits{c.prefetch_bucket_size, c.max_live_parameters, c.max_reuse_distance},
              c.device_memory_budget, poison_released()) {}
@@ -309,7 +309,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   res.loss_scale = scaler_.scale();
   res.lr = lr;
   // Serves gradients other ranks still hand over, then every rank is at this step.
-  if (plan_.shard_grads) ZOE_RETURN_IF_ERROR(reducer_.agree(GradReducer::OpKind::kStep, -1, nullptr));
+  if (plan_.shard_grads) ZOE_RETURN_IF_ERROR(agreement_.agree(Agreement::Call::kStep, -1));
   if (Status st = reducer_.finish(); !st.ok()) {
     reducer_.drop();
     return st;

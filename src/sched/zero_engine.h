@@ -18,6 +18,7 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
+#include "sched/agreement.h"
 #include "sched/comm_worker.h"
 #include "sched/grad_reducer.h"
 #include "sched/loss_scaler.h"
@@ -119,7 +120,8 @@ class ZeroEngine final : public Engine {
   LossScaler scaler_;
   RankState state_;
   OptimizerPass pass_;  // after the state it steps: stops before the state goes
-  GradReducer reducer_;
+  Agreement agreement_;
+  GradReducer reducer_;  // after the agreement whose reductions it makes
   RankUnitMover mover_;
   UnitScheduler units_;  // after the mover it drives
   bool told_deviation_ = false;
