@@ -236,6 +236,7 @@ def main():
             failures.append(f"validate() after fit: {val} vs Lightning's own {ref['val']}")
     if a.resume:
         resume_checks(a, rank, world, work, m)
+        validate_then_fit_is_refused(a, rank, world, work)
     t.strategy.close_engine()
     if rank == 0:
         shutil.rmtree(work, ignore_errors=True)
@@ -243,6 +244,21 @@ def main():
         failures, f"ZoeStrategy ({a.strategy}) vs Lightning's own, {world} ranks, accumulation {a.accum}"
         f"{', bf16' if a.bf16 else ''}, worst per-step loss {worst:.1e}, grad norm {norm_gap:.1e}, weights {gap:.1e}"
         f"{', resumed bit for bit (1 rank within 1e-6)' if a.resume else ''}")
+
+def validate_then_fit_is_refused(a, rank, world, work):
+    """A strategy that wrapped the module for validate() (no optimizer then) refuses fit()."""
+    import zoe
+    m = module()
+    t = trainer(a.strategy, world, a.accum, a.bf16, os.path.join(work, "vf"))
+    t.validate(m, loader(8, 4 // world, seed=2, rank=rank, world=world), verbose=False)
+    try:
+        t.fit(m, Batches(loader(B * world * STEPS, B, rank=rank, world=world)))
+        failures.append("fit() after validate() on the same ZoeStrategy trained")
+    except zoe.Error as e:
+        if "fit() after validate()" not in str(e):
+            failures.append(f"fit() after validate(): {e}")
+    t.strategy.close_engine()
+
 
 def resume_checks(a, rank, world, work, first):
     ckpt = os.path.join(work, "ckpt", "step=5.ckpt")

@@ -21,7 +21,9 @@ Checkpoints are directories, as DeepSpeed's are under Lightning: `<name>.ckpt/zo
 checkpoint: fp32 masters, Adam moments, step) and `<name>.ckpt/lightning.pt` (loops, callbacks, the
 optimizer's param_groups, the scheduler), written collectively; `ckpt_path=` resumes on any
 number of ranks. `strategy.export(path)` writes the weights as one safetensors file (collective).
-`strategy.grad_norm` is the last step's global norm before clipping.
+`strategy.grad_norm` is the last step's global norm before clipping. validate()/test() after
+fit() use the trained engine (until strategy.close_engine()); fit() after them on the same strategy
+raises zoe.Error (the engine took its optimizer settings, none then, at the first setup).
 """
 import os
 import shutil
@@ -88,6 +90,7 @@ class ZoeStrategy(DDPStrategy):
         super().__init__(**kwargs)
         self.zoe_config = _with_stage(zoe_config, stage, offload, nvme_path)
         self.engine = None
+        self._configured_for_fit = False
         self.grad_norm = None
 
     @property
@@ -108,10 +111,15 @@ class ZoeStrategy(DDPStrategy):
         self.accelerator.setup(trainer)
         if not isinstance(self.precision_plugin, ZoePrecision):
             self.precision_plugin = ZoePrecision(str(getattr(self.precision_plugin, "precision", "32-true")))
-        if trainer.state.fn == pl.trainer.states.TrainerFn.FITTING:
+        fitting = trainer.state.fn == pl.trainer.states.TrainerFn.FITTING
+        if fitting:
             self.setup_optimizers(trainer)
         if self.engine is None:
             self._wrap(trainer)
+        elif fitting and not self._configured_for_fit:
+            raise zoe.Error("ZoeStrategy: fit() after validate()/test()/predict() on the same strategy: zoe took "
+                            "its optimizer settings (none then) when it first wrapped the module; give fit() a new "
+                            "ZoeStrategy, or fit first")
         self.setup_precision_plugin()
 
     def _wrap(self, trainer):
@@ -134,6 +142,7 @@ class ZoeStrategy(DDPStrategy):
                             "with mpirun -np N, devices=N, and import zoe.integrations.lightning first")
         zoe.torch.wrap(module, engine, decay=lambda name, p: id(p) in decayed)
         self.engine = engine
+        self._configured_for_fit = opt is not None
         self.model = module
 
     def model_to_device(self):
