@@ -232,9 +232,6 @@ TEST(CApi, ByteOffsetsPastTheUserAddressSpaceAreRefused) {
   zoe_engine_free(e);
 }
 
-// zoe_step while a unit is fetched and not released is refused (it is not waited for: the caller
-// holds the unit), naming the units: an update would move the weights under the caller's view
-// of them. Released, the same gradients step.
 // Issue 45: under torchrun or accelerate launch (WORLD_SIZE > 1, no MPI) each process trained
 // alone as a one-rank zoe, N replicas and no error. It is refused, saying how to launch.
 TEST(CApi, SeveralProcessesLaunchedWithoutMpiAreRefused) {
@@ -251,6 +248,9 @@ TEST(CApi, SeveralProcessesLaunchedWithoutMpiAreRefused) {
   unsetenv("WORLD_SIZE");
 }
 
+// zoe_step while a unit is fetched and not released is refused (it is not waited for: the caller
+// holds the unit), naming the units: an update would move the weights under the caller's view
+// of them. Released, the same gradients step.
 TEST(CApi, StepWhileUnitsAreHeldIsRefused) {
   for (int stage : {0, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

@@ -17,23 +17,13 @@ import torch
 
 import zoe
 import zoe.torch
+from expect import expect_raises
 
 failures = []
 
 
 def expect(fn, error, needles):
-    """fn() raises `error` with a message containing every needle."""
-    try:
-        fn()
-    except error as e:
-        for needle in needles:
-            if needle not in str(e):
-                failures.append(f"message '{e}' lacks '{needle}'")
-        return
-    except Exception as e:  # noqa: BLE001
-        failures.append(f"{type(e).__name__} instead of {error.__name__}: {e}")
-        return
-    failures.append(f"no error (expected {error.__name__} mentioning {needles})")
+    expect_raises(failures, fn, error, needles)
 
 
 class Tied(torch.nn.Module):

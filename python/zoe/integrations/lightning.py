@@ -190,12 +190,9 @@ class ZoeStrategy(DDPStrategy):
         if self.is_global_zero:
             shutil.rmtree(os.fspath(filepath), ignore_errors=True)
 
-    def teardown(self):
-        # The engine outlives fit() so that validate()/test()/predict() after it use the trained
-        # weights; it is closed with the strategy (close_engine(), or at exit).
-        super().teardown()
-
     def close_engine(self):
+        """The engine outlives fit() (teardown leaves it) so that validate()/test()/predict() after it
+        use the trained weights; this closes it (as exit does)."""
         if self.engine is not None:
             self.engine.close()
 
