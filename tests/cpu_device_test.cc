@@ -8,7 +8,7 @@
 
 #include "kernels/adam.h"
 #include "cpu/cpu_device.h"
-#include "model/model_ops.h"
+#include "ops/model_ops.h"
 
 namespace zoe {
 namespace {

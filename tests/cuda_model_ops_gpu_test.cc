@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "model/gpt2_block.h"
-#include "model/model_ops.h"
+#include "ops/model_ops.h"
 #include "test_util.h"
 #include "zoe/dtype.h"
-#include "model/gpt2_ops.h"
+#include "ops/gpt2_ops.h"
 
 #ifdef ZOE_HAVE_CUDA
 #include <cuda_runtime.h>

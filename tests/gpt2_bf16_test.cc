@@ -12,7 +12,7 @@
 
 #include "kernels/gemm.h"
 #include "model/gpt2_block.h"
-#include "model/gpt2_ops.h"
+#include "ops/gpt2_ops.h"
 #include "zoe/dtype.h"
 
 namespace zoe::gpt2 {

@@ -12,9 +12,9 @@
 
 #include "model/gpt2_block.h"
 #include "model/gpt2_config.h"
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_ref.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_ref.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 namespace {

@@ -1,5 +1,5 @@
 // Causal self-attention on the packed qkv [B,T,3C], fused flash-style, fp32 (the semantics of
-// model/gpt2_ops_attention.cc: forward keeps only the log-sum-exp per query, backward rebuilds the
+// ops/gpt2_ops_attention.cc: forward keeps only the log-sum-exp per query, backward rebuilds the
 // probabilities from it; nothing of size T x T ever lives in global memory).
 //
 // Work is cut into square tiles of BT queries x BT keys. A block of 256 threads is a 16 x 16 grid

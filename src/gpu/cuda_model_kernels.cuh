@@ -1,5 +1,5 @@
 // The GPT-2 kernels other than attention and the GEMMs, fp32, one idea per kernel. Semantics are
-// those of the CPU reference (model/gpt2_ops_*.cc); the launch code is in cuda_model_ops.cu.
+// those of the CPU reference (ops/gpt2_ops_*.cc); the launch code is in cuda_model_ops.cu.
 //
 // Determinism: no kernel uses atomics. Each output element is written by exactly one thread, and
 // every sum runs in an order fixed by the shapes alone (loop order, then fixed butterfly / tree

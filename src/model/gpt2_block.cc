@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 

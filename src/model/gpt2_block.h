@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/model_ops.h"
+#include "ops/model_ops.h"
 
 namespace zoe::gpt2 {
 

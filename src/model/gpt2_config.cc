@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 

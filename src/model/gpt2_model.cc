@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 
 #include "common/profiler.h"
-#include "model/gpt2_ops.h"
-#include "model/model_ops.h"
+#include "ops/gpt2_ops.h"
+#include "ops/model_ops.h"
 
 namespace zoe {
 

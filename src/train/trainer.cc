@@ -24,7 +24,7 @@
 #include "common/profiler.h"
 #include "kernels/gemm.h"
 #include "model/gpt2_model.h"
-#include "model/model_ops.h"
+#include "ops/model_ops.h"
 #include "model/mlp_model.h"
 #include "train/backend.h"
 #include "train/batch_source.h"

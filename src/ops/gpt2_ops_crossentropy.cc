@@ -2,8 +2,8 @@
 #include <cmath>
 #include <vector>
 
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 
@@ -36,6 +36,11 @@ float crossentropy_forward_backward(float* dlogits, float* losses, const float* 
   double total = 0.0;  // in row order: the mean is the same for any thread count
   for (int r = 0; r < N; r++) total += row_loss[r];
   return N > 0 ? static_cast<float>(total / N) : 0.f;
+}
+
+void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                  float dscale) {
+  *loss = crossentropy_forward_backward(dlogits, nullptr, logits, targets, N, V, dscale);
 }
 
 }  // namespace zoe::gpt2

@@ -1,6 +1,6 @@
 // Residual connections: elementwise sum forward, gradient copied to both branches backward.
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 

@@ -1,6 +1,6 @@
 // Token + position embedding.
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 #include "zoe/dtype.h"
 
 namespace zoe::gpt2 {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/round_up.h"
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 

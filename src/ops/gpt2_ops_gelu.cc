@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 
 namespace zoe::gpt2 {
 

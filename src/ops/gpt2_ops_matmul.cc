@@ -3,8 +3,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 #include "kernels/gemm.h"
 #include "zoe/dtype.h"
 

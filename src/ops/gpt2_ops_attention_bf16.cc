@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#include "model/gpt2_ops.h"
-#include "model/gpt2_ops_util.h"
+#include "ops/gpt2_ops.h"
+#include "ops/gpt2_ops_util.h"
 #include "zoe/dtype.h"
 
 namespace zoe::gpt2 {
