@@ -15,7 +15,7 @@
 #include "cpu/cpu_device.h"
 #include "engine_harness.h"
 #include "nvme/pinned_pool.h"
-#include "sched/chunk_load.h"
+#include "sched/stage3/chunk_load.h"
 #include "sched/state_array.h"
 #include "test_util.h"
 

@@ -10,7 +10,7 @@
 #include "cpu/cpu_device.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
-#include "sched/optimizer_windows.h"
+#include "sched/optimizer/optimizer_windows.h"
 #include "sched/state_array.h"
 #include "test_util.h"
 

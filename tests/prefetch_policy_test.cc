@@ -11,9 +11,9 @@
 #include <map>
 
 #include "cpu/cpu_device.h"
-#include "sched/prefetch_policy.h"
-#include "sched/unit_scheduler.h"
-#include "sched/unit_trace.h"
+#include "sched/stage3/prefetch_policy.h"
+#include "sched/stage3/unit_scheduler.h"
+#include "sched/stage3/unit_trace.h"
 
 namespace zoe {
 namespace {

@@ -18,7 +18,7 @@
 #include "engine_harness.h"
 #include "nvme/block_table.h"
 #include "sched/state_array.h"
-#include "sched/window_sums.h"
+#include "sched/optimizer/window_sums.h"
 #include "test_util.h"
 
 namespace zoe {

@@ -19,7 +19,7 @@
 #include "comm/comm.h"
 #include "sched/agreement.h"
 #include "sched/comm_worker.h"
-#include "sched/optimizer_pass.h"
+#include "sched/optimizer/optimizer_pass.h"
 #include "sched/rank_state.h"
 #include "zoe/device.h"
 

@@ -20,7 +20,7 @@
 #include "common/config.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
-#include "sched/chunk_load.h"
+#include "sched/stage3/chunk_load.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
 #include "sched/state_array.h"

@@ -1,4 +1,4 @@
-#include "sched/optimizer_windows.h"
+#include "sched/optimizer/optimizer_windows.h"
 
 #include <algorithm>
 #include <cstring>

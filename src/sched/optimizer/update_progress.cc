@@ -1,4 +1,4 @@
-#include "sched/update_progress.h"
+#include "sched/optimizer/update_progress.h"
 
 #include <algorithm>
 

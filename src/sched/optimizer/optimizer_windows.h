@@ -21,7 +21,7 @@
 
 #include "nvme/pinned_pool.h"
 #include "sched/state_array.h"
-#include "sched/window_sums.h"
+#include "sched/optimizer/window_sums.h"
 #include "zoe/device.h"
 
 namespace zoe {

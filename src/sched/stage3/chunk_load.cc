@@ -1,4 +1,4 @@
-#include "sched/chunk_load.h"
+#include "sched/stage3/chunk_load.h"
 
 #include <algorithm>
 

@@ -22,10 +22,10 @@
 #include <memory>
 #include <vector>
 
-#include "sched/gather_pool.h"
-#include "sched/prefetch_policy.h"
-#include "sched/unit_mover.h"
-#include "sched/unit_trace.h"
+#include "sched/stage3/gather_pool.h"
+#include "sched/stage3/prefetch_policy.h"
+#include "sched/stage3/unit_mover.h"
+#include "sched/stage3/unit_trace.h"
 #include "zoe/device.h"
 
 namespace zoe {

@@ -1,4 +1,4 @@
-#include "sched/unit_trace.h"
+#include "sched/stage3/unit_trace.h"
 
 namespace zoe {
 

@@ -1,4 +1,4 @@
-#include "sched/window_sums.h"
+#include "sched/optimizer/window_sums.h"
 
 #include <algorithm>
 

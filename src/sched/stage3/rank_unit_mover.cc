@@ -1,4 +1,4 @@
-#include "sched/rank_unit_mover.h"
+#include "sched/stage3/rank_unit_mover.h"
 
 #include "common/profiler.h"
 

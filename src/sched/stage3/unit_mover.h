@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "sched/agreement.h"
-#include "sched/unit_load.h"
+#include "sched/stage3/unit_load.h"
 #include "zoe/device.h"
 
 namespace zoe {

@@ -1,4 +1,4 @@
-#include "sched/optimizer_pass.h"
+#include "sched/optimizer/optimizer_pass.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "kernels/adam.h"
-#include "sched/optimizer_windows.h"
+#include "sched/optimizer/optimizer_windows.h"
 #include "sched/rank_state.h"
-#include "sched/unit_gates.h"
-#include "sched/update_progress.h"
-#include "sched/window_sums.h"
+#include "sched/optimizer/unit_gates.h"
+#include "sched/optimizer/update_progress.h"
+#include "sched/optimizer/window_sums.h"
 #include "zoe/device.h"
 
 namespace zoe {

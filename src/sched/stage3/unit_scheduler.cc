@@ -1,4 +1,4 @@
-#include "sched/unit_scheduler.h"
+#include "sched/stage3/unit_scheduler.h"
 
 #include <algorithm>
 

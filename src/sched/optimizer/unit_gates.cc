@@ -1,4 +1,4 @@
-#include "sched/unit_gates.h"
+#include "sched/optimizer/unit_gates.h"
 
 namespace zoe {
 

@@ -1,4 +1,4 @@
-#include "sched/prefetch_policy.h"
+#include "sched/stage3/prefetch_policy.h"
 
 #include <algorithm>
 

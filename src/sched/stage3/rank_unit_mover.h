@@ -8,9 +8,9 @@
 #include "sched/agreement.h"
 #include "sched/comm_worker.h"
 #include "sched/grad_reducer.h"
-#include "sched/optimizer_pass.h"
+#include "sched/optimizer/optimizer_pass.h"
 #include "sched/rank_state.h"
-#include "sched/unit_mover.h"
+#include "sched/stage3/unit_mover.h"
 
 namespace zoe {
 

@@ -1,4 +1,4 @@
-#include "sched/gather_pool.h"
+#include "sched/stage3/gather_pool.h"
 
 #include <cstdint>
 

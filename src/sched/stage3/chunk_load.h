@@ -18,7 +18,7 @@
 
 #include "nvme/pinned_pool.h"
 #include "sched/state_array.h"
-#include "sched/unit_load.h"
+#include "sched/stage3/unit_load.h"
 #include "zoe/device.h"
 
 namespace zoe {
