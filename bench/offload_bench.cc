@@ -23,6 +23,7 @@
 #include "train/trace_writer.h"
 #include "bench_process.h"
 #include "bench_stats.h"
+#include "train/engine_options.h"
 
 namespace zoe {
 namespace {
@@ -85,7 +86,7 @@ Result<std::unique_ptr<OffloadCase>> make_case(const OffloadBenchOptions& o, con
   ZOE_ASSIGN_OR_RETURN(k->backend, make_backend(c, *k->comm));
   // Activation checkpointing: a quarter of the state is what the device has for everything.
   k->model = std::make_unique<Gpt2Model>(o.shape, /*activation_checkpointing=*/true);
-  k->engine = std::make_unique<ZeroEngine>(c, *k->backend.device, *k->comm, k->model->units());
+  k->engine = std::make_unique<ZeroEngine>(engine_options(c), *k->backend.device, *k->comm, k->model->units());
   ZOE_RETURN_IF_ERROR(k->engine->allocate());
   ZOE_RETURN_IF_ERROR(init_params(*k->engine, *k->model, c.seed));
   ZOE_ASSIGN_OR_RETURN(k->source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));

@@ -21,7 +21,9 @@
 #include "comm/comm.h"
 #include "model/gpt2_model.h"
 #include "train/backend.h"
+#include "sched/zero_engine.h"
 #include "train/batch_source.h"
+#include "train/engine_options.h"
 #include "zoe/engine.h"
 #include "bench_stats.h"
 
@@ -59,7 +61,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c, *comm));
   Device& dev = *backend.device;
   Gpt2Model model(o.shape, /*activation_checkpointing=*/false, o.bf16);
-  ZOE_ASSIGN_OR_RETURN(auto engine, Engine::create(c, dev, *comm, model.units()));
+  ZOE_ASSIGN_OR_RETURN(auto engine, ZeroEngine::create(engine_options(c), dev, *comm, model.units()));
   ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
   ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   Timing t;

@@ -48,8 +48,6 @@ class CaptureEngine final : public Engine {
   Status commit_owned_state() override { return Status::Ok(); }
   NvmeBytes nvme_bytes() const override { return {}; }
   void wait_nvme_idle() override {}
-  void restore_counters(int64_t, double, int64_t, int) override {}
-  void scaler_state(int64_t*, int*) const override {}
   std::vector<std::vector<float>> params_, grads_;  // host copies: what was set, what was handed over
 
  private:

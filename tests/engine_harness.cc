@@ -10,6 +10,7 @@
 #include "sched/zero_engine.h"
 #include "test_util.h"
 #include "train/backend.h"
+#include "train/engine_options.h"
 
 namespace zoe::test {
 
@@ -56,7 +57,7 @@ Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model
     ~Unbook() { c.set_ledger(nullptr); }
   } unbook{comm};
   auto units = model.units();
-  ZeroEngine engine(c, dev, comm, units);
+  ZeroEngine engine(engine_options(c), dev, comm, units);
   ZOE_RETURN_IF_ERROR(engine.allocate());
   ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
   MlpRun run;
@@ -194,7 +195,7 @@ Result<std::vector<float>> run_orders(const Config& c, Comm& control, const std:
   Device& dev = *td.device;
   Comm& comm = *td.comm;
   MlpModel model(c.n_layer, c.n_embd, 99);
-  ZeroEngine engine(c, dev, comm, model.units());
+  ZeroEngine engine(engine_options(c), dev, comm, model.units());
   ZOE_RETURN_IF_ERROR(engine.allocate());
   ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
   std::vector<float> w, g;

@@ -15,6 +15,7 @@
 #include "sched/zero_engine.h"
 #include "mpi_test_main.h"
 #include "test_util.h"
+#include "train/engine_options.h"
 
 namespace zoe::test {
 namespace {
@@ -277,7 +278,7 @@ Result<std::vector<float>> train_with_gaps(int stage, bool explicit_zeros) {
   Config c = mlp_config(stage, DType::kF32);
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
   MlpModel model(c.n_layer, c.n_embd, 99);
-  ZeroEngine e(c, dev, *g_comm, model.units());
+  ZeroEngine e(engine_options(c), dev, *g_comm, model.units());
   ZOE_RETURN_IF_ERROR(e.allocate());
   ZOE_RETURN_IF_ERROR(init_params(e, model, c.seed));
   const int r = g_comm->rank();
@@ -316,7 +317,7 @@ TEST(ZeroMpi, RanksFetchingDifferentUnitsFailTogetherInsteadOfHanging) {
   Config c = mlp_config(3, DType::kF32);
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, /*strict=*/true);
   MlpModel model(c.n_layer, c.n_embd, 99);
-  ZeroEngine e(c, dev, *g_comm, model.units());
+  ZeroEngine e(engine_options(c), dev, *g_comm, model.units());
   ASSERT_TRUE(e.allocate().ok());
   auto v = e.fetch(g_comm->rank() == 0 ? 0 : 1);
   ASSERT_FALSE(v.ok());

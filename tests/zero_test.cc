@@ -26,6 +26,7 @@
 #include "sched/zero_engine.h"
 #include "test_util.h"
 #include "train/lr_schedule.h"
+#include "train/engine_options.h"
 
 namespace zoe::test {
 namespace {
@@ -96,7 +97,7 @@ struct TinyEngine {
     c.stage = stage;
     c.update_in_backward = update_in_backward;
     if (update_in_backward) c.grad_clip = 0;
-    e = std::make_unique<ZeroEngine>(c, dev, *comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
+    e = std::make_unique<ZeroEngine>(engine_options(c), dev, *comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
     EXPECT_TRUE(e->allocate().ok());
     std::vector<float> v(10);
     for (int i = 0; i < 10; ++i) v[i] = 0.1f * (i + 1);
@@ -138,7 +139,7 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
     auto self = make_self_comm(), ref_self = make_self_comm();
     CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true), ref_dev(c.device_memory_budget, c.host_memory_budget, true);
     MlpModel model(c.n_layer, c.n_embd, 99);
-    ZeroEngine e(c, dev, *self, model.units()), ref(c, ref_dev, *ref_self, model.units());
+    ZeroEngine e(engine_options(c), dev, *self, model.units()), ref(engine_options(c), ref_dev, *ref_self, model.units());
     ASSERT_TRUE(e.allocate().ok());
     ASSERT_TRUE(ref.allocate().ok());
     std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
@@ -184,7 +185,7 @@ TEST(ZeroOneRank, AReductionBufferTakesTheRoomOfIdleGatherBuffers) {
   auto self = make_self_comm();
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
   MlpModel model(c.n_layer, c.n_embd, 5);
-  ZeroEngine e(c, dev, *self, model.units());
+  ZeroEngine e(engine_options(c), dev, *self, model.units());
   ASSERT_TRUE(e.allocate().ok());
   std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
   Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
@@ -333,7 +334,7 @@ TEST(ZeroOneRank, AFailedUpdateIsReturnedByFlushOrReportedAtDestruction) {
     auto self = make_self_comm();
     CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
     MlpModel model(c.n_layer, c.n_embd, 7);
-    auto e = std::make_unique<ZeroEngine>(c, dev, *self, model.units());
+    auto e = std::make_unique<ZeroEngine>(engine_options(c), dev, *self, model.units());
     ASSERT_TRUE(e->allocate().ok());
     write_all_owned(*e);
     int truncated = 0;
@@ -370,7 +371,7 @@ TEST(ZeroOneRank, NvmeFaultsMidStepAreTheStoresErrorThroughTheEngine) {
     CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
     MlpModel model(c.n_layer, c.n_embd, 3);
     FaultInjectingEnv env(NvmeEnv::Default());
-    auto made = Engine::create(c, dev, *self, model.units(), &env);
+    auto made = ZeroEngine::create(engine_options(c), dev, *self, model.units(), &env);
     ASSERT_TRUE(made.ok()) << made.status().message();
     Engine& e = **made;
     write_all_owned(e);
@@ -395,7 +396,7 @@ Status allocate_mlp(const Config& c) {
   auto self = make_self_comm();
   CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
   MlpModel model(c.n_layer, c.n_embd, 1);
-  ZeroEngine e(c, dev, *self, model.units());
+  ZeroEngine e(engine_options(c), dev, *self, model.units());
   return e.allocate();
 }
 
@@ -461,7 +462,7 @@ TEST(ZeroOneRank, ClippingScalesGradientsToTheMaxNorm) {
     TinyEngine t(DType::kF32, 2);
     t.e.reset();
     t.c.grad_clip = clip;
-    t.e = std::make_unique<ZeroEngine>(t.c, t.dev, *t.comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
+    t.e = std::make_unique<ZeroEngine>(engine_options(t.c), t.dev, *t.comm, std::vector<UnitSpec>{make_unit("u", {{"w", {2, 5}}})});
     ASSERT_TRUE(t.e->allocate().ok());
     std::vector<float> g(10, 3.0f);
     ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());

@@ -1,7 +1,8 @@
-// The engine's unit API: all a model (built-in, or a foreign framework through the coming C API)
+// The engine's unit API: all a model (built-in, or a foreign framework through the C API, zoe.h)
 // needs to train under ZeRO. Per micro-step: for each unit, fetch -> compute -> release; in
 // backward, fetch -> compute gradients -> grads_ready -> release. Then step() once per
-// optimizer step (after gradient_accumulation_steps micro-steps).
+// optimizer step (after gradient_accumulation_steps micro-steps). A model is handed an Engine;
+// the job that runs it makes one from its configuration (the training job, the C API).
 //
 // The ZeRO stage only decides what is sharded; the pipeline is the same for every stage:
 //   stage >= 1: optimizer state (fp32 master, exp_avg, exp_avg_sq) covers this rank's shard
@@ -19,10 +20,7 @@
 
 namespace zoe {
 
-struct Config;
 class Device;
-class Comm;
-class NvmeEnv;
 
 struct ParamView {
   const void* data = nullptr;  // device memory: numel elements of `dtype`, the unit's full parameters
@@ -53,11 +51,6 @@ struct OwnedRange {
 class Engine {
  public:
   virtual ~Engine() = default;
-  // nvme_env: what the NVMe tier asks of the operating system (null: the real io_uring
-  // environment); tests pass one that injects faults.
-  static Result<std::unique_ptr<Engine>> create(const Config& config, Device& device, Comm& comm,
-                                                std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
-
   // The device the engine keeps its state on: a model allocates its buffers there and runs its
   // kernels through device().ops(); ParamView::data and grads_ready's gradient are its memory.
   virtual Device& device() = 0;
@@ -117,8 +110,6 @@ class Engine {
   };
   virtual NvmeBytes nvme_bytes() const = 0;
   virtual void wait_nvme_idle() = 0;
-  virtual void restore_counters(int64_t steps_applied, double loss_scale, int64_t good_steps, int hysteresis) = 0;
-  virtual void scaler_state(int64_t* good_steps, int* hysteresis) const = 0;
 };
 
 }  // namespace zoe

@@ -15,6 +15,7 @@
 #include "ckpt/params_from_file.h"
 #include "ckpt/safetensors_writer.h"
 #include "model/model.h"
+#include "train/engine_options.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
 
@@ -121,7 +122,7 @@ Status CEngine::start() {
   if (units_.empty()) return Status::Invalid("zoe_start: no parameter is registered");
   ZOE_ASSIGN_OR_RETURN(backend_, make_backend(cfg_, *comm_));
   comm_->set_ledger(&backend_.device->ledger());
-  ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(cfg_, *backend_.device, tensor_comm(), units_));
+  ZOE_ASSIGN_OR_RETURN(engine_, ZeroEngine::create(engine_options(cfg_), *backend_.device, tensor_comm(), units_));
   engine_->require_matching_grads(true);  // a unit forgotten on one rank is an error at zoe_step
   state_.assign(units_.size(), UnitState{});
   return Status::Ok();
@@ -363,7 +364,9 @@ Status CEngine::load(const std::string& path) {
     if (ckpt.empty()) return Status::Invalid(fmt::format("zoe_load: '{}' holds no complete checkpoint", path));
   }
   TrainState st;
-  return load_checkpoint(ckpt, *engine_, *comm_, cfg_.checkpoint_verify, &st);  // zoe.checksums: swap only
+  ZOE_RETURN_IF_ERROR(load_checkpoint(ckpt, *engine_, *comm_, cfg_.checkpoint_verify, &st));  // zoe.checksums: swap only
+  engine_->restore_counters(st.steps_applied, st.loss_scale, st.scaler_good_steps, st.scaler_hysteresis);
+  return Status::Ok();
 }
 
 // Unit by unit: gathered (collective) and converted to fp32 on every rank; rank 0 keeps them until

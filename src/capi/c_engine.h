@@ -15,6 +15,7 @@
 #include "ckpt/root_lock.h"
 #include "comm/comm.h"
 #include "common/config.h"
+#include "sched/zero_engine.h"
 #include "train/backend.h"
 #include "zoe/engine.h"
 
@@ -95,7 +96,7 @@ class CEngine {
   Config cfg_;
   std::unique_ptr<Comm> comm_;
   Backend backend_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ZeroEngine> engine_;
   std::vector<UnitSpec> units_;
   std::vector<UnitState> state_;
   std::map<std::string, int> unit_of_name_;

@@ -364,7 +364,6 @@ static Status load_checkpoint_impl(const std::string& path, Engine& e, bool veri
       }
   }
   *st = m.train_state;
-  e.restore_counters(st->steps_applied, st->loss_scale, st->scaler_good_steps, st->scaler_hysteresis);
   return Status::Ok();
 }
 

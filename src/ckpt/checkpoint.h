@@ -38,7 +38,8 @@ Result<std::string> agree_latest_checkpoint(const std::string& root, Comm& comm,
 // directories that killed saves left. Only for the job that holds the root (CheckpointRootLock):
 // another job's temporary directory is its save in progress.
 Status prune_checkpoints(const std::string& root, int keep);
-// Loads into an engine of any rank count and stage (collective); verifies checksums if asked.
+// Loads into an engine of any rank count and stage (collective); verifies checksums if asked. The
+// steps and loss scaler state come back in *st: the caller restores them (ZeroEngine::restore_counters).
 Status load_checkpoint(const std::string& path, Engine& e, Comm& comm, bool verify, TrainState* st);
 // The manifest, validated: its own checksum (manifest.xxh3), every field (parse_manifest), and
 // every listed file present as a regular file of the listed size.

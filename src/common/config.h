@@ -1,5 +1,6 @@
 // The training configuration: DeepSpeed's ds_config key names where the concept is the same,
-// zoe's own under `zoe.` (contracts.md). Unknown keys are errors with the closest known key.
+// zoe's own under `zoe.` (docs/REFERENCE.md, which a test holds to known_config_keys()). Unknown
+// keys are errors with the closest known key.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -8,19 +9,11 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/offload_config.h"
 #include "zoe/dtype.h"
 #include "zoe/status.h"
 
 namespace zoe {
-
-enum class OffloadDevice : uint8_t { kNone, kCpu, kNvme };
-
-struct OffloadConfig {
-  OffloadDevice device = OffloadDevice::kNone;
-  std::string nvme_path;
-  bool pin_memory = false;
-  double ratio = 1.0;
-};
 
 struct Config {
   // batch

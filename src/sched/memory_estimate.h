@@ -5,7 +5,8 @@
 #include <array>
 #include <cstdint>
 
-#include "common/config.h"
+#include "common/offload_config.h"
+#include "zoe/dtype.h"
 #include "zoe/ledger.h"
 
 namespace zoe {

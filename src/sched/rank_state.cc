@@ -16,10 +16,10 @@ constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;
 
 }  // namespace
 
-RankState::RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank,
+RankState::RankState(const EngineOptions& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank,
                      NvmeEnv* nvme_env)
     : cfg_(c), dev_(d), layout_(layout), plan_(plan), rank_(rank), env_(nvme_env), wsize_(dtype_size(c.dtype)),
-      gdtype_(c.grad_dtype()), gsize_(dtype_size(gdtype_)) {}
+      gdtype_(c.grad_dtype), gsize_(dtype_size(gdtype_)) {}
 
 RankState::~RankState() {
   dev_.free(grad_);

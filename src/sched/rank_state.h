@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
+#include "sched/engine_options.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
 #include "sched/stage3/chunk_load.h"
@@ -32,7 +32,7 @@ namespace zoe {
 class RankState {
  public:
   // nvme_env: the NVMe stores' environment (null: the real one).
-  RankState(const Config& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank, NvmeEnv* nvme_env);
+  RankState(const EngineOptions& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank, NvmeEnv* nvme_env);
   ~RankState();
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
@@ -41,7 +41,7 @@ class RankState {
   // directories, the same on every rank), then the arrays and the gradient buffer.
   Status allocate(const std::string& job);
 
-  const Config& config() const { return cfg_; }
+  const EngineOptions& config() const { return cfg_; }
   const StagePlan& plan() const { return plan_; }
   const ShardLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
@@ -92,7 +92,7 @@ class RankState {
   Status open_offload(const std::string& job, int64_t opt_elems, int64_t param_elems);
   StateHome home(const OffloadConfig& o, const char* region) const;
 
-  const Config& cfg_;
+  const EngineOptions& cfg_;
   Device& dev_;
   const ShardLayout& layout_;
   StagePlan plan_;

@@ -34,17 +34,17 @@ bool poison_released() {
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::create(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units,
+Result<std::unique_ptr<ZeroEngine>> ZeroEngine::create(const EngineOptions& c, Device& d, Comm& comm, std::vector<UnitSpec> units,
                                                NvmeEnv* nvme_env) {
   if (units.empty()) return Status::Invalid("a model must have at least one unit");
   auto e = std::make_unique<ZeroEngine>(c, d, comm, std::move(units), nvme_env);
   ZOE_RETURN_IF_ERROR(e->allocate());
-  return std::unique_ptr<Engine>(std::move(e));
+  return e;
 }
 
-ZeroEngine::ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units, NvmeEnv* nvme_env)
+ZeroEngine::ZeroEngine(const EngineOptions& c, Device& d, Comm& comm, std::vector<UnitSpec> units, NvmeEnv* nvme_env)
     : cfg_(c), dev_(d), comm_(comm), layout_(std::move(units), comm.size()), plan_(StagePlan::for_stage(c.stage)),
-      dtype_(c.dtype), wsize_(dtype_size(c.dtype)), gdtype_(c.grad_dtype()), gsize_(dtype_size(gdtype_)),
+      dtype_(c.dtype), wsize_(dtype_size(c.dtype)), gdtype_(c.grad_dtype), gsize_(dtype_size(gdtype_)),
       scaler_(c.dtype == DType::kF16 && c.static_loss_scale == 0
                   ? LossScaler::dynamic(c.initial_scale_power, c.loss_scale_window, c.hysteresis, c.min_loss_scale)
                   : LossScaler::fixed(c.dtype == DType::kF16 ? c.static_loss_scale : 1.0)),

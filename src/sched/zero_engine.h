@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "common/config.h"
+#include "sched/engine_options.h"
 #include "sched/agreement.h"
 #include "sched/comm_worker.h"
 #include "sched/grad_reducer.h"
@@ -35,7 +35,12 @@ namespace zoe {
 
 class ZeroEngine final : public Engine {
  public:
-  ZeroEngine(const Config& c, Device& d, Comm& comm, std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
+  // An engine with its state allocated. nvme_env: what the NVMe tier asks of the operating system
+  // (null: the real io_uring environment); tests pass one that injects faults.
+  static Result<std::unique_ptr<ZeroEngine>> create(const EngineOptions& o, Device& d, Comm& comm,
+                                                    std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
+  // Unallocated (allocate() next): for tests that look at a failed allocation.
+  ZeroEngine(const EngineOptions& o, Device& d, Comm& comm, std::vector<UnitSpec> units, NvmeEnv* nvme_env = nullptr);
   ~ZeroEngine() override;
   Status allocate();
 
@@ -83,8 +88,10 @@ class ZeroEngine final : public Engine {
     uint64_t nvme_forwarded_bytes = 0;  // reads served from pending writes' memory (not the device)
   };
   SchedStats sched_stats() const;
-  void restore_counters(int64_t steps, double scale, int64_t good, int hyst) override;
-  void scaler_state(int64_t* good, int* hyst) const override;
+  // What a checkpoint carries besides the state arrays (ckpt/manifest.h TrainState): the steps
+  // applied and the loss scaler's state. Not in the Engine a model sees.
+  void restore_counters(int64_t steps, double scale, int64_t good, int hyst);
+  void scaler_state(int64_t* good, int* hyst) const;
 
  private:
   char* grad_ptr(int64_t elem) const { return state_.grad_ptr(elem); }
@@ -108,7 +115,7 @@ class ZeroEngine final : public Engine {
   Status wait_update();                    // the whole pass
   Status gather_replicated_params();
 
-  Config cfg_;
+  EngineOptions cfg_;
   Device& dev_;
   Comm& comm_;
   ShardLayout layout_;

@@ -27,7 +27,9 @@
 #include "ops/model_ops.h"
 #include "model/mlp_model.h"
 #include "train/backend.h"
+#include "sched/zero_engine.h"
 #include "train/batch_source.h"
+#include "train/engine_options.h"
 #include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/step_report.h"
@@ -176,7 +178,7 @@ class TrainJob {
     c_.compute_dtype = resolve_compute_dtype(c_);  // the report's done line says what ran
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
     ZOE_RETURN_IF_ERROR(check_device_ops(c_, dev_->ops()));
-    ZOE_ASSIGN_OR_RETURN(engine_, Engine::create(c_, *dev_, tensor(), model_->units(), o_.nvme_env));
+    ZOE_ASSIGN_OR_RETURN(engine_, ZeroEngine::create(engine_options(c_), *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
     if (c_.eval_every > 0) {
       if (c_.model_type == "gpt2" && c_.data_val.empty())
@@ -185,6 +187,8 @@ class TrainJob {
     }
     if (!resume.empty()) {
       ZOE_RETURN_IF_ERROR(load_checkpoint(resume, *engine_, comm_, c_.checkpoint_verify, &state_));
+      engine_->restore_counters(state_.steps_applied, state_.loss_scale, state_.scaler_good_steps,
+                               state_.scaler_hysteresis);
       ZOE_RETURN_IF_ERROR(source_->seek({state_.data_shard, state_.data_position}));
       if (comm_.rank() == 0 && !o_.quiet) fmt::print("resuming from {} (step {})\n", resume, state_.steps_done);
       return Status::Ok();
@@ -289,7 +293,7 @@ class TrainJob {
   std::unique_ptr<Comm> tensor_comm_;  // null: comm_ carries the tensors too
   Comm& tensor() { return tensor_comm_ ? *tensor_comm_ : comm_; }
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ZeroEngine> engine_;
   Engine::NvmeBytes nvme_seen_;  // the engine's NVMe bytes at the last report line
   std::unique_ptr<BatchSource> source_, val_;
   ReportWriter report_;
