@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "common/profiler.h"
-#include "common/round_up.h"
 #include "nvme/io_error.h"
 
 namespace zoe {
@@ -172,13 +171,14 @@ void IoWorker::handle_batch(std::vector<IoCompletion>& cq) {
   else reap_failed(late);
 }
 
-// Arrived transfers join the lists in submission order; a read a pending write covers is done
-// at once (forward), outside the lock: its copy holds up no submitter.
+// Arrived transfers join the lists in submission order; a read pending writes cover is done at
+// once (PendingWrites::serve), outside the lock: its copy holds up no submitter.
 void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
   for (std::shared_ptr<Transfer>& t : arrived) {
     if (t->op == IoOp::kWrite) {
-      pending_writes_.push_back(t);
-    } else if (forward(*t)) {
+      pending_writes_.add(t);
+    } else if (pending_writes_.serve(*t)) {
+      forwarded_bytes_.fetch_add(t->bytes, std::memory_order_relaxed);
       t->queued = false;
       complete(*t);
       continue;
@@ -186,42 +186,6 @@ void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
     (t->background ? background_ : active_).push_back(std::move(t));
   }
   arrived.clear();
-}
-
-bool IoWorker::forward(Transfer& r) {
-  if (pending_writes_.empty()) return false;  // the usual case: nothing to scan or allocate for
-  // Newest first, each byte of the read from the first write that holds it (the newest), until
-  // none is left; a byte no pending write holds, or a failed write, and the read waits its turn.
-  struct Piece {
-    uint64_t lo, hi;
-    const Transfer* from;
-  };
-  std::vector<std::pair<uint64_t, uint64_t>> open = {{r.offset, r.offset + r.bytes}}, rest;
-  std::vector<Piece> pieces;
-  for (auto it = pending_writes_.rbegin(); it != pending_writes_.rend() && !open.empty(); ++it) {
-    const Transfer& w = **it;
-    const uint64_t wl = w.offset, wh = w.offset + w.bytes;
-    if (w.region != r.region) continue;
-    rest.clear();
-    for (auto [lo, hi] : open) {
-      const uint64_t a = std::max(lo, wl), b = std::min(hi, wh);
-      if (a >= b) {
-        rest.push_back({lo, hi});
-        continue;
-      }
-      if (w.failed) return false;
-      pieces.push_back({a, b, &w});
-      if (lo < a) rest.push_back({lo, a});
-      if (b < hi) rest.push_back({b, hi});
-    }
-    open.swap(rest);
-  }
-  if (!open.empty()) return false;
-  for (const Piece& p : pieces) std::memcpy(r.user + (p.lo - r.offset), p.from->user + (p.lo - p.from->offset), p.hi - p.lo);
-  // The bytes never left memory: there is no device copy whose sum a caller could check.
-  if (BlockSums* c = r.caller_sums.get()) std::fill(c->check.begin(), c->check.end(), uint8_t{0});
-  forwarded_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
-  return true;
 }
 
 // Foreground transfers first, in order; background ones only while no foreground request is
@@ -260,98 +224,63 @@ void IoWorker::fill() {
 
 static BlockSums* caller_block(const Transfer& t, uint64_t block);
 
-// A write's last block when the write starts it and says the rest is padding (pad_last_block).
-static bool pads_rest(const Transfer& t, uint64_t io_begin, uint64_t s, uint64_t e) {
-  return t.pad_last_block && io_begin == s && e == t.offset + t.bytes;
-}
-
 IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   Transfer& t = *tp;
   RegionFile& r = *t.region;
-  const uint64_t s = t.offset + t.scheduled;
-  const uint64_t block = s / block_;
-  const uint64_t block_begin = block * block_;
-  const uint64_t block_end = r.blocks.end(block), block_io_end = r.blocks.io_end(block);
-  const uint64_t e = std::min<uint64_t>(t.offset + t.bytes, block_end);
-  const uint64_t align = r.file.offset_align;
-  const bool sums = r.blocks.checksums();
-  // With checksums the block's whole request span moves (its sum covers all its data); without,
-  // the aligned span.
-  const uint64_t io_begin = sums ? block_begin : s / align * align;
-  const uint64_t io_end = sums ? block_io_end : std::min<uint64_t>(round_up<uint64_t>(e, align), block_io_end);
-  uint8_t* user = t.user + (s - t.offset);
-  const bool whole = io_begin == s && io_end == e;
-  // A short block's bytes after its data are padding: a write of all its data reads nothing back.
-  const bool all_data = s == block_begin && e == block_end;
-  const bool direct = whole && reinterpret_cast<uintptr_t>(user) % r.file.mem_align == 0;
-  const BlockTable::State state = r.blocks.state(block);
+  const BlockPlan p = plan_block(t, r, block_);
+  uint8_t* user = t.user + (p.user_begin - t.offset);
+  const BlockTable::State state = r.blocks.state(p.block);
 
   if (t.op == IoOp::kRead && state == BlockTable::State::kFailed) {
     t.failed = true;
     if (t.status.ok())
       t.status = Status::Corrupt(fmt::format("{}: block {} (bytes {}..{}) cannot be read: its last write failed, so "
                                              "its contents are undefined",
-                                             r.path, block, block_begin, block_end - 1));
+                                             r.path, p.block, r.blocks.begin(p.block), r.blocks.end(p.block) - 1));
     return Start::kStarted;
   }
   for (const Task& k : tasks_)
-    if (k.t && k.t->region == t.region && k.block == block) return Start::kStalled;
+    if (k.t && k.t->region == t.region && k.plan.block == p.block) return Start::kStalled;
   if (t.op == IoOp::kRead && state == BlockTable::State::kUnwritten) {
     // Never written (and no write of it in flight: checked above): the fresh, preallocated file
     // holds zeros there, so the bytes are zeros without a request. The file system would only
     // have zero-filled them too (ext4's unwritten extents), yet counted as a read of the device.
-    std::memset(user, 0, e - s);
-    if (BlockSums* c = caller_block(t, block)) {
-      c->sums[block - c->first] = 0;
-      c->check[block - c->first] = 0;
+    std::memset(user, 0, p.user_bytes());
+    if (BlockSums* c = caller_block(t, p.block)) {
+      c->sums[p.block - c->first] = 0;
+      c->check[p.block - c->first] = 0;
     }
-    t.scheduled += e - s;
-    zero_filled_bytes_.fetch_add(e - s, std::memory_order_relaxed);
+    t.scheduled += p.user_bytes();
+    zero_filled_bytes_.fetch_add(p.user_bytes(), std::memory_order_relaxed);
     return Start::kStarted;
   }
-  if (!direct && free_bounce_.empty()) return Start::kStalled;
+  if (!p.direct && free_bounce_.empty()) return Start::kStalled;
 
   const int slot = free_slots_.back();
   free_slots_.pop_back();
   Task& k = tasks_[slot];
   k = Task{};
   k.t = tp;
-  k.block = block;
-  k.io_offset = io_begin;
-  k.io_bytes = static_cast<uint32_t>(io_end - io_begin);
-  k.user_begin = s;
-  k.user_end = e;
+  k.plan = p;
   k.user = user;
-  if (direct) {
+  if (p.direct) {
     k.io_buf = user;
   } else {
     k.bounce = free_bounce_.back();
     free_bounce_.pop_back();
     k.io_buf = bounce_[k.bounce];
   }
-  k.buf_index = registered_ ? registered_->piece_of(k.io_buf, k.io_bytes) : -1;
-  t.scheduled += e - s;
+  k.buf_index = registered_ ? registered_->piece_of(k.io_buf, p.io_bytes()) : -1;
+  t.scheduled += p.user_bytes();
   ++t.in_flight;
   ++in_flight_;
   if (t.background) ++background_in_flight_;
 
-  if (t.op == IoOp::kRead) {
-    k.phase = IoOp::kRead;
-  } else if (direct) {
-    k.phase = IoOp::kWrite;
-    if (sums) set_write_sum(slot);
-  } else if (!whole && !all_data && state != BlockTable::State::kUnwritten && !pads_rest(t, io_begin, s, e)) {
-    k.phase = IoOp::kRead;  // read the rest of the span first
-    k.rmw = true;
+  if (t.op == IoOp::kRead || p.read_first) {
+    k.phase = IoOp::kRead;  // a read-modify-write reads the rest of its span first
   } else {
-    // A never-written block reads as zeros (the file is fresh and preallocated), and a padded
-    // one's rest is zeros by the caller's word: no read needed.
-    if (!whole) {  // zeros around the caller's bytes
-      std::memset(k.io_buf, 0, s - io_begin);
-      std::memset(k.io_buf + (e - io_begin), 0, io_end - e);
-    }
-    std::memcpy(k.io_buf + (s - io_begin), user, e - s);
-    if (sums) set_write_sum(slot);
+    if (!p.direct) stage_write(p, k.io_buf, user);
+    if (r.blocks.checksums()) set_write_sum(slot);
     k.phase = IoOp::kWrite;
   }
   enqueue(slot);
@@ -363,9 +292,9 @@ void IoWorker::enqueue(int slot) {
   IoRequest req;
   req.op = k.phase;
   req.file = k.t->region->queue_file;
-  req.offset = k.io_offset + k.done;
+  req.offset = k.plan.io_begin + k.done;
   req.buf = k.io_buf + k.done;
-  req.bytes = k.io_bytes - k.done;
+  req.bytes = k.plan.io_bytes() - k.done;
   req.buf_index = k.buf_index;
   req.tag = static_cast<uint64_t>(slot);
   Status s = queue_->enqueue(req);
@@ -386,42 +315,40 @@ void IoWorker::handle(const IoCompletion& c) {
       enqueue(slot);
       return;
     }
-    fail(slot, Status::Io(io_failure(r.path, k.phase, k.io_offset + k.done, k.io_bytes - k.done, err)));
+    fail(slot, Status::Io(io_failure(r.path, k.phase, k.plan.io_begin + k.done, k.plan.io_bytes() - k.done, err)));
     return;
   }
   if (c.result == 0) {
     fail(slot, Status::Io(fmt::format("{}: {} of {} bytes at offset {} transferred nothing (end of file?)", r.path,
-                                      io_op_name(k.phase), k.io_bytes - k.done, k.io_offset + k.done)));
+                                      io_op_name(k.phase), k.plan.io_bytes() - k.done, k.plan.io_begin + k.done)));
     return;
   }
   k.done += static_cast<uint32_t>(c.result);
-  if (k.done < k.io_bytes) {  // short transfer: the rest, from where it stopped
+  if (k.done < k.plan.io_bytes()) {  // short transfer: the rest, from where it stopped
     enqueue(slot);
     return;
   }
-  (k.phase == IoOp::kRead ? read_bytes_ : written_bytes_).fetch_add(k.io_bytes, std::memory_order_relaxed);
+  (k.phase == IoOp::kRead ? read_bytes_ : written_bytes_).fetch_add(k.plan.io_bytes(), std::memory_order_relaxed);
   if (k.phase == IoOp::kRead) {
     if (!verify(slot)) return;
-    uint8_t* at = k.io_buf + (k.user_begin - k.io_offset);
-    const uint64_t n = k.user_end - k.user_begin;
-    if (k.rmw) {  // patch the caller's bytes in and write the span back
-      std::memcpy(at, k.user, n);
+    if (k.plan.read_first) {  // patch the caller's bytes in and write the span back
+      patch_write(k.plan, k.io_buf, k.user);
       if (r.blocks.checksums()) to_hash_.push_back(slot);  // made once the write is on the device
       k.phase = IoOp::kWrite;
       k.done = 0;
       enqueue(slot);
       return;
     }
-    if (k.bounce >= 0) std::memcpy(k.user, at, n);
+    if (k.bounce >= 0) unstage_read(k.plan, k.io_buf, k.user);
   } else {
     // A block whose last write failed becomes valid again only when a write covers all of it.
-    const uint64_t block_begin = r.blocks.begin(k.block);
-    const uint64_t block_end = std::min<uint64_t>(r.blocks.end(k.block), r.bytes);
+    const uint64_t block_begin = r.blocks.begin(k.plan.block);
+    const uint64_t block_end = std::min<uint64_t>(r.blocks.end(k.plan.block), r.bytes);
     RegionFile& rw = *k.t->region;
-    if (rw.blocks.state(k.block) != BlockTable::State::kFailed ||
-        (k.user_begin == block_begin &&
-         (k.user_end == block_end || pads_rest(*k.t, k.io_offset, k.user_begin, k.user_end))))
-      rw.blocks.set_written(k.block, k.sum);
+    if (rw.blocks.state(k.plan.block) != BlockTable::State::kFailed ||
+        (k.plan.user_begin == block_begin &&
+         (k.plan.user_end == block_end || pads_rest(*k.t, k.plan.io_begin, k.plan.user_begin, k.plan.user_end))))
+      rw.blocks.set_written(k.plan.block, k.sum);
   }
   finish(slot);
 }
@@ -441,7 +368,7 @@ uint64_t IoWorker::hash(const uint8_t* data, size_t bytes) {
 // way to the device (hash_pending), so the device does not wait for the hash.
 void IoWorker::set_write_sum(int slot) {
   Task& k = tasks_[slot];
-  if (const BlockSums* c = caller_block(*k.t, k.block)) k.sum = c->sums[k.block - c->first];
+  if (const BlockSums* c = caller_block(*k.t, k.plan.block)) k.sum = c->sums[k.plan.block - c->first];
   else to_hash_.push_back(slot);
 }
 
@@ -449,7 +376,7 @@ void IoWorker::set_write_sum(int slot) {
 void IoWorker::hash_pending() {
   for (int slot : to_hash_) {
     Task& k = tasks_[slot];
-    if (k.t && k.phase == IoOp::kWrite) k.sum = hash(k.io_buf, k.t->region->blocks.end(k.block) - k.io_offset);
+    if (k.t && k.phase == IoOp::kWrite) k.sum = hash(k.io_buf, k.t->region->blocks.end(k.plan.block) - k.plan.io_begin);
   }
   to_hash_.clear();
 }
@@ -458,17 +385,17 @@ bool IoWorker::verify(int slot) {
   Task& k = tasks_[slot];
   const RegionFile& r = *k.t->region;
   if (!r.blocks.checksums()) return true;
-  const bool written = r.blocks.state(k.block) == BlockTable::State::kWritten;
-  if (BlockSums* c = caller_block(*k.t, k.block)) {  // the caller checks it where it uses it
-    c->sums[k.block - c->first] = written ? r.blocks.sum(k.block) : 0;
-    c->check[k.block - c->first] = written;
+  const bool written = r.blocks.state(k.plan.block) == BlockTable::State::kWritten;
+  if (BlockSums* c = caller_block(*k.t, k.plan.block)) {  // the caller checks it where it uses it
+    c->sums[k.plan.block - c->first] = written ? r.blocks.sum(k.plan.block) : 0;
+    c->check[k.plan.block - c->first] = written;
     return true;
   }
   if (!written) return true;
-  const uint64_t got = hash(k.io_buf, r.blocks.end(k.block) - k.io_offset);
-  if (got == r.blocks.sum(k.block)) return true;
-  fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.block, k.io_offset, r.blocks.end(k.block),
-                                               r.blocks.sum(k.block), got)));
+  const uint64_t got = hash(k.io_buf, r.blocks.end(k.plan.block) - k.plan.io_begin);
+  if (got == r.blocks.sum(k.plan.block)) return true;
+  fail(slot, Status::Corrupt(checksum_mismatch(r.path, k.plan.block, k.plan.io_begin, r.blocks.end(k.plan.block),
+                                               r.blocks.sum(k.plan.block), got)));
   return false;
 }
 
@@ -476,7 +403,7 @@ void IoWorker::fail(int slot, Status s) {
   Task& k = tasks_[slot];
   Transfer& t = *k.t;
   // The bytes of a block whose write failed are undefined; reads of it fail until it is rewritten.
-  if (k.phase == IoOp::kWrite) t.region->blocks.set_failed(k.block);
+  if (k.phase == IoOp::kWrite) t.region->blocks.set_failed(k.plan.block);
   if (t.status.ok()) t.status = std::move(s);
   t.failed = true;
   finish(slot);
@@ -516,11 +443,7 @@ void IoWorker::finish(int slot) {
 }
 
 void IoWorker::complete(Transfer& t) {
-  if (t.op == IoOp::kWrite) {  // no read may take its memory from here on: the writer gets it back
-    auto it = std::find_if(pending_writes_.begin(), pending_writes_.end(),
-                           [&](const std::shared_ptr<Transfer>& w) { return w.get() == &t; });
-    if (it != pending_writes_.end()) pending_writes_.erase(it);
-  }
+  if (t.op == IoOp::kWrite) pending_writes_.remove(t);  // no read may take its memory from here on
   if (Profiler::get().tracing()) {
     const char* cat = t.op == IoOp::kRead ? "nvme_read" : "nvme_write";
     Profiler::get().record(cat, cat, Bucket::kNone, t.submitted_us, Profiler::get().now_us());

@@ -7,20 +7,13 @@
 // took keeps its memory (the caller's or a bounce buffer) until its completion is reaped: only
 // then does its transfer complete (see fail_all, reap_failed).
 //
-// Bytes go straight between the file and the caller's memory when the range and the address are
-// aligned (registered buffers when the memory is in the pinned pool); otherwise through a bounce
-// buffer: a partial block is read, patched and written back (read-modify-write; not when the
-// write says the rest of the block is padding), so the logical size of every region is kept to
-// the byte. Requests touching the same block run in submission
-// order. With checksums every write records the xxh3-64 of its whole block and every read of a
-// written block verifies it.
+// How each block moves, straight from the caller's memory (registered buffers when it is in the
+// pinned pool) or through a bounce buffer with read-modify-write, is BlockPlan's (block_plan.h).
+// Requests touching the same block run in submission order. With checksums every write records
+// the xxh3-64 of its whole block and every read of a written block verifies it.
 //
 // A read whose every byte a write still pending here holds is served from those writes' memory
-// as it arrives (each byte from the newest write holding it), without waiting for them or the
-// device: a writer may not touch its memory until its write is waited for, so those are the bytes
-// the device will hold. The optimizer writes each unit's new weights and the next forward fetches
-// them at once; forwarded, that fetch waits for neither the write nor the optimizer's reads queued
-// ahead of it, and the disk moves the weights once instead of twice.
+// as it arrives (PendingWrites), without waiting for them or the device.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -31,7 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "nvme/block_plan.h"
 #include "nvme/io_queue.h"
+#include "nvme/pending_writes.h"
 #include "nvme/pinned_pool.h"
 #include "nvme/transfer.h"
 
@@ -77,23 +72,18 @@ class IoWorker {
  private:
   struct Task {
     std::shared_ptr<Transfer> t;  // null: the slot is free
-    uint64_t block = 0;
+    BlockPlan plan;               // its block, request span and how it moves
     IoOp phase = IoOp::kRead;     // the request in flight
-    bool rmw = false;             // a write whose block is read first
-    uint64_t io_offset = 0;       // the aligned file range of the request
-    uint32_t io_bytes = 0;
-    uint32_t done = 0;            // of io_bytes, transferred so far
+    uint32_t done = 0;            // of plan.io_bytes(), transferred so far
     uint8_t* io_buf = nullptr;    // the caller's memory (direct) or a bounce buffer
     int buf_index = -1;
     int bounce = -1;              // bounce slot, -1 when direct
-    uint64_t user_begin = 0, user_end = 0;  // file offsets of the caller's bytes in this block
-    uint8_t* user = nullptr;               // the caller's memory at user_begin
+    uint8_t* user = nullptr;      // the caller's memory at plan.user_begin
     uint64_t sum = 0;             // writes: recorded once the write completes
   };
 
   void run();
   void admit(std::deque<std::shared_ptr<Transfer>>& arrived);
-  bool forward(Transfer& r);  // r served from pending writes' memory
   void fill();
   size_t background_room() const;  // background blocks fill() may start now
   enum class Start { kStarted, kStalled };
@@ -125,7 +115,7 @@ class IoWorker {
   std::vector<int> to_hash_;      // write slots whose sums hash_pending() makes, once they are submitted
   std::deque<std::shared_ptr<Transfer>> active_;  // the I/O thread's: blocks left to hand out
   std::deque<std::shared_ptr<Transfer>> background_;  // the same, started when active_ is empty
-  std::vector<std::shared_ptr<Transfer>> pending_writes_;  // not yet complete, in submission order
+  PendingWrites pending_writes_;  // writes not yet complete, and the reads they serve
 
   std::mutex mu_;
   std::condition_variable work_, done_;
