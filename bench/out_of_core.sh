@@ -3,7 +3,8 @@
 # training state is at least twice this machine's RAM trains 4 steps (OOC_STEPS) on one rank, bf16,
 # stage 3, with the optimizer state and the parameters on NVMe. Prints the ledger per tier, the peak RSS,
 # the time per step split into compute, NVMe reads and NVMe writes, and each step's NVMe bytes
-# against the disk: its bound is those bytes at the rates `zoe bench nvme` measures in the same
+# against the disk (and the disk's own counters over the step: rates, utilisation, requests in
+# flight): its bound is those bytes at the rates `zoe bench nvme` measures in the same
 # directory before the run and again after it (1 MiB blocks, depth 32, as the job's aio settings;
 # a 16 GiB file, the scale at which the disk's rates hold for a step's ~97 GB), reads then writes;
 # the ratio is to the mean of the two bounds. Steady steps are 3 on: step 2 holds the first update,
@@ -19,6 +20,7 @@
 # (11.31 -> 9.50 -> 7.89); this 40-layer model rose at 2e-5 and 5e-6.
 #
 #   bench/out_of_core.sh [DIR] [--set key=value ...]    (DIR default: out/ooc; build first: tools/build.sh)
+#   OOC_STEPS, OOC_LAYERS/EMBD/HEADS/VOCAB/SEQ, OOC_RATE_BYTES, OOC_ZOE (the binary, default build/zoe)
 #
 # Default shape (24 GiB machines): n_layer 40, n_embd 2560, n_head 32, vocab 50257: 3.28 B params,
 # 52.5 GB of state; 46 GB of it on NVMe (the bf16 gradient shard stays in memory: pinned host
@@ -27,6 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-out/ooc}
+zoe=${OOC_ZOE:-build/zoe}  # the binary (another build for an A/B run)
 shift || true
 steps=${OOC_STEPS:-4}
 L=${OOC_LAYERS:-40} D=${OOC_EMBD:-2560} H=${OOC_HEADS:-32} V=${OOC_VOCAB:-50257} T=${OOC_SEQ:-64}
@@ -73,17 +76,26 @@ EOF
 # against both bounds and their mean.
 rate_bytes=${OOC_RATE_BYTES:-17179869184}
 measure_rates() {
-  build/zoe bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
+  "$zoe" bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
     --iters "${OOC_RATE_ITERS:-1}" --no-checksums --json > "$1"
   rm -rf "$dir/rate"
 }
 measure_rates "$dir/nvme_rate.json"
 start=$(date +%s)
-build/zoe train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
+# The disk's counters beside the run, tagged with the step in progress (bench/disk_sampler.py):
+# each step's rates, utilisation and requests in flight print beside its bound.
+rm -f "$dir/report.jsonl"
+python3 bench/disk_sampler.py sample "$dir" "$dir/report.jsonl" "$dir/disk.jsonl" 0.25 &
+sampler=$!
+trap 'kill $sampler 2>/dev/null || true' EXIT
+"$zoe" train --config "$dir/config.json" --report "$dir/report.jsonl" "$@"
 echo "total wall time (start-up, init, every step): $(( $(date +%s) - start )) s"
+kill $sampler 2>/dev/null || true
+disk=$(python3 bench/disk_sampler.py summarize "$dir/disk.jsonl")
 measure_rates "$dir/nvme_rate_after.json"
-python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" "$dir/nvme_rate_after.json" <<'EOF'
+python3 - "$dir/report.jsonl" "$state" "$dir/nvme_rate.json" "$dir/nvme_rate_after.json" "$disk" <<'EOF'
 import json, sys
+disk = json.loads(sys.argv[5])
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"ledger"' in l]
 state = int(sys.argv[2])
 def rates(path):
@@ -101,7 +113,11 @@ for when, (file_bytes, rate) in zip(("before the run", "after it"), measured):
     print(f"disk {when} (zoe bench nvme, 1 MiB blocks, depth 32, {file_bytes / 2**30:.0f} GiB file, this directory): "
           f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
 print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | "
-      "bound_s before / after | step/bound (mean bound) | loss")
+      "bound_s before / after | step/bound (mean bound) | disk read / write GB/s, busy, in flight | loss")
+def disk_text(step):
+    d = disk.get(str(step))
+    return (f"{d['read_GBps']:4.2f} / {d['write_GBps']:4.2f}, {d['busy']:4.2f}, {d['in_flight']:5.1f}" if d
+            else "(no samples)")
 ratio = {}
 for l in lines:
     t, n = l["time_s"], l["nvme_bytes"][0]
@@ -111,7 +127,7 @@ for l in lines:
     ratio[l["step"]] = l["step_s"] / mean
     print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
           f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | "
-          f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {ratio[l['step']]:23.2f} | {l['loss']:.4f}")
+          f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {ratio[l['step']]:23.2f} | {disk_text(l['step'])} | {l['loss']:.4f}")
 steady = {k: v for k, v in ratio.items() if k >= 3}
 if steady:
     print(f"steady steps (3 on; step 1 holds the start, step 2 the first update, which writes exp_avg and exp_avg_sq "

@@ -39,8 +39,8 @@ class OptimizerWindowsTest : public ::testing::Test {
     // Three units (the sub-groups below) of fp32 state and of bf16-sized weights, all on NVMe.
     ASSERT_TRUE(state_.allocate(dev_, {Tier::kNvme, 1.0, store_.get(), "state"}, kElems, 4, Kind::kExpAvg, kUnits).ok());
     ASSERT_TRUE(weights_.allocate(dev_, {Tier::kNvme, 1.0, store_.get(), "weights"}, kElems, 2, Kind::kParam, kUnits).ok());
-    layout_.arrays.push_back({1, &state_, /*read=*/true, 0, /*hot_sums=*/false, /*background_write=*/true});
-    layout_.arrays.push_back({3, &weights_, /*read=*/false, 4, /*hot_sums=*/false, /*background_write=*/false});
+    layout_.arrays.push_back({1, &state_, /*read=*/true, 0, /*hot_sums=*/false});
+    layout_.arrays.push_back({3, &weights_, /*read=*/false, 4, /*hot_sums=*/false});
     layout_.per_elem = 6;
     layout_.pool_keep_per_elem = 6 * 5;  // what a next pass would need: leaves room to read it all ahead
     // Garbage in every free byte of the pool, so that a window holds some where nobody writes.

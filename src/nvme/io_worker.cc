@@ -188,38 +188,59 @@ void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
   arrived.clear();
 }
 
-// Foreground transfers first, in order; background ones only while no foreground request is
-// waiting or in flight, in batches (background_room): a foreground request arriving then waits
-// for one batch, not for a full queue.
+// Foreground transfers first; background ones only while no foreground transfer has blocks to
+// hand out, in batches (background_room): a foreground request arriving then waits for one batch,
+// not for a full queue. Among the foreground, reads and writes share the queue (transfer_order.h).
 void IoWorker::fill() {
   constexpr size_t kUnknown = ~size_t{0};
   size_t background_room = kUnknown;  // asked once no foreground block is left to start
   for (;;) {
-    bool fg = !active_.empty();
-    if (!fg && background_.empty()) return;
-    auto& list = fg ? active_ : background_;
-    Transfer& t = *list.front();
-    if (t.failed || t.scheduled == t.bytes) {  // nothing more to hand out
-      t.queued = false;
-      if (t.in_flight == 0) complete(t);
-      list.pop_front();
+    retire(active_);
+    if (!active_.empty()) {
+      if (free_slots_.empty() || start_foreground() == Start::kStalled) return;
       continue;
     }
-    if (!fg && background_room == kUnknown) background_room = this->background_room();
-    if (free_slots_.empty() || (!fg && background_room == 0)) return;
-    const Start started = start_block(list.front());
-    if (!fg && started == Start::kStarted) --background_room;
-    if (started == Start::kStalled) {
-      // Something in flight holds what the next block needs (its block, or every bounce
-      // buffer); its completion unblocks the queue.
-      if (in_flight_ == 0) {
-        t.failed = true;
-        t.status = Status::Runtime("NVMe store: a transfer cannot start (no bounce buffer)");
-        continue;
-      }
+    retire(background_);
+    if (background_.empty()) return;
+    if (background_room == kUnknown) background_room = this->background_room();
+    if (free_slots_.empty() || background_room == 0) return;
+    const Start started = start_block(background_.front());
+    if (started == Start::kStarted) {
+      --background_room;
+    } else if (!fail_if_nothing_in_flight(*background_.front())) {
       return;
     }
   }
+}
+
+// Transfers with nothing more to hand out leave the list (complete once nothing is in flight).
+void IoWorker::retire(TransferList& list) {
+  for (auto it = list.begin(); it != list.end();) {
+    Transfer& t = **it;
+    if (!t.failed && t.scheduled < t.bytes) {
+      ++it;
+      continue;
+    }
+    t.queued = false;
+    if (t.in_flight == 0) complete(t);
+    it = list.erase(it);
+  }
+}
+
+// The next foreground block, from the transfers transfer_order.h picks.
+IoWorker::Start IoWorker::start_foreground() {
+  for (int i : next_transfers(active_, fg_in_flight_[0], fg_in_flight_[1]))
+    if (i >= 0 && start_block(active_[i]) == Start::kStarted) return Start::kStarted;
+  // Something in flight holds what the candidates need (their block, or every bounce buffer): its
+  // completion unblocks them. With nothing in flight, nothing ever will.
+  return fail_if_nothing_in_flight(*active_.front()) ? Start::kStarted : Start::kStalled;
+}
+
+bool IoWorker::fail_if_nothing_in_flight(Transfer& t) {
+  if (in_flight_ > 0) return false;
+  t.failed = true;
+  t.status = Status::Runtime("NVMe store: a transfer cannot start (no bounce buffer)");
+  return true;
 }
 
 static BlockSums* caller_block(const Transfer& t, uint64_t block);
@@ -275,6 +296,7 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   ++t.in_flight;
   ++in_flight_;
   if (t.background) ++background_in_flight_;
+  else ++fg_in_flight_[t.op == IoOp::kRead ? 0 : 1];
 
   if (t.op == IoOp::kRead || p.read_first) {
     k.phase = IoOp::kRead;  // a read-modify-write reads the rest of its span first
@@ -439,6 +461,7 @@ void IoWorker::finish(int slot) {
   free_slots_.push_back(slot);
   --in_flight_;
   if (tp->background) --background_in_flight_;
+  else --fg_in_flight_[tp->op == IoOp::kRead ? 0 : 1];
   if (--tp->in_flight == 0 && !tp->queued) complete(*tp);
 }
 

@@ -9,8 +9,10 @@
 //
 // How each block moves, straight from the caller's memory (registered buffers when it is in the
 // pinned pool) or through a bounce buffer with read-modify-write, is BlockPlan's (block_plan.h).
-// Requests touching the same block run in submission order. With checksums every write records
-// the xxh3-64 of its whole block and every read of a written block verifies it.
+// Requests touching the same bytes run in submission order; otherwise foreground reads and writes
+// share the queue, each op's earliest transfer first (transfer_order.h), and background transfers
+// fill in when no foreground block is waiting. With checksums every write records the xxh3-64 of
+// its whole block and every read of a written block verifies it.
 //
 // A read whose every byte a write still pending here holds is served from those writes' memory
 // as it arrives (PendingWrites), without waiting for them or the device.
@@ -29,6 +31,7 @@
 #include "nvme/pending_writes.h"
 #include "nvme/pinned_pool.h"
 #include "nvme/transfer.h"
+#include "nvme/transfer_order.h"
 
 namespace zoe {
 
@@ -85,9 +88,12 @@ class IoWorker {
   void run();
   void admit(std::deque<std::shared_ptr<Transfer>>& arrived);
   void fill();
+  void retire(TransferList& list);
   size_t background_room() const;  // background blocks fill() may start now
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);
+  Start start_foreground();
+  bool fail_if_nothing_in_flight(Transfer& t);  // true: t failed (nothing will ever free what it needs)
   uint64_t hash(const uint8_t* data, size_t bytes);  // BlockTable::hash, counted in hashed_bytes_
   void set_write_sum(int slot);
   void hash_pending();
@@ -110,6 +116,7 @@ class IoWorker {
   std::vector<int> free_slots_;
   int in_flight_ = 0;
   int background_in_flight_ = 0;  // of in_flight_: background transfers' requests
+  int fg_in_flight_[2] = {0, 0};  // of in_flight_: foreground reads' and writes' requests
   int reap_failures_ = 0;         // failed reaps in a row since the queue failed
   std::vector<int> abandoned_bounce_;
   std::vector<int> to_hash_;      // write slots whose sums hash_pending() makes, once they are submitted

@@ -221,9 +221,7 @@ WindowLayout OptimizerPass::window_layout() {
     if (slots_of[i] && slots_of[i]->has_nvme()) {
       const StateArray& x = *slots_of[i];
       const bool hot = s_.config().checksums && grid && 4 % x.esize() == 0 && x.same_segments(*grid);
-      // The weights (the master itself in fp32 training) go back in the foreground: the next
-      // forward reads them.
-      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot, /*background_write=*/slots_of[i] != &s_.param()});
+      wl.arrays.push_back({i, slots_of[i], i < 3, wl.per_elem, hot});
       wl.per_elem += x.esize();
     }
   wl.pool_keep_per_elem = s_.pool_bytes_per_elem(wl.per_elem);

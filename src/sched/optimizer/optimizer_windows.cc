@@ -63,11 +63,11 @@ Status OptimizerWindows::step_window(const WindowLayout& wl, Window& w,
   ZOE_RETURN_IF_ERROR(step(a, b, at, &hashed));
   // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
   ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kCompute)));
-  // The optimizer's own state goes back in the background: nothing but the next pass (which
-  // waits for it) touches it, and the fetches' parameter reads come first.
+  // Every write-back goes in the foreground: the window it empties is the one the pass reads
+  // into two sub-groups on, so with the pass's reads it is the pass's pace (the store interleaves
+  // them at the disk's mixed rate); the weights are also what the next forward reads.
   for (const WindowedArray& x : wl.arrays)
-    if (at[x.slot])
-      w.writes.push_back({x.a, x.a->write_async(a, b - a, at[x.slot], x.background_write, w.write_sums[x.slot])});
+    if (at[x.slot]) w.writes.push_back({x.a, x.a->write_async(a, b - a, at[x.slot], false, w.write_sums[x.slot])});
   return Status::Ok();
 }
 

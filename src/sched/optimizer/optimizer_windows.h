@@ -33,7 +33,6 @@ struct WindowedArray {
   bool read = false;       // loaded before Adam (state); the low-precision copy is only written
   size_t offset = 0;       // bytes into the window per element of the sub-group (times its length)
   bool hot_sums = false;   // its block sums are made by the host Adam, not the I/O thread (window_sums.h)
-  bool background_write = false;  // nothing reads it before the next pass (the weights: the next forward does)
 };
 
 struct WindowLayout {
