@@ -75,10 +75,23 @@ EOF
 # drift by tens of percent within minutes (write 3.9-6.4 GB/s on one day), so each step is held
 # against both bounds and their mean.
 rate_bytes=${OOC_RATE_BYTES:-17179869184}
+# Beside them, fio's rate for reads and writes at once (50/50, 1 MiB, depth 32, 15 s on a 4 GiB
+# file, buffers as zoe bench nvme's referee): an update pass moves both together, and a disk may
+# move a mix slower than the two apart.
 measure_rates() {
   "$zoe" bench nvme --dir "$dir/rate" --size "$rate_bytes" --aio-block-size 1048576 --aio-queue-depth 32 \
     --iters "${OOC_RATE_ITERS:-1}" --no-checksums --json > "$1"
   rm -rf "$dir/rate"
+  if command -v fio >/dev/null; then  # the file written once first (a fresh file's extents are slower)
+    mkdir -p "$dir/rate"
+    local fio_job=(--name=mixed --directory="$dir/rate" --size=4G --bs=1M --iodepth=32 --ioengine=io_uring
+                   --direct=1 --fixedbufs=1 --registerfiles=1 --iomem_align=2m --output-format=json)
+    if GLIBC_TUNABLES=glibc.malloc.hugetlb=1 fio "${fio_job[@]}" --rw=write >/dev/null 2>&1; then
+      GLIBC_TUNABLES=glibc.malloc.hugetlb=1 fio "${fio_job[@]}" --rw=rw --rwmixread=50 --runtime=15 --time_based=1 \
+        > "$1.mixed" 2>/dev/null || rm -f "$1.mixed"
+    fi
+    rm -rf "$dir/rate"
+  fi
 }
 measure_rates "$dir/nvme_rate.json"
 start=$(date +%s)
@@ -103,6 +116,13 @@ def rates(path):
     return j.get("file_bytes", 0), {r["op"]: r["zoe_GBps"] * 1e9 for r in j["results"]
                                     if r["block_bytes"] == 1 << 20 and r["queue_depth"] == 32}
 measured = [rates(p) for p in sys.argv[3:5]]
+def mixed(path):  # fio's reads + writes at once, GB/s together (None without fio)
+    try:
+        j = json.load(open(path + ".mixed"))["jobs"][0]
+        return (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e9
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+mixes = [m for m in (mixed(p) for p in sys.argv[3:5]) if m]
 gb = lambda b: f"{b / 1e9:.2f} GB"
 r0 = lines[-1]["ledger"][0]
 for tier in ("device", "host", "nvme"):
@@ -112,6 +132,9 @@ print(f"peak device {gb(r0['peak_device_bytes'])}, peak host {gb(r0['peak_host_b
 for when, (file_bytes, rate) in zip(("before the run", "after it"), measured):
     print(f"disk {when} (zoe bench nvme, 1 MiB blocks, depth 32, {file_bytes / 2**30:.0f} GiB file, this directory): "
           f"read {rate['read'] / 1e9:.2f} GB/s, write {rate['write'] / 1e9:.2f} GB/s")
+if mixes:
+    print("disk reads and writes at once (fio, 50/50, 1 MiB, depth 32), before / after: "
+          + " / ".join(f"{m:.2f}" for m in mixes) + " GB/s together")
 print("step | step_s | compute_s | nvme_read_s | nvme_write_s | wait_comm_s | read GB | written GB | "
       "bound_s before / after | step/bound (mean bound) | disk read / write GB/s, busy, in flight | loss")
 def disk_text(step):
@@ -128,6 +151,11 @@ for l in lines:
     print(f"{l['step']:4d} | {l['step_s']:6.1f} | {compute:9.1f} | {t['nvme_read']:11.1f} | {t['nvme_write']:12.1f} | "
           f"{t['wait_comm']:11.1f} | {n['read'] / 1e9:7.2f} | {n['written'] / 1e9:10.2f} | "
           f"{bounds[0]:6.1f} / {bounds[1]:5.1f} | {ratio[l['step']]:23.2f} | {disk_text(l['step'])} | {l['loss']:.4f}")
+if mixes:  # the step's bytes at the mixed rate: how close an interleaved pass could come
+    mix = sum(mixes) / len(mixes)
+    print("step/(its bytes at the mixed rate): " + ", ".join(
+        f"{l['step']}: {l['step_s'] / ((l['nvme_bytes'][0]['read'] + l['nvme_bytes'][0]['written']) / 1e9 / mix):.2f}"
+        for l in lines))
 steady = {k: v for k, v in ratio.items() if k >= 3}
 if steady:
     print(f"steady steps (3 on; step 1 holds the start, step 2 the first update, which writes exp_avg and exp_avg_sq "
