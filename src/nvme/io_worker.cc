@@ -190,7 +190,7 @@ void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
 
 // Foreground transfers first; background ones only while no foreground transfer has blocks to
 // hand out, in batches (background_room): a foreground request arriving then waits for one batch,
-// not for a full queue. Among the foreground, reads and writes share the queue (transfer_order.h).
+// not for a full queue. Among the foreground, reads go first (transfer_order.h).
 void IoWorker::fill() {
   constexpr size_t kUnknown = ~size_t{0};
   size_t background_room = kUnknown;  // asked once no foreground block is left to start
@@ -229,7 +229,7 @@ void IoWorker::retire(TransferList& list) {
 
 // The next foreground block, from the transfers transfer_order.h picks.
 IoWorker::Start IoWorker::start_foreground() {
-  for (int i : next_transfers(active_, fg_in_flight_[0], fg_in_flight_[1]))
+  for (int i : next_transfers(active_))
     if (i >= 0 && start_block(active_[i]) == Start::kStarted) return Start::kStarted;
   // Something in flight holds what the candidates need (their block, or every bounce buffer): its
   // completion unblocks them. With nothing in flight, nothing ever will.
@@ -296,7 +296,6 @@ IoWorker::Start IoWorker::start_block(const std::shared_ptr<Transfer>& tp) {
   ++t.in_flight;
   ++in_flight_;
   if (t.background) ++background_in_flight_;
-  else ++fg_in_flight_[t.op == IoOp::kRead ? 0 : 1];
 
   if (t.op == IoOp::kRead || p.read_first) {
     k.phase = IoOp::kRead;  // a read-modify-write reads the rest of its span first
@@ -461,7 +460,6 @@ void IoWorker::finish(int slot) {
   free_slots_.push_back(slot);
   --in_flight_;
   if (tp->background) --background_in_flight_;
-  else --fg_in_flight_[tp->op == IoOp::kRead ? 0 : 1];
   if (--tp->in_flight == 0 && !tp->queued) complete(*tp);
 }
 

@@ -9,9 +9,9 @@
 //
 // How each block moves, straight from the caller's memory (registered buffers when it is in the
 // pinned pool) or through a bounce buffer with read-modify-write, is BlockPlan's (block_plan.h).
-// Requests touching the same bytes run in submission order; otherwise foreground reads and writes
-// share the queue, each op's earliest transfer first (transfer_order.h), and background transfers
-// fill in when no foreground block is waiting. With checksums every write records the xxh3-64 of
+// Requests touching the same bytes run in submission order; otherwise foreground reads go first
+// and writes fill the slots they leave (transfer_order.h), and background transfers fill in when
+// no foreground block is waiting. With checksums every write records the xxh3-64 of
 // its whole block and every read of a written block verifies it.
 //
 // A read whose every byte a write still pending here holds is served from those writes' memory
@@ -116,7 +116,6 @@ class IoWorker {
   std::vector<int> free_slots_;
   int in_flight_ = 0;
   int background_in_flight_ = 0;  // of in_flight_: background transfers' requests
-  int fg_in_flight_[2] = {0, 0};  // of in_flight_: foreground reads' and writes' requests
   int reap_failures_ = 0;         // failed reaps in a row since the queue failed
   std::vector<int> abandoned_bounce_;
   std::vector<int> to_hash_;      // write slots whose sums hash_pending() makes, once they are submitted

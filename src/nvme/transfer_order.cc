@@ -14,15 +14,14 @@ bool may_start(const TransferList& queued, size_t i) {
   return true;
 }
 
-std::array<int, 2> next_transfers(const TransferList& queued, int reads_in_flight, int writes_in_flight) {
+std::array<int, 2> next_transfers(const TransferList& queued) {
   int first[2] = {-1, -1};  // the earliest read and write that may start
   for (size_t i = 0; i < queued.size() && (first[0] < 0 || first[1] < 0); ++i) {
     const int op = queued[i]->op == IoOp::kRead ? 0 : 1;
     if (first[op] < 0 && may_start(queued, i)) first[op] = static_cast<int>(i);
   }
-  const int prefer = writes_in_flight < reads_in_flight ? 1 : 0;
-  if (first[prefer] < 0) return {first[1 - prefer], -1};
-  return {first[prefer], first[1 - prefer]};
+  if (first[0] < 0) return {first[1], -1};
+  return {first[0], first[1]};
 }
 
 }  // namespace zoe

@@ -64,8 +64,8 @@ Status OptimizerWindows::step_window(const WindowLayout& wl, Window& w,
   // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
   ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kCompute)));
   // Every write-back goes in the foreground: the window it empties is the one the pass reads
-  // into two sub-groups on, so with the pass's reads it is the pass's pace (the store interleaves
-  // them at the disk's mixed rate); the weights are also what the next forward reads.
+  // into two sub-groups on, so it sets the pass's pace as much as the reads (the store runs the
+  // reads first and the writes in the slots they leave); the weights are what the next forward reads.
   for (const WindowedArray& x : wl.arrays)
     if (at[x.slot]) w.writes.push_back({x.a, x.a->write_async(a, b - a, at[x.slot], false, w.write_sums[x.slot])});
   return Status::Ok();
