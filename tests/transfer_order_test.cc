@@ -26,17 +26,20 @@ std::shared_ptr<Transfer> transfer(IoOp op, RegionFile& r, uint64_t mib_from, ui
 TEST(TransferOrder, AReadGoesAheadOfWriteBacksOfOtherBytes) {
   TransferList q = {transfer(IoOp::kWrite, region_a, 0, 8), transfer(IoOp::kWrite, region_a, 8, 16),
                     transfer(IoOp::kRead, region_a, 16, 24)};
-  EXPECT_EQ(next_transfers(q), (std::array<int, 2>{2, 0}));
+  EXPECT_EQ(earliest_startable(q, IoOp::kRead), 2);
+  EXPECT_EQ(earliest_startable(q, IoOp::kWrite), 0);
   q[2]->scheduled = 8 << 20;  // the read handed out: writes fill the queue
   q.pop_back();
-  EXPECT_EQ(next_transfers(q), (std::array<int, 2>{0, -1}));
+  EXPECT_EQ(earliest_startable(q, IoOp::kRead), -1);
+  EXPECT_EQ(earliest_startable(q, IoOp::kWrite), 0);
 }
 
 TEST(TransferOrder, NothingOvertakesAWriteOfItsBytesNorAWriteAReadOfThem) {
   // The read wants bytes the write ahead of it has not started yet: it waits its turn.
   TransferList q = {transfer(IoOp::kWrite, region_a, 0, 8, /*scheduled*/ 2), transfer(IoOp::kRead, region_a, 6, 10)};
   EXPECT_FALSE(may_start(q, 1));
-  EXPECT_EQ(next_transfers(q), (std::array<int, 2>{0, -1}));
+  EXPECT_EQ(earliest_startable(q, IoOp::kRead), -1);
+  EXPECT_EQ(earliest_startable(q, IoOp::kWrite), 0);
   // Bytes the write has already handed out are the I/O thread's to order, block by block.
   q[0]->scheduled = 7 << 20;
   EXPECT_FALSE(may_start(q, 1));
@@ -48,14 +51,17 @@ TEST(TransferOrder, NothingOvertakesAWriteOfItsBytesNorAWriteAReadOfThem) {
   EXPECT_FALSE(may_start(r, 1));
   EXPECT_FALSE(may_start(r, 2));  // behind the write of bytes 4..5
   EXPECT_TRUE(may_start(r, 3));
-  EXPECT_EQ(next_transfers(r), (std::array<int, 2>{0, 3}));
+  EXPECT_EQ(earliest_startable(r, IoOp::kRead), 0);
+  EXPECT_EQ(earliest_startable(r, IoOp::kWrite), 3);
 }
 
 TEST(TransferOrder, OneOpAloneTakesTheWholeQueue) {
   TransferList q = {transfer(IoOp::kRead, region_a, 0, 8), transfer(IoOp::kRead, region_b, 0, 8)};
-  EXPECT_EQ(next_transfers(q), (std::array<int, 2>{0, -1}));
+  EXPECT_EQ(earliest_startable(q, IoOp::kRead), 0);
+  EXPECT_EQ(earliest_startable(q, IoOp::kWrite), -1);
   TransferList w = {transfer(IoOp::kWrite, region_a, 0, 8)};
-  EXPECT_EQ(next_transfers(w), (std::array<int, 2>{0, -1}));
+  EXPECT_EQ(earliest_startable(w, IoOp::kRead), -1);
+  EXPECT_EQ(earliest_startable(w, IoOp::kWrite), 0);
 }
 
 }  // namespace

@@ -194,8 +194,8 @@ void IoWorker::admit(std::deque<std::shared_ptr<Transfer>>& arrived) {
 void IoWorker::fill() {
   constexpr size_t kUnknown = ~size_t{0};
   size_t background_room = kUnknown;  // asked once no foreground block is left to start
+  retire(active_);  // transfers failed elsewhere (fail_all); start_foreground retires its own
   for (;;) {
-    retire(active_);
     if (!active_.empty()) {
       if (free_slots_.empty() || start_foreground() == Start::kStalled) return;
       continue;
@@ -215,25 +215,33 @@ void IoWorker::fill() {
 
 // Transfers with nothing more to hand out leave the list (complete once nothing is in flight).
 void IoWorker::retire(TransferList& list) {
-  for (auto it = list.begin(); it != list.end();) {
-    Transfer& t = **it;
-    if (!t.failed && t.scheduled < t.bytes) {
-      ++it;
-      continue;
-    }
-    t.queued = false;
-    if (t.in_flight == 0) complete(t);
-    it = list.erase(it);
-  }
+  for (size_t i = 0; i < list.size();)
+    if (!retire_at(list, i)) ++i;
 }
 
-// The next foreground block, from the transfers transfer_order.h picks.
+bool IoWorker::retire_at(TransferList& list, size_t i) {
+  Transfer& t = *list[i];
+  if (!t.failed && t.scheduled < t.bytes) return false;
+  t.queued = false;
+  if (t.in_flight == 0) complete(t);
+  list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+  return true;
+}
+
+// The next foreground block: the earliest read that may start, else the earliest write
+// (transfer_order.h). A transfer it leaves with nothing more to hand out retires at once.
 IoWorker::Start IoWorker::start_foreground() {
-  for (int i : next_transfers(active_))
-    if (i >= 0 && start_block(active_[i]) == Start::kStarted) return Start::kStarted;
+  for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
+    const int i = earliest_startable(active_, op);
+    if (i < 0 || start_block(active_[i]) != Start::kStarted) continue;
+    retire_at(active_, static_cast<size_t>(i));
+    return Start::kStarted;
+  }
   // Something in flight holds what the candidates need (their block, or every bounce buffer): its
   // completion unblocks them. With nothing in flight, nothing ever will.
-  return fail_if_nothing_in_flight(*active_.front()) ? Start::kStarted : Start::kStalled;
+  if (!fail_if_nothing_in_flight(*active_.front())) return Start::kStalled;
+  retire_at(active_, 0);
+  return Start::kStarted;
 }
 
 bool IoWorker::fail_if_nothing_in_flight(Transfer& t) {

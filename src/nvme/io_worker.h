@@ -89,6 +89,7 @@ class IoWorker {
   void admit(std::deque<std::shared_ptr<Transfer>>& arrived);
   void fill();
   void retire(TransferList& list);
+  bool retire_at(TransferList& list, size_t i);  // list[i] left, if it has nothing more to hand out
   size_t background_room() const;  // background blocks fill() may start now
   enum class Start { kStarted, kStalled };
   Start start_block(const std::shared_ptr<Transfer>& tp);

@@ -14,14 +14,10 @@ bool may_start(const TransferList& queued, size_t i) {
   return true;
 }
 
-std::array<int, 2> next_transfers(const TransferList& queued) {
-  int first[2] = {-1, -1};  // the earliest read and write that may start
-  for (size_t i = 0; i < queued.size() && (first[0] < 0 || first[1] < 0); ++i) {
-    const int op = queued[i]->op == IoOp::kRead ? 0 : 1;
-    if (first[op] < 0 && may_start(queued, i)) first[op] = static_cast<int>(i);
-  }
-  if (first[0] < 0) return {first[1], -1};
-  return {first[0], first[1]};
+int earliest_startable(const TransferList& queued, IoOp op) {
+  for (size_t i = 0; i < queued.size(); ++i)
+    if (queued[i]->op == op && may_start(queued, i)) return static_cast<int>(i);
+  return -1;
 }
 
 }  // namespace zoe

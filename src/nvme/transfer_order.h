@@ -11,7 +11,6 @@
 // none of them overlaps it with a write on either side: the store runs a byte's requests in
 // submission order (requests in flight on one block are kept apart by the I/O thread itself).
 #pragma once
-#include <array>
 #include <deque>
 #include <memory>
 
@@ -23,9 +22,9 @@ using TransferList = std::deque<std::shared_ptr<Transfer>>;  // submission order
 
 bool may_start(const TransferList& queued, size_t i);
 
-// Indices into `queued` to start the next block from, in order of preference: the earliest read
-// that may start, then the earliest write that may start (-1 where none). The head may always
-// start, so a non-empty list has at least one.
-std::array<int, 2> next_transfers(const TransferList& queued);
+// The earliest transfer of kind `op` in `queued` that may start, or -1. The I/O thread asks for
+// a read, and for a write only when no read starts: with a read at the head (which may always
+// start) that costs nothing, on the path of every block.
+int earliest_startable(const TransferList& queued, IoOp op);
 
 }  // namespace zoe
