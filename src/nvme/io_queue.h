@@ -1,4 +1,4 @@
-// IoQueue: the batched read/write submission of the NVMe tier, byte ranges of registered files to
+// IoQueue: the read/write submission of the NVMe tier, byte ranges of registered files to
 // or from memory. The real one is io_uring (UringQueue); tests wrap it to inject faults.
 #pragma once
 #include <sys/uio.h>
@@ -22,6 +22,11 @@ struct IoRequest {
   uint32_t bytes = 0;
   int buf_index = -1;     // the registered buffer holding [buf, buf + bytes), or -1 for plain memory
   uint64_t tag = 0;       // handed back in the completion
+  // false: the request enters the kernel at once, on its own, so the disk sees it as it is (a
+  // block of aio.block_size) beside the others in flight, as fio's requests; true: it waits for
+  // submit_and_wait with the other batched ones, and the kernel merges neighbours into fewer,
+  // larger requests (fewer interrupts, fewer in flight).
+  bool batched = false;
 };
 
 struct IoCompletion {
@@ -47,8 +52,8 @@ class IoQueue {
   // pages on every request. Called at most once.
   virtual Status register_buffers(std::span<const iovec> pieces) = 0;
 
-  // Places a request in the submission queue without a system call. The caller keeps at most
-  // depth() requests in flight (enqueued and not yet completed).
+  // Places a request in the submission queue, and submits it unless it is batched. The caller
+  // keeps at most depth() requests in flight (enqueued and not yet completed).
   virtual Status enqueue(const IoRequest& r) = 0;
 
   // Submits everything enqueued and waits until at least `wait_for` completions are ready or

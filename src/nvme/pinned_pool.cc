@@ -47,6 +47,11 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
   if (o.bytes == 0) return Status::Invalid("pinned pool: the byte budget must be positive");
   std::unique_ptr<PinnedPool> p(new PinnedPool());
   p->bytes_ = round_up<uint64_t>(o.bytes, kAlign);
+  // A pool of a huge page or more is whole huge pages (the few added bytes usable and booked):
+  // io_uring keeps a registered buffer as 2 MiB pieces only if every page of it is one, else as
+  // 4 KiB pages, and then a 1 MiB request is 256 segments where virtio takes 254: the block layer
+  // cut each in two (1 MiB reads at 0.93 of fio's, issue 49).
+  if (p->bytes_ >= kHugePage) p->bytes_ = round_up<uint64_t>(p->bytes_, kHugePage);
   // Huge-page aligned, so the kernel can back it with 2 MiB pages (fewer pages to pin and to
   // register); the advice may be refused, which changes nothing but speed.
   p->mapped_ = round_up<uint64_t>(p->bytes_, kHugePage) + kHugePage;

@@ -103,6 +103,12 @@ Status UringQueue::enqueue(const IoRequest& req) {
   }
   sqe->flags |= IOSQE_FIXED_FILE;
   io_uring_sqe_set_data64(sqe, req.tag);
+  if (req.batched) return Status::Ok();
+  // On its own, as fio's requests: the kernel plugs a batch of more than two and merges
+  // neighbours there; on a virtio disk 32 x 1 MiB went out as ~9 x 3 MiB, read at 0.82-0.93 of
+  // fio's rate, and the out-of-core step's disk saw ~8 requests in flight instead of ~27 (issue
+  // 49). A failed submit leaves the entry queued: submit_and_wait submits it or reports why not.
+  (void)io_uring_submit(&ring_);
   return Status::Ok();
 }
 

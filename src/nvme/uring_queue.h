@@ -1,5 +1,5 @@
-// UringQueue: IoQueue on io_uring. Registered files and buffers, one io_uring_enter per batch
-// (submit and wait together), and an eventfd read kept armed in the ring so that another thread
+// UringQueue: IoQueue on io_uring. Registered files and buffers, a request submitted as it is
+// enqueued (batched ones with the next wait), and an eventfd read kept armed in the ring so that another thread
 // can wake a waiting submitter. The ring is single-issuer with deferred task work (as fio sets it
 // up): completions are run in the submitter's own io_uring_enter instead of interrupting it, which
 // measured steadier and faster here, most of all for writes into fresh extents; kernels without
