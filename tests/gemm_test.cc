@@ -172,6 +172,25 @@ TEST_P(GemmPaths, SlicedProductsMatchAndDoNotDependOnTheThreadCount) {
   }
 }
 
+// The whole product on the library's own threads (zoe bench gemm's baseline): the reference's
+// result on 1, 2 and 3 threads.
+TEST_P(GemmPaths, ThreadedProductsMatchTheReference) {
+  GemmPath p = GetParam();
+  for (GemmType t : {GemmType::kF32, GemmType::kBF16}) {
+    if (!gemm_supported(p, t)) continue;
+    for (GemmShape s : {GemmShape{false, true, 40, 700, 33, 33, 33, 700}, GemmShape{true, false, 600, 70, 31, 600, 70, 70}}) {
+      Data x = make_data(s, 6, true);
+      std::vector<float> want = x.c;
+      ASSERT_TRUE(gemm(GemmPath::kReference, GemmType::kF32, s, x.a.data(), x.b.data(), 1.f, want.data()).ok());
+      for (int threads : {1, 2, 3}) {
+        std::vector<float> got = x.c;
+        ASSERT_TRUE(gemm_threaded(p, t, s, x.A(t), x.B(t), 1.f, got.data(), threads).ok());
+        expect_close(s, x, 1.f, x.c, got, want, 1e-5, (std::string(gemm_path_name(p)) + " threaded").c_str());
+      }
+    }
+  }
+}
+
 // A bias is added to every row, sliced or not, at beta 0 (C never read) and 1: the reference's
 // product onto C seeded with beta C + bias, within fp32 rounding.
 TEST_P(GemmPaths, BiasIsAddedToEveryRow) {

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "adam_bench.h"
 #include "comm_bench.h"
+#include "gemm_bench.h"
 #include "gpu_bench.h"
 #include "nvme_bench.h"
 #include "offload_bench.h"
@@ -66,6 +67,12 @@ int bench_command(const BenchArgs& a) {
     o.python = a.python;
     o.bf16 = a.dtype == "bf16";
     st = bench_step(o, &out, human);
+  } else if (a.what == "gemm") {
+    GemmBenchOptions o;
+    o.threads = a.threads;
+    if (a.iters > 0) o.reps = a.iters;
+    if (!a.dtype.empty()) o.types = {a.dtype == "bf16" ? GemmType::kBF16 : GemmType::kF32};
+    st = bench_gemm(o, &out, human);
   } else if (a.what == "nvme") {
     NvmeBenchOptions o;
     if (sizes.value().size() > 1) return report_error(Status::Invalid("bench nvme: one --size (the file's bytes)"));
@@ -97,7 +104,7 @@ int bench_command(const BenchArgs& a) {
   } else if (a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));
   } else {
-    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, gpu, nvme, offload, copy, step", a.what));
+    st = Status::Invalid(fmt::format("bench '{}': expected one of adam, comm, gemm, gpu, nvme, offload, copy, step", a.what));
   }
   if (!st.ok()) return report_error(st);
   if (a.json && !out.is_null()) fmt::print("{}\n", out.dump(2));

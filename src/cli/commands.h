@@ -44,7 +44,7 @@ struct BenchArgs {
   bool no_checksums = false;        // --no-checksums: `bench offload` with zoe.checksums false; `bench nvme` without its checksum rows
   int64_t aio_block_size = 0;       // --aio-block-size, --aio-queue-depth: `bench offload`'s store, `bench nvme`'s one case (0: defaults)
   int aio_queue_depth = 0;
-  std::string dtype = "fp32";       // --dtype: `bench step`'s training (bf16: bf16 compute)
+  std::string dtype;               // --dtype: `bench step`'s training (bf16: bf16 compute; default fp32), `bench gemm`'s type (default both)
 };
 int bench_command(const BenchArgs& a);
 

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
 
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "benchmarks: measured figure, in-run baseline and their ratio");
-  bench->add_option("what", ba.what, "adam | comm | gpu | nvme | offload | copy | step")->required();
+  bench->add_option("what", ba.what, "adam | comm | gemm | gpu | nvme | offload | copy | step")->required();
   bench->add_flag("--json", ba.json, "machine-readable output");
   bench->add_option("--size", ba.sizes, "problem sizes (bench-specific; repeatable)");
   bench->add_option("--threads", ba.threads, "thread counts (repeatable)");
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
   bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
                                      "directory (default out/bench-offload)");
-  bench->add_option("--dtype", ba.dtype, "step: fp32, or bf16 (bf16 training with bf16 compute)")
+  bench->add_option("--dtype", ba.dtype, "step: fp32, or bf16 (bf16 training with bf16 compute); gemm: this type only (default both)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_option("--trace", ba.trace, "offload: write the Chrome trace of one offloaded step here");
   bench->add_flag("--no-checksums", ba.no_checksums,

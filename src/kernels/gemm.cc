@@ -159,9 +159,12 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
 // Slices of about 256 in an even count of equal widths (multiples of 16), from the shape alone:
 // two workers end together. Five 256-wide slices of a 1152-wide product (qkv) kept one of two
 // cores idle a fifth of it, 256 + 128 of a 384-wide one a third (RESULTS, "GEMM slices").
-static int64_t slice_width(int64_t extent) {
+// at_least_two: a large product of 256 or fewer rows in two slices, not one (the head's 256 x
+// 1024 x 384 weight gradient ran on one of two cores, 0.61 of oneDNN's own two threads).
+static int64_t slice_width(int64_t extent, bool at_least_two) {
   constexpr int64_t kTarget = 256;
   int64_t n = (extent + kTarget - 1) / kTarget;
+  if (at_least_two && extent >= 64) n = std::max<int64_t>(n, 2);
   if (n > 1 && n % 2) n++;
   const int64_t w = (extent + n - 1) / n;
   return (w + 15) / 16 * 16;
@@ -178,15 +181,24 @@ Status gemm_into(GemmPath p, GemmType t, const GemmShape& s, const void* A, cons
   return gemm(p, t, s, A, B, C, bias);
 }
 
+// oneDNN's slices are rows: each call packs its op(B) for its kernel, and a slice of columns packs
+// a narrow B whose kernel ran at 0.6-0.8 of the whole product's rate on AMX (a 1024 x 384 x 1152
+// product at 2 threads: 1,160-1,250 GFLOP/s in columns, 1,630-1,760 in rows, 1,670-1,740 whole on
+// oneDNN's own two threads; bench/RESULTS.md, "gemm"). Other paths: the longer side.
+bool slice_rows(GemmPath p, const GemmShape& s) { return p == GemmPath::kOneDnn || s.M > s.N; }
+
 template <class Out>
 Status sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, Out* C,
               const float* bias) {
   const size_t esize = t == GemmType::kBF16 ? 2 : 4;
   const auto* a = static_cast<const char*>(A);
   const auto* b = static_cast<const char*>(B);
-  const bool by_rows = s.M > s.N;
+  const bool by_rows = slice_rows(p, s);
   const int64_t extent = by_rows ? s.M : s.N;
-  const int64_t kSlice = slice_width(extent);
+  // The attention's blocks (64 x 256 x 64, thousands a step, heads already spread over the
+  // workers) stay whole: below 2^24 multiply-adds a second slice costs more than it gives.
+  const bool large = int64_t{s.M} * s.N * s.K >= (int64_t{1} << 24);
+  const int64_t kSlice = slice_width(extent, p == GemmPath::kOneDnn && large);
   std::mutex mu;
   Status first;
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, (extent + kSlice - 1) / kSlice, 1),
@@ -219,6 +231,17 @@ Status sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const v
 }
 
 }  // namespace
+
+Status gemm_threaded(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                     int threads) {
+  if (p == GemmPath::kOneDnn && gemm_supported(p, t) && s.M > 0 && s.N > 0)
+    return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C, false, nullptr, threads);
+  if (p != GemmPath::kOpenBlas || t != GemmType::kF32) return gemm(p, t, s, A, B, beta, C);
+  openblas_set_num_threads(std::max(1, threads));  // the next single-threaded product sets 1 again
+  cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.f,
+              static_cast<const float*>(A), s.lda, static_cast<const float*>(B), s.ldb, beta, C, s.ldc);
+  return Status::Ok();
+}
 
 Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
                    const float* bias) {

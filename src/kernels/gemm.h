@@ -52,8 +52,8 @@ Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const voi
 Status gemm(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C,
             const float* bias = nullptr);
 
-// The same product in slices of about 256 columns (or rows where C is taller than wide; an even
-// count of equal widths) that oneTBB's workers take as they come free, each one single-threaded
+// The same product in slices of about 256 rows (oneDNN), or 256 columns or rows, whichever side of
+// C is longer (the other paths), in an even count of equal widths, that oneTBB's workers take as they come free, each one single-threaded
 // gemm(). A BLAS's own threads would split a product once, in equal parts, and spin after it:
 // where an I/O or optimizer thread takes a core for a while (offload on a few cores), one part
 // waited for the other and the spinning took CPU from both. The slices depend on the shape
@@ -64,5 +64,12 @@ Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, co
                    const float* bias = nullptr);
 Status gemm_sliced(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, uint16_t* C,
                    const float* bias = nullptr);
+
+// The whole product on the library's own `threads` threads (oneDNN's OpenMP team, OpenBLAS's
+// pthreads; other paths and OpenBLAS's widened bf16: gemm() on the calling thread): what the
+// library does with the shape alone, for `zoe bench gemm` to hold the slices against. A result
+// may depend on the thread count; the model never calls it.
+Status gemm_threaded(GemmPath p, GemmType t, const GemmShape& s, const void* A, const void* B, float beta, float* C,
+                     int threads);
 
 }  // namespace zoe

@@ -2,6 +2,7 @@
 
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <tuple>
 #include <unordered_map>
@@ -9,7 +10,8 @@
 #include <fmt/format.h>
 
 // Debian's oneDNN runs its kernels on OpenMP (libgomp). A product is one slice of oneTBB's work,
-// so each calling thread asks OpenMP for a team of one: no threads beside oneTBB's.
+// so each calling thread asks OpenMP for a team of one: no threads beside oneTBB's (a bench asks
+// for more, to compare with the library's own threading).
 extern "C" void omp_set_num_threads(int);
 
 namespace zoe::onednn {
@@ -20,7 +22,7 @@ using dnnl::memory;
 
 struct Key {
   bool bf16, ta, tb, bias, c_bf16;
-  int M, N, K, lda, ldb, ldc;
+  int M, N, K, lda, ldb, ldc, threads;
   float beta;
   bool operator==(const Key&) const = default;
 };
@@ -28,7 +30,7 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<float>()(k.beta);
-    for (int v : {int(k.bf16), int(k.ta), int(k.tb), int(k.bias), int(k.c_bf16), k.M, k.N, k.K, k.lda, k.ldb, k.ldc})
+    for (int v : {int(k.bf16), int(k.ta), int(k.tb), int(k.bias), int(k.c_bf16), k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.threads})
       h = h * 1000003u ^ size_t(v);
     return h;
   }
@@ -102,12 +104,12 @@ std::string isa() {
 }
 
 Status matmul(bool bf16, const GemmShape& s, const void* A, const void* B, float beta, void* C, bool c_bf16,
-              const float* bias) {
-  thread_local bool one_thread = (omp_set_num_threads(1), true);
-  (void)one_thread;
-  thread_local std::unordered_map<Key, Product, KeyHash> products;
+              const float* bias, int threads) {
+  thread_local int team = 0;
+  if (team != threads) omp_set_num_threads(team = std::max(1, threads));
+  thread_local std::unordered_map<Key, Product, KeyHash> products;  // made for the team's size
   thread_local dnnl::stream stream(cpu());
-  Key k{bf16, s.ta, s.tb, bias != nullptr, c_bf16, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, beta};
+  Key k{bf16, s.ta, s.tb, bias != nullptr, c_bf16, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, team, beta};
   try {
     auto it = products.find(k);
     if (it == products.end()) it = products.emplace(k, make(k)).first;
