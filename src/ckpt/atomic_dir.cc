@@ -102,23 +102,26 @@ Result<AtomicDir> AtomicDir::Create(const std::string& final_path, Options opt) 
   d.tmp_ = fin + ".tmp." + std::to_string(::getpid());
   d.opt_ = std::move(opt);
   ZOE_RETURN_IF_ERROR(remove_tree(d.tmp_));
-  if (::mkdir(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "create directory", errno);
-  d.open_ = true;
-  // The whole model and its optimizer state go in here: its owner's alone, whatever the umask.
-  if (::chmod(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "set mode 0700 on", errno);
   // A signal that ends the `zoe` command abandons the save: the half-written directory goes. (After
   // an exchange it holds the old checkpoint, which step 3 removes anyway; between the two renames
-  // of 2b Recover() puts the old one back.)
+  // of 2b Recover() puts the old one back.) Made and registered in one step (SignalExit::add_made).
   // The writers may still be adding files meanwhile (the signal thread runs beside them), so the
   // removal is retried until the directory is gone (half a second at most).
-  d.on_signal_ = SignalCleanup([tmp = d.tmp_] {
-    for (int i = 0; i < 100; ++i) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      if (!fs::exists(fs::symlink_status(tmp, ec))) return;
-      ::usleep(5000);
-    }
-  });
+  auto make = [&d]() -> Result<std::function<void()>> {
+    if (::mkdir(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "create directory", errno);
+    d.open_ = true;
+    // The whole model and its optimizer state go in here: its owner's alone, whatever the umask.
+    if (::chmod(d.tmp_.c_str(), 0700) != 0) return open_error(d.tmp_, "set mode 0700 on", errno);
+    return std::function<void()>([tmp = d.tmp_] {
+      for (int i = 0; i < 100; ++i) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        if (!fs::exists(fs::symlink_status(tmp, ec))) return;
+        ::usleep(5000);
+      }
+    });
+  };
+  ZOE_ASSIGN_OR_RETURN(d.on_signal_, SignalCleanup::Made(make));
   return d;
 }
 

@@ -19,6 +19,7 @@ namespace {
 std::mutex g_mu;
 std::map<uint64_t, std::function<void()>> g_cleanups;  // by id: newest last
 uint64_t g_next_id = 1;
+bool g_cleaned = false;  // run_cleanups has run: nothing made from here on is undone
 std::atomic<bool> g_installed{false};
 std::atomic<bool> g_ending{false};  // the process has said why it ends: a signal adds no line
 std::atomic<int> g_first{0};  // the first ending signal (kBus for a SIGBUS in a mapped file)
@@ -116,6 +117,15 @@ uint64_t SignalExit::add(std::function<void()> cleanup) {
   return id;
 }
 
+Result<uint64_t> SignalExit::add_made(const std::function<Result<std::function<void()>>()>& make) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_cleaned) return Status::Runtime("a signal is ending the process: nothing new is made");
+  ZOE_ASSIGN_OR_RETURN(std::function<void()> cleanup, make());
+  uint64_t id = g_next_id++;
+  g_cleanups.emplace(id, std::move(cleanup));
+  return id;
+}
+
 void SignalExit::remove(uint64_t id) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_cleanups.erase(id);
@@ -123,6 +133,7 @@ void SignalExit::remove(uint64_t id) {
 
 void SignalExit::run_cleanups() {
   std::lock_guard<std::mutex> lock(g_mu);
+  g_cleaned = true;
   for (auto it = g_cleanups.rbegin(); it != g_cleanups.rend(); ++it) it->second();
   g_cleanups.clear();
 }

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "zoe/status.h"
+
 namespace zoe {
 
 class SignalExit {
@@ -27,6 +29,12 @@ class SignalExit {
 
   // Work to do if a signal ends the process: remove what only this job could use. Thread-safe.
   static uint64_t add(std::function<void()> cleanup);
+  // make() creates what a signal must undo and returns the undoing, registered in the same step
+  // against a signal's cleanups: they run either after both (this one among them) or before make()
+  // would start (which then does not run: kRuntime, the process is ending). A directory created
+  // and then registered was left behind when the signal's cleanups ran in between (a checkpoint
+  // save's under a loaded disk). make() must not add or remove cleanups itself. 0: make() failed.
+  static Result<uint64_t> add_made(const std::function<Result<std::function<void()>>()>& make);
   static void remove(uint64_t id);
   // Runs every registered cleanup, newest first, and forgets them (the signal thread's step 3).
   static void run_cleanups();
@@ -37,6 +45,13 @@ class SignalCleanup {
  public:
   SignalCleanup() = default;
   explicit SignalCleanup(std::function<void()> cleanup) : id_(SignalExit::add(std::move(cleanup))) {}
+  // SignalExit::add_made's, held by this object.
+  static Result<SignalCleanup> Made(const std::function<Result<std::function<void()>>()>& make) {
+    ZOE_ASSIGN_OR_RETURN(uint64_t id, SignalExit::add_made(make));
+    SignalCleanup c;
+    c.id_ = id;
+    return c;
+  }
   SignalCleanup(SignalCleanup&& o) noexcept : id_(o.id_) { o.id_ = 0; }
   SignalCleanup& operator=(SignalCleanup&& o) noexcept {
     if (this != &o) {

@@ -238,11 +238,15 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, st
   st->closed_ = false;  // from here on the destructor cleans up
   st->dir_name_ = "zoe-" + o.job + "-rank" + std::to_string(o.rank);
   remove_dead_jobs(env, st->parent_, st->dir_name_);
-  Result<Dir> dir = open_job_dir(env, st->parent_, st->dir_name_);
-  if (!dir.ok()) return dir.status();  // someone else's: the destructor leaves it alone
-  st->dir_ = std::move(dir).value();
-  st->on_signal_ = SignalCleanup(
-      [d = st->dir_.fd, p = st->parent_.fd, name = st->dir_name_] { remove_store_files(d, p, name); });
+  // Made and registered for a signal's cleanup in one step (SignalExit::add_made).
+  auto make = [&]() -> Result<std::function<void()>> {
+    Result<Dir> dir = open_job_dir(env, st->parent_, st->dir_name_);
+    if (!dir.ok()) return dir.status();  // someone else's: the destructor leaves it alone
+    st->dir_ = std::move(dir).value();
+    return std::function<void()>(
+        [d = st->dir_.fd, p = st->parent_.fd, name = st->dir_name_] { remove_store_files(d, p, name); });
+  };
+  ZOE_ASSIGN_OR_RETURN(st->on_signal_, SignalCleanup::Made(make));
 
   const unsigned bounce = o.bounce_buffers ? o.bounce_buffers : o.queue_depth;
   if (o.pool) {
