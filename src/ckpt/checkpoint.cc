@@ -206,10 +206,13 @@ Result<std::string> read_small_file(const std::string& path, const std::string& 
   return text;
 }
 
+}  // namespace
+
 // Where each unit starts in each rank file: 3 x the elements file q holds of the units before u.
 // Reads come in unit order, so a Fenwick tree over ranks takes in each passed unit's chunks (a
 // range add of c over the ranks that own a full chunk, the remainder at the next): memory ranks
 // + units, where a table would be ranks x units (terabytes for a hostile 64 MiB manifest).
+// Outside the anonymous namespace: ChunkReader, declared in checkpoint.h, holds one.
 class UnitOffsets {
  public:
   UnitOffsets(const std::vector<ManifestUnit>& units, int world) : units_(units), world_(world) { reset(); }
@@ -242,8 +245,6 @@ class UnitOffsets {
   std::vector<int64_t> tree_;
   size_t passed_ = 0;
 };
-
-}  // namespace
 
 // Reads elements [lo, hi) of unit u's `block` (0 master, 1 exp_avg, 2 exp_avg_sq) from the saved
 // chunks into out[0, hi-lo). Every offset comes from a validated manifest and checked file sizes.
