@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_process.h"
 #include "zoe/dtype.h"
 
 namespace zoe {
@@ -45,10 +46,6 @@ std::vector<Product> step_products(const GemmBenchOptions& o) {
   return v;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Small values, so no denormals or overflow; bf16 bit patterns or fp32.
 std::vector<uint8_t> operand(size_t elems, GemmType t, unsigned seed) {
   std::vector<uint8_t> v(elems * (t == GemmType::kBF16 ? 2 : 4));
@@ -70,7 +67,7 @@ struct Ways {
 
 // The best of at least `reps` runs and 0.05 s, after three warm-ups (which make the primitives).
 template <class F>
-Result<double> best_seconds(int reps, F run) {
+Result<double> best_of_reps(int reps, F run) {
   double best = 1e30, spent = 0;
   for (int rep = 0; rep < reps + 3 || spent < 0.05; ++rep) {
     const double t0 = now_s();
@@ -88,11 +85,11 @@ Result<Ways> time_product(GemmPath p, GemmType t, const GemmShape& s, int thread
                           const void* B, float* C) {
   Ways w;
   auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
-  ZOE_ASSIGN_OR_RETURN(w.whole1, best_seconds(reps, [&] { return gemm(p, t, s, A, B, 0.f, C); }));
+  ZOE_ASSIGN_OR_RETURN(w.whole1, best_of_reps(reps, [&] { return gemm(p, t, s, A, B, 0.f, C); }));
   pause();
-  ZOE_ASSIGN_OR_RETURN(w.zoe, best_seconds(reps, [&] { return gemm_sliced(p, t, s, A, B, 0.f, C); }));
+  ZOE_ASSIGN_OR_RETURN(w.zoe, best_of_reps(reps, [&] { return gemm_sliced(p, t, s, A, B, 0.f, C); }));
   pause();
-  ZOE_ASSIGN_OR_RETURN(w.whole_n, best_seconds(reps, [&] { return gemm_threaded(p, t, s, A, B, 0.f, C, threads); }));
+  ZOE_ASSIGN_OR_RETURN(w.whole_n, best_of_reps(reps, [&] { return gemm_threaded(p, t, s, A, B, 0.f, C, threads); }));
   pause();
   return w;
 }

@@ -33,8 +33,10 @@ void reference(const GemmShape& s, LoadA a, LoadB b, float beta, float* C) {
     }
 }
 
-void openblas_single_threaded() {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+// OpenBLAS's thread count is the process's: each product sets the one it wants (1 but in
+// gemm_threaded).
+void openblas_threads(int n) {
+  if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
 }
 
 // The stored matrix (rows x cols, row stride ld) of bf16 bit patterns as compact fp32.
@@ -46,8 +48,9 @@ const float* widen(const void* src, int rows, int cols, int ld, std::vector<floa
   return dst.data();
 }
 
-void openblas(const GemmShape& s, const float* A, int lda, const float* B, int ldb, float beta, float* C) {
-  openblas_single_threaded();
+void openblas(const GemmShape& s, const float* A, int lda, const float* B, int ldb, float beta, float* C,
+              int threads = 1) {
+  openblas_threads(threads);
   cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.f,
               A, lda, B, ldb, beta, C, s.ldc);
 }
@@ -237,9 +240,7 @@ Status gemm_threaded(GemmPath p, GemmType t, const GemmShape& s, const void* A, 
   if (p == GemmPath::kOneDnn && gemm_supported(p, t) && s.M > 0 && s.N > 0)
     return onednn::matmul(t == GemmType::kBF16, s, A, B, beta, C, false, nullptr, threads);
   if (p != GemmPath::kOpenBlas || t != GemmType::kF32) return gemm(p, t, s, A, B, beta, C);
-  openblas_set_num_threads(std::max(1, threads));  // the next single-threaded product sets 1 again
-  cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.f,
-              static_cast<const float*>(A), s.lda, static_cast<const float*>(B), s.ldb, beta, C, s.ldc);
+  openblas(s, static_cast<const float*>(A), s.lda, static_cast<const float*>(B), s.ldb, beta, C, std::max(1, threads));
   return Status::Ok();
 }
 
