@@ -71,6 +71,7 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
                                        "(zoe.update_in_backward: at most gradient_accumulation_steps "
                                        "hand-overs of a unit per step)", name(u)));
   ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // any unit: other ranks' hand-overs are served here too
+  if (comm_.size() == 1 && reduced_[u] == 0) return reduce_alone(u, grad);
   const UnitSlot& s = s_.layout().slot(u);
   auto alloc = [&] { return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm); };
   Result<Buffer> got = after_reductions_if_full(alloc);
@@ -100,6 +101,20 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
   // In flight after a hand-over: one unit's reduction (the device reserve holds its buffer beside
   // the next unit's) of at most reduce_bucket_size elements.
   return reap(1, s_.config().reduce_bucket_size);
+}
+
+// One rank, the step's first reduction of u: the reduce-scatter is the identity and the owned
+// chunk the whole gradient (no padding at one rank), so the gradient goes there in one conversion,
+// with no buffer, copy or job: the same bits, the gradient rounded once to the gradient dtype.
+// Later micro-steps take the general path (it rounds the new gradient before adding it).
+Status GradReducer::reduce_alone(int u, const float* grad) {
+  const UnitSlot& s = s_.layout().slot(u);
+  char* dst = s_.grad_ptr(s_.grad_owned_offset(u));
+  ZOE_RETURN_IF_ERROR(grad ? dev_.accumulate(dst, s_.gdtype(), grad, DType::kF32, s.numel, false)
+                           : dev_.zero(dst, s.numel * s_.gsize()));
+  ++reduced_[u];
+  if (reduced_[u] == s_.config().grad_accum) pass_.open(u);
+  return Status::Ok();
 }
 
 // The reduce-scatter of a unit's gradient in `buf` into our owned chunk: the first of a step

@@ -60,6 +60,7 @@ class GradReducer {
   // have given their buffers back.
   Result<Buffer> after_reductions_if_full(const std::function<Result<Buffer>()>& alloc);
   Status reduce_sharded(int u, const float* grad);  // grad null: contribute zeros
+  Status reduce_alone(int u, const float* grad);    // one rank: straight into the owned chunk
   CommWorker::Job reduction_job(int u, const Buffer& buf, bool first);
   Status reduce_replicated(int u);  // RS of the accumulated full gradient into the owned chunk
   // Waits for the oldest reductions until at most `units` of them and `elems` elements are left.
