@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "common/profiler.h"
 #include "kernels/adam.h"
+#include "kernels/convert.h"
 #include "kernels/sum_squares.h"
 #include "cpu/cpu_model_ops.h"
 
@@ -283,6 +284,13 @@ Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size
   MemoryFence::Open o(fence_.get());
   if (!accumulate && t == st) {  // x to fp32 and back is x (NaNs aside): a copy
     std::memcpy(dst, src, n * dtype_size(t));
+    return Status::Ok();
+  }
+  if (!accumulate && st == DType::kF32) {  // a gradient into its low-precision shard: the SIMD kernel
+    const Isa isa = best_isa();
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
+      convert_from_f32(t, dst, static_cast<const float*>(src), r.begin(), r.end(), isa);
+    });
     return Status::Ok();
   }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {

@@ -1,8 +1,8 @@
 // AVX-512 Adam kernel: 16 elements per vector. It mirrors adam_avx2.cc line for line (same
 // operation order, same FMAs, same conversions), so the two give bitwise-identical results.
 // This file is compiled with -mavx512f/bw/vl/dq/bf16 -mfma -mf16c: everything in it but the entry
-// point has internal linkage, and it calls no inline function of a shared header, so no AVX-512
-// code can be picked by the linker for a caller on an older CPU.
+// point has internal linkage (half_avx512.h's helpers too), and it calls no inline function of a
+// shared header, so no AVX-512 code can be picked by the linker for a caller on an older CPU.
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_*() (GCC
 // bug 105593); the warning is about the header, not this code.
 #if !defined(__clang__)  // clang has no such warning, and warns about the unknown name
@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/adam_kernels.h"
+#include "kernels/half_avx512.h"
 
 namespace zoe {
 namespace {
@@ -30,41 +31,6 @@ inline __m512 load_grad(const void* grad, size_t i) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grad) + i));
   if constexpr (G == DType::kBF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   return _mm512_cvtph_ps(h);
-}
-
-// fp32 -> bf16, round to nearest even; NaN -> its top half with the quiet bit set (as dtype.h).
-inline __m256i to_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));  // exact: fits 16 bits
-}
-
-// The same with AVX512-BF16's vcvtneps2bf16, which rounds to nearest even and quiets NaNs the
-// same way but flushes fp32 subnormals to a signed zero: such lanes (a rare branch) take the
-// integer path, so the result equals to_bf16 on every input.
-inline __m256i to_bf16_native(__m512 x) {
-  const __m512i abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nonzero = _mm512_test_epi32_mask(abs, abs);
-  const __mmask16 subnormal = _mm512_mask_cmplt_epi32_mask(nonzero, abs, _mm512_set1_epi32(0x00800000));
-  if (__builtin_expect(subnormal != 0, 0)) return to_bf16(x);
-  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-}
-
-// fp32 -> fp16, round to nearest even. The instruction keeps a NaN's payload; dtype.h makes every
-// NaN sign|0x7e00, so NaN lanes (never seen in a healthy run: a rare branch) are rewritten.
-inline __m256i to_f16(__m512 x) {
-  __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  if (__builtin_expect(nan != 0, 0)) {
-    const __m256i fixed = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(int16_t(0x8000))), _mm256_set1_epi16(0x7e00));
-    h = _mm256_mask_blend_epi16(nan, h, fixed);
-  }
-  return h;
 }
 
 template <Out P>
