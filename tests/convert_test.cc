@@ -84,5 +84,38 @@ TEST(Convert, TheCpuDevicesHandOverConversionIsTheReference) {
   }
 }
 
+// The CPU device's one pass (convert each block, sum it while in cache) against the base class's
+// two calls: the same shard and the same sum, bit for bit, over lengths around its 64 Ki grid.
+TEST(Convert, TheCpuDevicesFusedSumOfSquaresIsBitwiseTheTwoCalls) {
+  const std::vector<float> f = every_class(200003, 13);
+  std::vector<float> finite;  // a norm over NaNs is NaN either way: finite values tell more
+  for (float x : f)
+    if (std::isfinite(x)) finite.push_back(x);
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{65535}, size_t{65536}, size_t{65537}, finite.size()}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n " + std::to_string(n));
+      CpuDevice dev(16 << 20, 16 << 20, /*strict=*/true);
+      auto src = dev.alloc(finite.size() * 4, Tier::kDevice, Kind::kStaging);
+      auto one = dev.alloc(finite.size() * 4, Tier::kDevice, Kind::kStaging);
+      auto two = dev.alloc(finite.size() * 4, Tier::kDevice, Kind::kStaging);
+      auto sums = dev.alloc(2 * sizeof(double), Tier::kDevice, Kind::kStaging);
+      ASSERT_TRUE(src.ok() && one.ok() && two.ok() && sums.ok());
+      ASSERT_TRUE(dev.upload(src->data, finite.data(), finite.size() * 4).ok());
+      double* s = sums->as<double>();
+      const double start[2] = {0.25, 0.25};  // both add to what is there
+      ASSERT_TRUE(dev.upload(s, start, sizeof(start)).ok());
+      ASSERT_TRUE(dev.convert_sum_squares(one->data, dt, src->as<float>(), n, s).ok());
+      ASSERT_TRUE(dev.Device::convert_sum_squares(two->data, dt, src->as<float>(), n, s + 1).ok());
+      std::vector<uint8_t> a(n * dtype_size(dt)), b(a.size());
+      double got[2];
+      ASSERT_TRUE(dev.download(a.data(), one->data, a.size()).ok());
+      ASSERT_TRUE(dev.download(b.data(), two->data, b.size()).ok());
+      ASSERT_TRUE(dev.download(got, s, sizeof(got)).ok());
+      EXPECT_TRUE(a == b);
+      EXPECT_EQ(std::bit_cast<uint64_t>(got[0]), std::bit_cast<uint64_t>(got[1])) << got[0] << " vs " << got[1];
+      for (auto* x : {&*src, &*one, &*two, &*sums}) dev.free(*x);
+    }
+}
+
 }  // namespace
 }  // namespace zoe

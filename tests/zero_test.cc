@@ -2,6 +2,7 @@
 // test model's gradients, learning-rate schedules.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -204,6 +205,44 @@ TEST(ZeroOneRank, AReductionBufferTakesTheRoomOfIdleGatherBuffers) {
   EXPECT_TRUE(e.step(1e-3).ok());
   EXPECT_TRUE(e.flush().ok());
   for (Buffer* b : {&d0, &d1}) dev.free(*b);
+}
+
+// At one rank without accumulation a unit's share of the norm is made as its gradient goes into
+// its shard (GradReducer::reduce_alone, Device::convert_sum_squares), not by a pass after the
+// backward: the norm is bitwise the one that pass makes. The reference takes the other path with
+// a second micro-step of zeros (its gradient the same bits; its norm halved by the mean, exactly).
+TEST(ZeroOneRank, TheNormMadeAtTheHandOverIsBitwiseTheNormMadeAfterIt) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int stage : {2, 3}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " " + std::string(dtype_name(dt)));
+      Config c = mlp_config(stage, dt, 3, 600);  // units of several of the device's reduce blocks
+      Config two = c;
+      two.grad_accum = 2;
+      auto self = make_self_comm(), ref_self = make_self_comm();
+      CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true), ref_dev(c.device_memory_budget, c.host_memory_budget, true);
+      MlpModel model(c.n_layer, c.n_embd, 17);
+      ZeroEngine e(engine_options(c), dev, *self, model.units()), ref(engine_options(two), ref_dev, *ref_self, model.units());
+      ASSERT_TRUE(e.allocate().ok());
+      ASSERT_TRUE(ref.allocate().ok());
+      for (int step = 0; step < 2; ++step) {
+        for (int u = e.num_units() - 1; u >= 0; --u) {
+          std::vector<float> g = random_floats(e.unit(u).numel, 100 * step + u);
+          std::vector<float> zeros(g.size(), 0.0f);
+          Buffer d = on_device(dev, g), r = on_device(ref_dev, g), z = on_device(ref_dev, zeros);
+          ASSERT_TRUE(e.grads_ready(u, d.as<float>()).ok());
+          ASSERT_TRUE(ref.grads_ready(u, r.as<float>()).ok());
+          ASSERT_TRUE(ref.grads_ready(u, z.as<float>()).ok());
+          dev.free(d);
+          for (Buffer* b : {&r, &z}) ref_dev.free(*b);
+        }
+        auto a = e.step(1e-3), b = ref.step(1e-3);
+        ASSERT_TRUE(a.ok() && b.ok());
+        EXPECT_EQ(std::bit_cast<uint64_t>(a->grad_norm * 0.5), std::bit_cast<uint64_t>(b->grad_norm))
+            << a->grad_norm << " vs " << b->grad_norm;
+      }
+      EXPECT_EQ(e.sched_stats().norm_shares_at_hand_over, 2 * e.num_units());
+      EXPECT_EQ(ref.sched_stats().norm_shares_at_hand_over, 0);
+    }
 }
 
 TEST(ZeroOneRank, StateOnNvmeTrainsBitwiseAsInMemory) {

@@ -112,6 +112,15 @@ class Device {
   // *out (device memory) += the sum of squares of every span, in float64 and a fixed order
   // (independent of threads or launch shapes).
   virtual Status sum_squares(const ArrayView* spans, size_t count, double* out) = 0;
+  // dst = src rounded to dst_dtype (accumulate(dst, dst_dtype, src, kF32, n, false)), then *sumsq
+  // (device memory) += the sum of squares of dst's n elements, bitwise sum_squares over that one
+  // span: a gradient's share of the norm, made as it goes into its shard. This runs the two in
+  // turn; the CPU device does both in one pass, each block summed while it is in cache.
+  virtual Status convert_sum_squares(void* dst, DType dst_dtype, const float* src, size_t n, double* sumsq) {
+    ZOE_RETURN_IF_ERROR(accumulate(dst, dst_dtype, src, DType::kF32, n, false));
+    const ArrayView span{dst, dst_dtype, n};
+    return sum_squares(&span, 1, sumsq);
+  }
   // Fused Adam over every range (see kernels/adam.h; a range with decay false gets no weight decay);
   // adds the count of non-finite gradient elements met to *nonfinite (device memory).
   virtual Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) = 0;

@@ -330,6 +330,26 @@ Status CpuDevice::sum_squares(const ArrayView* spans, size_t count, double* out)
   return Status::Ok();
 }
 
+// One pass: each block of sum_squares' grid is converted, then summed while it is in cache; the
+// partials add up in the same order as sum_squares' over the one span (the same bits).
+Status CpuDevice::convert_sum_squares(void* dst, DType t, const float* src, size_t n, double* sumsq) {
+  ZOE_RETURN_IF_ERROR(check_reachable(dst, n * dtype_size(t), "convert_sum_squares destination"));
+  ZOE_RETURN_IF_ERROR(check_reachable(src, n * sizeof(float), "convert_sum_squares source"));
+  ZOE_RETURN_IF_ERROR(check_reachable(sumsq, sizeof(double), "convert_sum_squares output"));
+  MemoryFence::Open o(fence_.get());
+  const Isa isa = best_isa();
+  std::vector<double> partial((n + kReduceBlock - 1) / kReduceBlock, 0.0);
+  tbb::parallel_for(size_t{0}, partial.size(), [&](size_t b) {
+    const size_t lo = b * kReduceBlock, hi = std::min(n, lo + kReduceBlock);
+    convert_from_f32(t, dst, src, lo, hi, isa);
+    partial[b] = sum_squares_range(t, dst, lo, hi, isa);
+  });
+  double s = 0;
+  for (double p : partial) s += p;
+  *sumsq += s;
+  return Status::Ok();
+}
+
 Status CpuDevice::adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) {
   ZOE_RETURN_IF_ERROR(check_reachable(nonfinite, sizeof(uint64_t), "adam counter"));
   for (size_t k = 0; k < count; ++k) {

@@ -48,6 +48,7 @@ class CpuDevice final : public Device {
                     bool accumulate) override;
   Status sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) override;
   Status sum_squares(const ArrayView* spans, size_t count, double* out) override;
+  Status convert_sum_squares(void* dst, DType dst_dtype, const float* src, size_t n, double* sumsq) override;
   Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) override;
   ModelOps& ops() override { return *ops_; }
 

@@ -15,15 +15,18 @@ GradReducer::GradReducer(RankState& state, OptimizerPass& pass, Agreement& agree
   local_seen_.assign(n, 0);
   reduced_.assign(n, 0);
   handed_here_.assign(n, 0);
+  summed_.assign(n, 0);
 }
 
 GradReducer::~GradReducer() {
   (void)finish();
   dev_.free(sumsq_);
+  dev_.free(unit_sumsq_);
 }
 
 Status GradReducer::allocate() {
   ZOE_ASSIGN_OR_RETURN(sumsq_, dev_.alloc(sizeof(double), Tier::kDevice, Kind::kStaging));
+  ZOE_ASSIGN_OR_RETURN(unit_sumsq_, dev_.alloc(summed_.size() * sizeof(double), Tier::kDevice, Kind::kStaging));
   return Status::Ok();
 }
 
@@ -54,9 +57,11 @@ Status GradReducer::reduce_rest(double* handed) {
     const UnitSlot& s = s_.layout().slot(u);
     int seen = sharded ? reduced_[u] : local_seen_[u];
     *handed += seen;
-    if (seen == 0)  // a unit without gradient this step contributes zeros
+    if (seen == 0) {  // a unit without gradient this step contributes zeros
+      summed_[u] = 0;
       ZOE_RETURN_IF_ERROR(dev_.zero(s_.grad_ptr(sharded ? s.shard_offset : s.full_offset),
                                     (sharded ? s.chunk : s.full_size) * s_.gsize()));
+    }
     if (!sharded) ZOE_RETURN_IF_ERROR(reduce_replicated(u));
   }
   return Status::Ok();
@@ -72,6 +77,7 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
                                        "hand-overs of a unit per step)", name(u)));
   ZOE_RETURN_IF_ERROR(pass_.wait_for_unit(u));  // any unit: other ranks' hand-overs are served here too
   if (comm_.size() == 1 && reduced_[u] == 0) return reduce_alone(u, grad);
+  summed_[u] = 0;  // the reduction below rewrites the owned chunk
   const UnitSlot& s = s_.layout().slot(u);
   auto alloc = [&] { return dev_.alloc(s.full_size * s_.gsize(), Tier::kDevice, Kind::kComm); };
   Result<Buffer> got = after_reductions_if_full(alloc);
@@ -110,8 +116,17 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
 Status GradReducer::reduce_alone(int u, const float* grad) {
   const UnitSlot& s = s_.layout().slot(u);
   char* dst = s_.grad_ptr(s_.grad_owned_offset(u));
-  ZOE_RETURN_IF_ERROR(grad ? dev_.accumulate(dst, s_.gdtype(), grad, DType::kF32, s.numel, false)
-                           : dev_.zero(dst, s.numel * s_.gsize()));
+  summed_[u] = 0;
+  if (grad && s_.config().grad_accum == 1) {  // final: its share of the norm is made on the way
+    double* sum = unit_sumsq_.as<double>() + u;
+    ZOE_RETURN_IF_ERROR(dev_.zero(sum, sizeof(double)));
+    ZOE_RETURN_IF_ERROR(dev_.convert_sum_squares(dst, s_.gdtype(), grad, s.numel, sum));
+    summed_[u] = 1;
+    ++summed_at_hand_over_;
+  } else {
+    ZOE_RETURN_IF_ERROR(grad ? dev_.accumulate(dst, s_.gdtype(), grad, DType::kF32, s.numel, false)
+                             : dev_.zero(dst, s.numel * s_.gsize()));
+  }
   ++reduced_[u];
   if (reduced_[u] == s_.config().grad_accum) pass_.open(u);
   return Status::Ok();
@@ -195,17 +210,33 @@ void GradReducer::drop() {
 }
 
 // One kernel over every owned chunk, one 8-byte read-back, then the all-reduce in rank order;
-// *handed (this rank's hand-over count) is summed over ranks in the same all-reduce.
+// *handed (this rank's hand-over count) is summed over ranks in the same all-reduce. Where
+// hand-overs made units' shares (one rank, no accumulation: reduce_alone), the rest are summed a
+// span each and the shares added in unit order on the host instead: on the CPU device the bits
+// of the one kernel (the same per-span sums in the same order), without a pass after the backward.
 Result<double> GradReducer::owned_sumsq(double* handed) {
+  const int n = s_.layout().num_units();
   std::vector<ArrayView> spans;
-  for (int u = 0; u < s_.layout().num_units(); ++u)
+  for (int u = 0; u < n; ++u)
     spans.push_back({s_.grad_ptr(s_.grad_owned_offset(u)), s_.gdtype(),
                      static_cast<size_t>(s_.layout().owned_real(u, comm_.rank()))});
-  double* sumsq = sumsq_.as<double>();
-  ZOE_RETURN_IF_ERROR(dev_.zero(sumsq, sizeof(double)));
-  ZOE_RETURN_IF_ERROR(dev_.sum_squares(spans.data(), spans.size(), sumsq));
   double v[2] = {0, *handed};
-  ZOE_RETURN_IF_ERROR(dev_.download(&v[0], sumsq, sizeof(double)));
+  if (std::find(summed_.begin(), summed_.end(), 1) == summed_.end()) {
+    double* sumsq = sumsq_.as<double>();
+    ZOE_RETURN_IF_ERROR(dev_.zero(sumsq, sizeof(double)));
+    ZOE_RETURN_IF_ERROR(dev_.sum_squares(spans.data(), spans.size(), sumsq));
+    ZOE_RETURN_IF_ERROR(dev_.download(&v[0], sumsq, sizeof(double)));
+  } else {
+    double* sums = unit_sumsq_.as<double>();
+    for (int u = 0; u < n; ++u) {
+      if (summed_[u]) continue;
+      ZOE_RETURN_IF_ERROR(dev_.zero(sums + u, sizeof(double)));
+      ZOE_RETURN_IF_ERROR(dev_.sum_squares(&spans[u], 1, sums + u));
+    }
+    std::vector<double> share(n);
+    ZOE_RETURN_IF_ERROR(dev_.download(share.data(), sums, n * sizeof(double)));
+    for (double x : share) v[0] += x;
+  }
   ZOE_RETURN_IF_ERROR(comm_.all_reduce_sum(v, 2));
   *handed = v[1];
   return v[0];

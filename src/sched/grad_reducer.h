@@ -52,6 +52,8 @@ class GradReducer {
   Status reduce_rest(double* handed);
   void drop();
   Result<double> owned_sumsq(double* handed);
+  // Units whose share of the norm their hand-over made (read by tests).
+  int64_t units_summed_at_hand_over() const { return summed_at_hand_over_; }
 
   int64_t async_reductions() const { return async_; }  // run on the communication thread so far
 
@@ -84,7 +86,12 @@ class GradReducer {
   std::deque<Reduction> reducing_;
   int64_t reducing_elems_ = 0;
   int64_t async_ = 0;
+  int64_t summed_at_hand_over_ = 0;
   Buffer sumsq_;                 // the squared norm, summed on the device, read back once a step
+  // Per unit, the sum of squares of its owned chunk where the hand-over made it (reduce_alone,
+  // the step's only reduction) and nothing has written the chunk since: summed_[u].
+  Buffer unit_sumsq_;
+  std::vector<uint8_t> summed_;
   std::vector<int> local_seen_;   // replicated grads: micro-steps that accumulated unit u locally
   std::vector<int> reduced_;      // sharded grads: reductions into unit u's owned chunk this step
   std::vector<int> handed_here_;  // grads_ready calls this rank made for unit u this step

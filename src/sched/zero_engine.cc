@@ -78,6 +78,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
   s.adam_hashed_blocks = pass_.hashed_blocks();
   s.units_updated_in_backward = pass_.opened_in_backward();
   s.reductions_async = reducer_.async_reductions();
+  s.norm_shares_at_hand_over = reducer_.units_summed_at_hand_over();
   NvmeStore::Traffic t = state_.nvme_traffic();
   s.nvme_read_bytes = t.read_bytes;
   s.nvme_written_bytes = t.written_bytes;

@@ -80,6 +80,7 @@ class ZeroEngine final : public Engine {
   // What stage 3's scheduler and the engine's workers did since the engine was made.
   struct SchedStats : UnitScheduler::Stats {
     int64_t reductions_async = 0;  // gradient reductions run on the communication thread
+    int64_t norm_shares_at_hand_over = 0;  // units whose share of the norm their hand-over made
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
     int64_t units_updated_in_backward = 0;  // released to the update before step() (update_in_backward)
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
