@@ -26,7 +26,11 @@ GradReducer::~GradReducer() {
 
 Status GradReducer::allocate() {
   ZOE_ASSIGN_OR_RETURN(sumsq_, dev_.alloc(sizeof(double), Tier::kDevice, Kind::kStaging));
-  ZOE_ASSIGN_OR_RETURN(unit_sumsq_, dev_.alloc(summed_.size() * sizeof(double), Tier::kDevice, Kind::kStaging));
+  // The norm's shares made at the hand-over: only where reduce_alone makes them (one rank, no
+  // accumulation), so that no other configuration's device budget pays for them.
+  if (comm_.size() == 1 && s_.plan().shard_grads && s_.config().grad_accum == 1) {
+    ZOE_ASSIGN_OR_RETURN(unit_sumsq_, dev_.alloc(summed_.size() * sizeof(double), Tier::kDevice, Kind::kStaging));
+  }
   return Status::Ok();
 }
 
@@ -117,7 +121,7 @@ Status GradReducer::reduce_alone(int u, const float* grad) {
   const UnitSlot& s = s_.layout().slot(u);
   char* dst = s_.grad_ptr(s_.grad_owned_offset(u));
   summed_[u] = 0;
-  if (grad && s_.config().grad_accum == 1) {  // final: its share of the norm is made on the way
+  if (grad && unit_sumsq_) {  // final (no accumulation): its share of the norm is made on the way
     double* sum = unit_sumsq_.as<double>() + u;
     ZOE_RETURN_IF_ERROR(dev_.zero(sum, sizeof(double)));
     ZOE_RETURN_IF_ERROR(dev_.convert_sum_squares(dst, s_.gdtype(), grad, s.numel, sum));
