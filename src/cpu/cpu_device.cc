@@ -180,6 +180,7 @@ Status CpuDevice::copy(void* dst, const void* src, size_t bytes, Stream stream) 
 
 Status CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
   ZOE_RETURN_IF_ERROR(check_reachable(dst, bytes, "upload destination"));
+  if (bytes == 0) return Status::Ok();  // an empty vector's data() may be null: memcpy's is UB
   MemoryFence::Open o(fence_.get());
   std::memcpy(dst, host_src, bytes);
   return Status::Ok();
@@ -187,6 +188,7 @@ Status CpuDevice::upload(void* dst, const void* host_src, size_t bytes) {
 
 Status CpuDevice::download(void* host_dst, const void* src, size_t bytes) {
   ZOE_RETURN_IF_ERROR(check_reachable(src, bytes, "download source"));
+  if (bytes == 0) return Status::Ok();  // as upload
   MemoryFence::Open o(fence_.get());
   std::memcpy(host_dst, src, bytes);
   return Status::Ok();
