@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -63,6 +64,9 @@ TEST(Convert, EveryIsaGivesTheReferenceBitsOnEveryClass) {
         }
       }
   }
+  std::printf("[ info ] convert: the scalar kernel, %s, %s checked\n",
+              isa_supported(Isa::kAvx2) ? "avx2" : "not avx2 (absent here)",
+              isa_supported(Isa::kAvx512) ? "avx512" : "not avx512 (absent here)");
   if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "the avx512 kernel did not run: this CPU lacks the ISA";
 }
 

@@ -23,6 +23,8 @@ void convert_from_f32_scalar(DType dst_type, void* dst, const float* src, size_t
 void convert_from_f32(DType dst_type, void* dst, const float* src, size_t lo, size_t hi, Isa isa) {
   if (dst_type != DType::kF32 && isa == Isa::kAvx512 && isa_supported(Isa::kAvx512))
     return convert_from_f32_avx512(dst_type, dst, src, lo, hi);
+  if (dst_type != DType::kF32 && isa >= Isa::kAvx2 && isa_supported(Isa::kAvx2))
+    return convert_from_f32_avx2(dst_type, dst, src, lo, hi);
   convert_from_f32_scalar(dst_type, dst, src, lo, hi);
 }
 

@@ -14,8 +14,9 @@ namespace zoe {
 // With the given ISA (one the CPU lacks falls back to the reference).
 void convert_from_f32(DType dst_type, void* dst, const float* src, size_t lo, size_t hi, Isa isa);
 
-// The kernels behind it (convert.cc, convert_avx512.cc).
+// The kernels behind it (convert.cc, convert_avx2.cc, convert_avx512.cc).
 void convert_from_f32_scalar(DType dst_type, void* dst, const float* src, size_t lo, size_t hi);
+void convert_from_f32_avx2(DType dst_type, void* dst, const float* src, size_t lo, size_t hi);
 void convert_from_f32_avx512(DType dst_type, void* dst, const float* src, size_t lo, size_t hi);
 
 }  // namespace zoe
