@@ -32,10 +32,7 @@ void convert_range(uint16_t* dst, const float* src, size_t lo, size_t hi, ToHalf
 void convert_from_f32_avx2(DType dst_type, void* dst, const float* src, size_t lo, size_t hi) {
   uint16_t* d = static_cast<uint16_t*>(dst);
   if (dst_type == DType::kF16) return convert_range(d, src, lo, hi, [](__m256 x) { return to_f16(x); });
-  size_t i = lo;  // bf16 sixteen at a time (the pack's cost halved), the rest eight at a time
-  for (; i + 16 <= hi; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), to_bf16x2(_mm256_loadu_ps(src + i), _mm256_loadu_ps(src + i + 8)));
-  convert_range(d, src, i, hi, [](__m256 x) { return to_bf16(x); });
+  convert_range(d, src, lo, hi, [](__m256 x) { return to_bf16(x); });
 }
 
 }  // namespace zoe

@@ -8,9 +8,8 @@
 
 namespace zoe {
 
-// fp32 -> bf16, round to nearest even; NaN -> its top half with the quiet bit set (as dtype.h):
-// the bf16 bits in the low half of each 32-bit lane.
-static inline __m256i bf16_lanes(__m256 x) {
+// fp32 -> bf16, round to nearest even; NaN -> its top half with the quiet bit set (as dtype.h).
+static inline __m128i to_bf16(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
   const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
@@ -18,20 +17,10 @@ static inline __m256i bf16_lanes(__m256 x) {
   const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
   const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
-
-// The same, packed: eight bf16s.
-static inline __m128i to_bf16(__m256 x) {
-  const __m256i r = bf16_lanes(x);
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
   // Values fit 16 bits, so the saturating pack is exact; it packs within 128-bit lanes.
   const __m256i packed = _mm256_packus_epi32(r, r);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
-
-// Sixteen: one pack and one permute for two vectors.
-static inline __m256i to_bf16x2(__m256 lo, __m256 hi) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_lanes(lo), bf16_lanes(hi)), 0xD8);
 }
 
 // fp32 -> fp16 with F16C, round to nearest even. F16C keeps a NaN's payload; dtype.h makes every
