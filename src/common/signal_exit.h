@@ -33,7 +33,7 @@ class SignalExit {
   // against a signal's cleanups: they run either after both (this one among them) or before make()
   // would start (which then does not run: kRuntime, the process is ending). A directory created
   // and then registered was left behind when the signal's cleanups ran in between (a checkpoint
-  // save's under a loaded disk). make() must not add or remove cleanups itself. 0: make() failed.
+  // save's under a loaded disk). make() must not add or remove cleanups itself; its error is returned as it is.
   static Result<uint64_t> add_made(const std::function<Result<std::function<void()>>()>& make);
   static void remove(uint64_t id);
   // Runs every registered cleanup, newest first, and forgets them (the signal thread's step 3).
