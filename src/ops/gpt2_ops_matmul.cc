@@ -3,6 +3,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <tbb/task_arena.h>
+
 #include "ops/gpt2_ops.h"
 #include "ops/gpt2_ops_util.h"
 #include "kernels/gemm.h"
@@ -72,10 +74,13 @@ ZOE_SIMD_CLONES static void bias_cols(float* dbias, uint16_t* dout16, const floa
 }
 
 // dbias[OC] += sum over rows of dout (and, bf16 compute, dout16 = dout rounded, in the same
-// pass); tasks own column slices and add rows in order, so the sum does not depend on the thread
-// count, nor on whether dout is rounded too.
+// pass); tasks own column slices and add rows in order, so the sum does not depend on the
+// slices, nor on whether dout is rounded too. One slice per worker: a task walks every row, and
+// 128-column slices (512 B of each 1.5-6 KB row) ran at 0.6 of this (bench/history.md, issue 51).
 static void bias_backward(float* dbias, const float* dout, int N, int OC, uint16_t* dout16 = nullptr) {
-  detail::parallel_range(OC, 128, [&](int64_t o0, int64_t o1) { bias_cols(dbias, dout16, dout, N, OC, o0, o1); });
+  const int64_t workers = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t width = std::max<int64_t>(128, (OC + workers - 1) / workers);
+  detail::parallel_range(OC, width, [&](int64_t o0, int64_t o1) { bias_cols(dbias, dout16, dout, N, OC, o0, o1); });
 }
 
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
