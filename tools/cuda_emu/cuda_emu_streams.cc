@@ -268,6 +268,18 @@ void drain(cudaStream_t stream) {
   wait_for(s, count, vc);
 }
 
+bool queued_writer(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Range r{static_cast<const char*>(p), bytes, false};
+  for (const Access& h : g_history)
+    if (h.r.write && overlap(r, h.r)) return true;
+  for (const CUstream_st* st : g_streams)  // a queued kernel open to all memory (kAllMemory) may write it
+    for (const auto& op : st->queue)
+      for (const Range& u : op->uses)
+        if (u.p == nullptr) return true;
+  return false;
+}
+
 void check_unused(const char* what, const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mu);
   const Range freed{static_cast<const char*>(p), bytes, true};
@@ -333,6 +345,38 @@ const char* kind_name(cudaMemcpyKind k) {
 // its own pinned staging memory before the call returns), else the copy reads it when it runs.
 enum class Source { kAtRun, kStaged };
 
+// Pinned host memory a queued copy reads or writes must not change before the copy runs: CUDA
+// reads and writes it then, not at the call, so a host write (or an NVMe read landing) in between
+// is a race the streams' check cannot see (host code is no stream). The bytes are kept at the call
+// and compared when the copy runs. Not where queued work that the host has not synchronized with
+// writes them: that work may legitimately change them first.
+struct PinnedGuard {
+  const char* p = nullptr;
+  std::vector<char> was;
+  bool destination = false;
+};
+std::vector<PinnedGuard> guard_pinned(const void* dst, const void* src, size_t bytes) {
+  std::vector<PinnedGuard> guards;
+  for (const auto& [p, destination] : {std::pair{static_cast<const char*>(src), false},
+                                       std::pair{static_cast<const char*>(dst), true}}) {
+    if (bytes == 0 || emu::where(p) != emu::Where::kPinned || emu::queued_writer(p, bytes)) continue;
+    guards.push_back({p, std::vector<char>(p, p + bytes), destination});
+  }
+  return guards;
+}
+void check_pinned(const std::vector<PinnedGuard>& guards, const std::string& what) {
+  for (const PinnedGuard& g : guards) {
+    if (std::memcmp(g.p, g.was.data(), g.was.size()) == 0) continue;
+    size_t at = 0;
+    while (g.p[at] == g.was[at]) at++;
+    emu::die("pinned host memory changed between the call and the run of " + what + ": " + emu::describe(g.p + at) +
+             ", which the copy " + (g.destination ? "writes" : "reads") +
+             ", was written by host code (or an NVMe read) before the copy ran: a missing wait for the copy, "
+             "or its buffer handed to new work before the copy finished (CUDA " +
+             (g.destination ? "writes" : "reads") + " pinned memory when the copy runs, not at the call)");
+  }
+}
+
 // Queues a copy after checking that its kind says where its pointers are (cudaMemcpyDefault:
 // anywhere).
 void queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, const char* call,
@@ -355,8 +399,10 @@ void queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
                  });
     return;
   }
+  auto guards = std::make_shared<const std::vector<PinnedGuard>>(guard_pinned(dst, src, bytes));
   emu::enqueue(s, what, {{static_cast<const char*>(dst), bytes, true}, {static_cast<const char*>(src), bytes, false}},
                [=] {
+                 check_pinned(*guards, what);
                  if (bytes) std::memmove(dst, src, bytes);  // (a null pointer is allowed for 0 bytes)
                });
 }

@@ -66,6 +66,13 @@ mutate src/sched/stage3/chunk_load.cc "  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream
 check "a gather buffer reused by the next unit's load before its last reader ran (ChunkLoad)" zero_test_emu \
   "cuda_emu: race on" tests/zero_test_emu --gtest_filter='*AQuarterOfTheFootprint*'
 
+mutate src/sched/stage3/chunk_load.cc "  if (copy_issued_) st = dev_.wait(copied_);
+  copy_issued_ = false;" "  copy_issued_ = false;"
+# (The streams' check sees it first where the load's gather buffer is reused before its copy ran;
+# tests/pinned_guard_emu.cc checks the pinned guard alone.)
+check "pinned NVMe windows handed to new reads before their queued copies ran (ChunkLoad::settle_copies)" \
+  zero_test_emu "cuda_emu: race on|pinned host memory changed between" tests/zero_test_emu \
+  --gtest_filter='*StateOnNvmeTrainsBitwiseAsInMemory*'
 # --- host code and copies ---
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(make_current());
   return gpu::accumulate_cuda(" "  ZOE_RETURN_IF_ERROR(make_current());

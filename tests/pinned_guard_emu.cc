@@ -1,0 +1,64 @@
+// The emulated GPU (tools/cuda_emu) reports pinned host memory that changes while a queued copy
+// has yet to read or write it: on a GPU the copy reads (or writes) it when it runs, not at the
+// call, so host code that refills a staging buffer before waiting for the copy uploads the wrong
+// bytes, silently. The stream is kept busy first (queued memsets, each delayed by
+// CUDA_EMU_DELAY), so the host's write lands before the copy runs. Modes:
+//   --source-early       write the pinned source of a host-to-device copy before it ran (aborts)
+//   --destination-early  write the pinned destination of a device-to-host copy before it ran (aborts)
+//   --after-wait         the same writes after cudaStreamSynchronize (runs through)
+// Run by ctest (tests/CMakeLists.txt), which checks what each prints.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+bool ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorName(e));
+  return false;
+}
+
+// Queues work ahead of the copy so that it runs late.
+bool keep_busy(cudaStream_t s, void* scratch, size_t bytes) {
+  for (int i = 0; i < 20; i++)
+    if (!ok(cudaMemsetAsync(scratch, i, bytes, s), "cudaMemsetAsync")) return false;
+  return true;
+}
+
+int run(const std::string& mode) {
+  constexpr size_t kBytes = 4096;
+  char* pinned = nullptr;
+  void *dev = nullptr, *scratch = nullptr;
+  cudaStream_t s;
+  if (!ok(cudaHostAlloc(reinterpret_cast<void**>(&pinned), kBytes, cudaHostAllocDefault), "cudaHostAlloc") ||
+      !ok(cudaMalloc(&dev, kBytes), "cudaMalloc") || !ok(cudaMalloc(&scratch, kBytes), "cudaMalloc") ||
+      !ok(cudaStreamCreate(&s), "cudaStreamCreate"))
+    return 1;
+  std::memset(pinned, 1, kBytes);
+  const bool upload = mode != "--destination-early";
+  for (int round = 0; round < 2; round++) {  // --after-wait: an upload and a download
+    const bool up = mode == "--after-wait" ? round == 0 : upload;
+    if (!keep_busy(s, scratch, kBytes)) return 1;
+    cudaError_t e = up ? cudaMemcpyAsync(dev, pinned, kBytes, cudaMemcpyHostToDevice, s)
+                       : cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, s);
+    if (!ok(e, "cudaMemcpyAsync")) return 1;
+    if (mode == "--after-wait" && !ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return 1;
+    pinned[100] = 7;  // the bug (unless waited for): the buffer is refilled while the copy is queued
+    if (!ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return 1;
+    if (mode != "--after-wait") break;
+  }
+  std::printf("pinned_guard_emu %s: ran through\n", mode.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "--source-early" && mode != "--destination-early" && mode != "--after-wait")
+    return std::fprintf(stderr, "usage: pinned_guard_emu --source-early|--destination-early|--after-wait\n"), 2;
+  return run(mode);
+}
