@@ -22,8 +22,9 @@ echo "test.sh: Release build + tests took $((SECONDS - start)) s"
 # src/gpu's line coverage under the emu-labelled tests that ctest just ran (src/gpu on the CPU
 # emulation of CUDA, tools/cuda_emu; built wherever nvcc is, as here and in CI).
 if [ $# -eq 0 ] && [ -d build/CMakeFiles/zoe_gpu_emu.dir ]; then
-  # The kernels' tests under the other thread schedules of the emulation, with another seed (the
-  # suite above ran the random one, seed 12345; the engine's tests do not depend on the schedule).
+  # The kernels' tests under the other schedules of the emulation (threads and interleaved blocks),
+  # with another seed (the suite above ran the random one, seed 12345; the engine's tests do not
+  # depend on the schedule).
   for schedule in ascending alternating chaos; do
     echo "test.sh: the emulated kernels' tests under CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2"
     (cd build && CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2 ctest -j 2 --timeout 900 --output-on-failure \

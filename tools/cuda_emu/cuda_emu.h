@@ -2,8 +2,10 @@
 // calls), to run them and their tests on a machine without a GPU (tools/cuda_emu/run.sh).
 // Force-included (g++ -include) before a .cu, which is then compiled as C++.
 //
-// Blocks run one after another; the threads of a block are fibers on one OS thread, switched at
-// __syncthreads and warp shuffles (and, under CUDA_EMU_SCHEDULE=chaos, at any memory access).
+// The threads of a block are fibers on one OS thread, switched at __syncthreads and warp
+// shuffles (and, under CUDA_EMU_SCHEDULE=chaos, at any memory access); up to four blocks of a
+// launch are alive at once, their rounds interleaved in a seeded order (one at a time under the
+// ascending schedule, or without the race check: CUDA_EMU_RACECHECK=0, or the ASan build).
 // Streams are asynchronous: each is a worker thread that runs its queue in order, later than the
 // host enqueued it (CUDA_EMU_DELAY=<max microseconds> adds a random delay before each operation);
 // events, stream waits and the synchronize calls order them as CUDA does; one operation executes
@@ -26,8 +28,7 @@
 // pageable memory returns when done. CUDA_EMU_FAIL fails chosen calls
 // (cuda_emu_faults.cc). What it cannot check: races
 // between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
-// touching device memory while an operation runs, timing, registers, blocks of a launch running
-// at once (they run one after another; the race check needs no interleaving), the real cuBLASLt (cuda_emu_cublaslt.cc reads the
+// touching device memory while an operation runs, timing, registers, the real cuBLASLt (cuda_emu_cublaslt.cc reads the
 // operands as cuBLASLt would, checks the layouts and the alignments promised to the heuristic, and
 // multiplies with OpenBLAS).
 #pragma once

@@ -33,15 +33,25 @@ bool in_kernel();
 KernelThread current_thread();
 // p is on a kernel thread's own stack (private to it).
 bool on_fiber_stack(const void* p);
-// p may be a block's shared memory: the dynamic shared memory, or a static __shared__ variable
-// (the process's writable static data; the emulation's own thread-index state excluded).
+// p may be the running block's shared memory: its dynamic shared memory, or a static
+// __shared__ variable (static_shared: the process's writable static data; the emulation's own
+// thread-index state excluded).
 bool maybe_shared(const void* p);
+bool static_shared(const void* p);
+// The running block writes static memory granule (address / 2) for the first time: kept aside
+// while other blocks of the launch run (cuda_emu_fibers.cc).
+void note_static_write(uintptr_t granule);
+// The race check is on (kernels built with its hooks, CUDA_EMU_RACECHECK not 0): blocks of a
+// launch interleave only then (their static __shared__ writes are noted only then).
+bool race_checking();
 // Under CUDA_EMU_SCHEDULE=chaos, now and then switches the calling kernel thread out.
 void chaos_point();
 // `uses`: what the launch declared (its pointer arguments' blocks, or ZOE_KERNEL_SPAN); a kernel
 // that touches global memory outside them aborts (a span its launcher forgot hides a race).
 void race_begin_launch(const char* name, const std::vector<Range>& uses);
-void race_begin_block();
+// Block `linear` of the launch starts (its shared memory unwritten) or has ended.
+void race_begin_block(uint32_t linear);
+void race_end_block(uint32_t linear);
 void race_end_launch();
 // The [begin, end) of every cudaMalloc and pinned allocation now (global memory).
 std::vector<std::pair<const char*, const char*>> global_ranges();

@@ -7,7 +7,7 @@
 //   accesses are atomic (a launch has no barrier between blocks); two threads of one block race
 //   unless a __syncthreads (or, for lanes of one warp, a shuffle) lies between them;
 // - other memory a kernel reaches (its __shared__ arrays, dynamic shared memory) is its block's:
-//   checked the same way within the block, and forgotten when the next block starts;
+//   checked the same way within the block, and forgotten when the block ends;
 // - a thread's own stack is never checked;
 // - a read of shared memory (dynamic, or a static __shared__) that no thread of the block has
 //   written yet aborts: shared memory starts undefined on a GPU, and a write the schedule runs
@@ -48,7 +48,10 @@ const bool g_check = [] {
 const char* g_kernel = nullptr;
 std::vector<std::pair<const char*, const char*>> g_global;
 std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
-std::unordered_map<uintptr_t, Cell> g_global_cells, g_block_cells;
+std::unordered_map<uintptr_t, Cell> g_global_cells;
+// Per block alive in the launch: its shared memory's cells (blocks interleave, and each block's
+// shared memory is its own even where two blocks' static __shared__ share an address in turn).
+std::unordered_map<uint32_t, std::unordered_map<uintptr_t, Cell>> g_block_cells;
 
 bool is_global(const char* p) {
   auto it = std::upper_bound(g_global.begin(), g_global.end(), std::make_pair(p, static_cast<const char*>(nullptr)),
@@ -95,10 +98,11 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
           (write ? " (a pointer-to-const argument, or a read-only ZOE_KERNEL_SPAN, is not written)" : "") +
           ": the streams' race check cannot see that use");
   }
-  auto& cells = global ? g_global_cells : g_block_cells;
+  const KernelThread t = current_thread();
+  auto& cells = global ? g_global_cells : g_block_cells[t.block];
   // Shared memory starts undefined for each block: a read of bytes no thread of the block wrote.
   const bool check_unwritten = !global && !write && !atomic && maybe_shared(p);
-  const KernelThread t = current_thread();
+  const bool note_static = !global && write && static_shared(p);
   Access now{t.block, t.thread, t.block_epoch, t.warp_epoch, atomic, true};
   const uintptr_t first = reinterpret_cast<uintptr_t>(p) >> 1, last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) >> 1;
   for (uintptr_t g = first; g <= last; g++) {
@@ -111,6 +115,7 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
     auto races = [&](const Access& a) { return a.valid && !(a.atomic && atomic) && !ordered(a, now); };
     if (races(c.write)) report(p, global, c.write, true, now, write);
     if (write && races(c.read)) report(p, global, c.read, false, now, write);
+    if (note_static && !c.write.valid) note_static_write(g);
     if (write) {
       c.write = now;
       c.read = Access{};
@@ -135,7 +140,14 @@ void race_begin_launch(const char* name, const std::vector<Range>& uses) {
   if (g_check) g_global = global_ranges();
   g_global_cells.clear();
 }
-void race_begin_block() { g_block_cells.clear(); }
+// Only where the kernels were built with the hooks (not under ASan) does the check see them.
+#ifdef CUDA_EMU_INSTRUMENTED
+bool race_checking() { return g_check; }
+#else
+bool race_checking() { return false; }
+#endif
+void race_begin_block(uint32_t linear) { g_block_cells[linear].clear(); }
+void race_end_block(uint32_t linear) { g_block_cells.erase(linear); }
 void race_end_launch() {
   g_global_cells.clear();
   g_block_cells.clear();
