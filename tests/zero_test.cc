@@ -87,6 +87,41 @@ TEST(ZeroOneRank, DeviceBudgetIsEnforcedWithAClearError) {
   EXPECT_NE(run.status().message().find("its state on the device needs"), std::string::npos) << run.status().message();
 }
 
+// A job the device budget cannot hold is refused before anything is allocated, naming each single
+// change that would make it fit and what that needs, from the ledger's bytes (worked by hand: one
+// unit of 1000 bf16 parameters at stage 1 and one rank).
+TEST(ZeroOneRank, ABudgetTooSmallNamesTheChangesThatWouldFit) {
+  Config c;
+  c.dtype = DType::kBF16;
+  c.stage = 1;
+  c.device_memory_budget = 12000;
+  c.host_memory_budget = 1 << 20;
+  CpuDevice dev{c.device_memory_budget, c.host_memory_budget, true};
+  auto self = make_self_comm();
+  ZeroEngine e(engine_options(c), dev, *self, {make_unit("u", {{"w", {40, 25}}})});
+  const Status st = e.allocate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Code::kInvalidInput);
+  const std::string& m = st.message();
+  // Stage 1, one rank: bf16 weights 2000 + gradients 2000 + fp32 master and moments 12000 bytes on
+  // the device, and the unit's fp32 gradient in flight 4000: 20000 bytes against 12000.
+  EXPECT_NE(m.find("its state on the device needs 16000 bytes (15.6 KiB) and unit 'u' in flight 4000 bytes (3.9 KiB) "
+                   "more (20000 bytes (19.5 KiB) in all)"),
+            std::string::npos) << m;
+  // The reducer's norm (one double) already holds 8 bytes of the budget.
+  EXPECT_NE(m.find("11992 bytes (11.7 KiB) of the budget is free; it would fit with zoe.device_memory_budget 20008 "
+                   "bytes (19.5 KiB) or more"),
+            std::string::npos) << m;
+  // The optimizer in host memory: 2000 + 2000 + 4000 in flight.
+  EXPECT_NE(m.find("or zero_optimization.offload_optimizer.device \"cpu\" (needs 8000 bytes (7.8 KiB))"),
+            std::string::npos) << m;
+  // Three ranks: 2000 + 2000 + 12 x 334 (the shard of 1000 padded to 1002) + 4000 = 12008 > 11992;
+  // four: 12 x 250 = 3000, 11000 in all.
+  EXPECT_NE(m.find("or 4 ranks (needs 11000 bytes (10.7 KiB))"), std::string::npos) << m;
+  // Stage 3 at one rank only adds the gathered weights and a reduction buffer: not offered.
+  EXPECT_EQ(m.find("zero_optimization.stage 3"), std::string::npos) << m;
+}
+
 // A unit of 10 elements, driven by hand, to see exactly what a step does with a bad gradient.
 struct TinyEngine {
   Config c;

@@ -128,32 +128,89 @@ Status ZeroEngine::start_comm_worker() {
   return Status::Ok();
 }
 
-// What one unit in flight needs on the device at once: its gathered weights (stage 3), the fp32
-// gradient the model hands over, and its reduction buffer (stages 2-3).
+namespace {
+
+// What one unit of `full` padded elements needs on the device while in flight under `plan`: its
+// gathered weights (stage 3), the fp32 gradient the model hands over, its reduction buffer
+// (stages 2-3).
+uint64_t in_flight_need(int64_t full, StagePlan plan, size_t wsize, size_t gsize) {
+  return static_cast<uint64_t>(full) * ((plan.shard_params ? wsize : 0) + 4 + (plan.shard_grads ? gsize : 0));
+}
+
+// What a configuration keeps on the device per rank: the state there and the largest unit in flight.
+struct DeviceNeed {
+  uint64_t state = 0, in_flight = 0;
+  int largest = 0;  // the unit
+  uint64_t total() const { return state + in_flight; }
+};
+DeviceNeed device_need(const ShardLayout& l, int stage, DType dtype, OffloadDevice opt, OffloadDevice par,
+                       size_t wsize, size_t gsize) {
+  const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), stage, dtype, opt, par);
+  DeviceNeed d;
+  d.state = static_cast<uint64_t>(m.by_tier[static_cast<int>(Tier::kDevice)]);
+  for (int u = 0; u < l.num_units(); ++u) {
+    const uint64_t n = in_flight_need(l.slot(u).full_size, StagePlan::for_stage(stage), wsize, gsize);
+    if (n > d.in_flight) d.in_flight = n, d.largest = u;
+  }
+  return d;
+}
+
+}  // namespace
+
 uint64_t ZeroEngine::unit_device_need(int u) const {
-  uint64_t full = layout_.slot(u).full_size;
-  return full * ((plan_.shard_params ? wsize_ : 0) + 4 + (plan_.shard_grads ? gsize_ : 0));
+  return in_flight_need(layout_.slot(u).full_size, plan_, wsize_, gsize_);
+}
+
+// The single changes that would make a job fit `left` bytes of the device, each with what it
+// would need there: a larger budget, stage 3, the optimizer (or, at stage 3, the parameters) in
+// host memory where the host budget holds that state, or more ranks.
+std::string ZeroEngine::ways_to_fit(uint64_t need, uint64_t left) const {
+  const auto opt = cfg_.offload_optimizer.device, par = cfg_.offload_param.device;
+  const int stage = cfg_.stage;
+  std::vector<std::string> ways = {fmt::format("zoe.device_memory_budget {} or more",
+                                               bytes_text(cfg_.device_memory_budget - left + need))};
+  auto host_holds = [&](int st, OffloadDevice o, OffloadDevice p) {
+    const StageMemory m = exact_stage(layout_.padded_params(), layout_.shard_size(), st, dtype_, o, p);
+    return cfg_.host_memory_budget == 0 || m.by_tier[static_cast<int>(Tier::kHost)] <= cfg_.host_memory_budget;
+  };
+  auto offer = [&](const DeviceNeed& d, const std::string& change) {
+    if (d.total() <= left) ways.push_back(fmt::format("{} (needs {})", change, bytes_text(d.total())));
+  };
+  if (stage < 3) offer(device_need(layout_, 3, dtype_, opt, par, wsize_, gsize_), "zero_optimization.stage 3");
+  if (opt == OffloadDevice::kNone && host_holds(stage, OffloadDevice::kCpu, par))
+    offer(device_need(layout_, stage, dtype_, OffloadDevice::kCpu, par, wsize_, gsize_),
+          "zero_optimization.offload_optimizer.device \"cpu\"");
+  if (stage == 3 && par == OffloadDevice::kNone && host_holds(stage, opt, OffloadDevice::kCpu))
+    offer(device_need(layout_, stage, dtype_, opt, OffloadDevice::kCpu, wsize_, gsize_),
+          "zero_optimization.offload_param.device \"cpu\"");
+  if (stage >= 1) {  // the fewest ranks that shard it small enough, up to 4096
+    std::vector<UnitSpec> units;
+    for (int u = 0; u < num_units(); ++u) units.push_back(unit(u));
+    for (int n = comm_.size() + 1; n <= 4096; n = n < 64 ? n + 1 : n * 2) {
+      const DeviceNeed d = device_need(ShardLayout(units, n), stage, dtype_, opt, par, wsize_, gsize_);
+      if (d.total() > left) continue;
+      ways.push_back(fmt::format("{} ranks (needs {})", n, bytes_text(d.total())));
+      break;
+    }
+  }
+  std::string text = ways[0];
+  for (size_t i = 1; i < ways.size(); ++i) text += ", or " + ways[i];
+  return text;
 }
 
 // Before the state is allocated: what the state certainly keeps on the device (the seed's table,
 // a lower bound: a partial offload ratio only lowers it further) and the largest unit in flight
 // must fit the budget, or the job is a bad config, refused naming the key, the need and the room.
 Status ZeroEngine::check_state_fits() {
-  StageMemory m = exact_stage(layout_.padded_params(), layout_.shard_size(), cfg_.stage, dtype_,
-                              cfg_.offload_optimizer.device, cfg_.offload_param.device);
-  const uint64_t state = static_cast<uint64_t>(m.by_tier[static_cast<int>(Tier::kDevice)]);
-  uint64_t in_flight = 0;
-  int largest = 0;
-  for (int u = 0; u < num_units(); ++u)
-    if (unit_device_need(u) > in_flight) in_flight = unit_device_need(largest = u);
+  const DeviceNeed d = device_need(layout_, cfg_.stage, dtype_, cfg_.offload_optimizer.device,
+                                   cfg_.offload_param.device, wsize_, gsize_);
   const uint64_t left = units_.device_free();
-  if (state + in_flight <= left) return Status::Ok();
+  if (d.total() <= left) return Status::Ok();
   return Status::Invalid(fmt::format(
       "config key 'zoe.device_memory_budget' ({}): too small for this model: its state on the device needs {} and "
-      "unit '{}' in flight {} more ({} in all), and {} of the budget is free; raise the budget, offload the state "
-      "(offload_optimizer, offload_param) or shard it over more ranks",
-      bytes_text(cfg_.device_memory_budget), bytes_text(state), unit(largest).name, bytes_text(in_flight),
-      bytes_text(state + in_flight), bytes_text(left)));
+      "unit '{}' in flight {} more ({} in all), and {} of the budget is free; it would fit with {}",
+      bytes_text(cfg_.device_memory_budget), bytes_text(d.state), unit(d.largest).name, bytes_text(d.in_flight),
+      bytes_text(d.total()), bytes_text(left), ways_to_fit(d.total(), left)));
 }
 
 // A unit that cannot be in flight next to the persistent state is an error now, not an

@@ -108,6 +108,7 @@ class ZeroEngine final : public Engine {
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
+  std::string ways_to_fit(uint64_t need, uint64_t left) const;  // check_state_fits' suggestions
   Status unload_all();                      // before the parameters change (stage 3's units)
   Result<StepResult> apply_step(double lr, bool early);
   double mean_unscaled() const;  // the gradients' scale: 1 / (loss scale x ranks x micro-steps)
