@@ -137,6 +137,12 @@ uint64_t in_flight_need(int64_t full, StagePlan plan, size_t wsize, size_t gsize
   return static_cast<uint64_t>(full) * ((plan.shard_params ? wsize : 0) + 4 + (plan.shard_grads ? gsize : 0));
 }
 
+// The state a configuration puts in tier t per rank (the ledger's exact bytes).
+uint64_t state_in(Tier t, const ShardLayout& l, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
+  const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), stage, dtype, opt, par);
+  return static_cast<uint64_t>(m.by_tier[static_cast<int>(t)]);
+}
+
 // What a configuration keeps on the device per rank: the state there and the largest unit in flight.
 struct DeviceNeed {
   uint64_t state = 0, in_flight = 0;
@@ -145,14 +151,34 @@ struct DeviceNeed {
 };
 DeviceNeed device_need(const ShardLayout& l, int stage, DType dtype, OffloadDevice opt, OffloadDevice par,
                        size_t wsize, size_t gsize) {
-  const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), stage, dtype, opt, par);
   DeviceNeed d;
-  d.state = static_cast<uint64_t>(m.by_tier[static_cast<int>(Tier::kDevice)]);
+  d.state = state_in(Tier::kDevice, l, stage, dtype, opt, par);
   for (int u = 0; u < l.num_units(); ++u) {
     const uint64_t n = in_flight_need(l.slot(u).full_size, StagePlan::for_stage(stage), wsize, gsize);
     if (n > d.in_flight) d.in_flight = n, d.largest = u;
   }
   return d;
+}
+
+// "N ranks (needs B)" for the fewest ranks above `now` (up to 4096) at which need(layout) fits
+// `left`, or "" if none does.
+template <class Need>
+std::string fewest_ranks(const ShardLayout& l, int now, uint64_t left, Need need) {
+  std::vector<UnitSpec> units;
+  for (int u = 0; u < l.num_units(); ++u) units.push_back(l.unit(u));
+  for (int n = now + 1; n <= 4096; n = n < 64 ? n + 1 : n * 2) {
+    const uint64_t b = need(ShardLayout(units, n));
+    if (b <= left) return fmt::format("{} ranks (needs {})", n, bytes_text(b));
+  }
+  return "";
+}
+
+// "a, or b, or c" of the ways that are not empty.
+std::string either(const std::vector<std::string>& ways) {
+  std::string text;
+  for (const std::string& w : ways)
+    if (!w.empty()) text += (text.empty() ? "" : ", or ") + w;
+  return text;
 }
 
 }  // namespace
@@ -170,8 +196,7 @@ std::string ZeroEngine::ways_to_fit(uint64_t need, uint64_t left) const {
   std::vector<std::string> ways = {fmt::format("zoe.device_memory_budget {} or more",
                                                bytes_text(cfg_.device_memory_budget - left + need))};
   auto host_holds = [&](int st, OffloadDevice o, OffloadDevice p) {
-    const StageMemory m = exact_stage(layout_.padded_params(), layout_.shard_size(), st, dtype_, o, p);
-    return cfg_.host_memory_budget == 0 || m.by_tier[static_cast<int>(Tier::kHost)] <= cfg_.host_memory_budget;
+    return cfg_.host_memory_budget == 0 || state_in(Tier::kHost, layout_, st, dtype_, o, p) <= cfg_.host_memory_budget;
   };
   auto offer = [&](const DeviceNeed& d, const std::string& change) {
     if (d.total() <= left) ways.push_back(fmt::format("{} (needs {})", change, bytes_text(d.total())));
@@ -183,25 +208,18 @@ std::string ZeroEngine::ways_to_fit(uint64_t need, uint64_t left) const {
   if (stage == 3 && par == OffloadDevice::kNone && host_holds(stage, opt, OffloadDevice::kCpu))
     offer(device_need(layout_, stage, dtype_, opt, OffloadDevice::kCpu, wsize_, gsize_),
           "zero_optimization.offload_param.device \"cpu\"");
-  if (stage >= 1) {  // the fewest ranks that shard it small enough, up to 4096
-    std::vector<UnitSpec> units;
-    for (int u = 0; u < num_units(); ++u) units.push_back(unit(u));
-    for (int n = comm_.size() + 1; n <= 4096; n = n < 64 ? n + 1 : n * 2) {
-      const DeviceNeed d = device_need(ShardLayout(units, n), stage, dtype_, opt, par, wsize_, gsize_);
-      if (d.total() > left) continue;
-      ways.push_back(fmt::format("{} ranks (needs {})", n, bytes_text(d.total())));
-      break;
-    }
-  }
-  std::string text = ways[0];
-  for (size_t i = 1; i < ways.size(); ++i) text += ", or " + ways[i];
-  return text;
+  if (stage >= 1)  // more ranks shard it smaller
+    ways.push_back(fewest_ranks(layout_, comm_.size(), left, [&](const ShardLayout& l) {
+      return device_need(l, stage, dtype_, opt, par, wsize_, gsize_).total();
+    }));
+  return either(ways);
 }
 
 // Before the state is allocated: what the state certainly keeps on the device (the seed's table,
 // a lower bound: a partial offload ratio only lowers it further) and the largest unit in flight
 // must fit the budget, or the job is a bad config, refused naming the key, the need and the room.
 Status ZeroEngine::check_state_fits() {
+  ZOE_RETURN_IF_ERROR(check_host_fits());
   const DeviceNeed d = device_need(layout_, cfg_.stage, dtype_, cfg_.offload_optimizer.device,
                                    cfg_.offload_param.device, wsize_, gsize_);
   const uint64_t left = units_.device_free();
@@ -211,6 +229,33 @@ Status ZeroEngine::check_state_fits() {
       "unit '{}' in flight {} more ({} in all), and {} of the budget is free; it would fit with {}",
       bytes_text(cfg_.device_memory_budget), bytes_text(d.state), unit(d.largest).name, bytes_text(d.in_flight),
       bytes_text(d.total()), bytes_text(left), ways_to_fit(d.total(), left)));
+}
+
+// The same for host memory: the state the config puts there (an offloaded optimizer, the sharded
+// gradients beside it, offloaded parameters) against the whole host budget, a lower bound (the
+// NVMe tier's pinned pool and the buffers come on top, checked as they are allocated). Refused naming the budget that would hold it and
+// the single changes that would (the state on NVMe instead, the fewest ranks).
+Status ZeroEngine::check_host_fits() {
+  const auto opt = cfg_.offload_optimizer.device, par = cfg_.offload_param.device;
+  auto host_need = [&](const ShardLayout& l, OffloadDevice o, OffloadDevice p) {
+    return state_in(Tier::kHost, l, cfg_.stage, dtype_, o, p);
+  };
+  const uint64_t need = host_need(layout_, opt, par), left = cfg_.host_memory_budget;
+  if (left == 0 || need <= left) return Status::Ok();
+  std::vector<std::string> ways = {fmt::format("zoe.host_memory_budget {} or more", bytes_text(need))};
+  auto offer = [&](uint64_t n, const std::string& change) {
+    if (n <= left) ways.push_back(fmt::format("{} (needs {})", change, bytes_text(n)));
+  };
+  if (opt == OffloadDevice::kCpu)
+    offer(host_need(layout_, OffloadDevice::kNvme, par), "zero_optimization.offload_optimizer.device \"nvme\"");
+  if (par == OffloadDevice::kCpu)
+    offer(host_need(layout_, opt, OffloadDevice::kNvme), "zero_optimization.offload_param.device \"nvme\"");
+  if (cfg_.stage >= 1)
+    ways.push_back(fewest_ranks(layout_, comm_.size(), left, [&](const ShardLayout& l) { return host_need(l, opt, par); }));
+  return Status::Invalid(fmt::format(
+      "config key 'zoe.host_memory_budget' ({}): too small for this model: the state it puts in host memory "
+      "needs {}; it would fit with {}",
+      bytes_text(left), bytes_text(need), either(ways)));
 }
 
 // A unit that cannot be in flight next to the persistent state is an error now, not an

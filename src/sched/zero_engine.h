@@ -105,6 +105,7 @@ class ZeroEngine final : public Engine {
   Result<OwnedPlace> owned_place(const char* op, int u, OwnedKind k, int64_t begin, int64_t end);
 
   Status check_state_fits();                // start-up: the state and one unit fit the budget
+  Status check_host_fits();                 // start-up: the state in host memory fits its budget
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
