@@ -193,8 +193,8 @@ uint64_t ZeroEngine::unit_device_need(int u) const {
 std::string ZeroEngine::ways_to_fit(uint64_t need, uint64_t left) const {
   const auto opt = cfg_.offload_optimizer.device, par = cfg_.offload_param.device;
   const int stage = cfg_.stage;
-  std::vector<std::string> ways = {fmt::format("zoe.device_memory_budget {} or more",
-                                               bytes_text(cfg_.device_memory_budget - left + need))};
+  const uint64_t held = cfg_.device_memory_budget > left ? cfg_.device_memory_budget - left : 0;  // before the state
+  std::vector<std::string> ways = {fmt::format("zoe.device_memory_budget {} or more", bytes_text(held + need))};
   auto host_holds = [&](int st, OffloadDevice o, OffloadDevice p) {
     return cfg_.host_memory_budget == 0 || state_in(Tier::kHost, layout_, st, dtype_, o, p) <= cfg_.host_memory_budget;
   };
