@@ -41,4 +41,8 @@ StageMemory exact_stage(int64_t padded, int64_t shard, int stage, DType dtype, O
   return table(static_cast<double>(padded), static_cast<double>(shard), stage, dtype, opt, par);
 }
 
+uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsize) {
+  return static_cast<uint64_t>(full) * ((stage >= 3 ? wsize : 0) + 4 + (stage >= 2 ? gsize : 0));
+}
+
 }  // namespace zoe

@@ -3,6 +3,7 @@
 // padding), and the exact figure the engine's ledger shows once the padding rule is applied.
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "common/offload_config.h"
@@ -26,5 +27,10 @@ StageMemory estimate_stage(double params, int ranks, int stage, DType dtype, Off
 // P/N -> S. This is what ZeroEngine allocates, to the byte.
 StageMemory exact_stage(int64_t padded_params, int64_t shard, int stage, DType dtype,
                         OffloadDevice optimizer_tier, OffloadDevice param_tier);
+
+// What one unit of `full` padded elements needs on the device while in flight at `stage`: its
+// gathered weights (stage 3), the fp32 gradient the model hands over, its reduction buffer
+// (stages 2-3). The engine reserves the largest; a plan counts it the same way.
+uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsize);
 
 }  // namespace zoe

@@ -130,13 +130,6 @@ Status ZeroEngine::start_comm_worker() {
 
 namespace {
 
-// What one unit of `full` padded elements needs on the device while in flight under `plan`: its
-// gathered weights (stage 3), the fp32 gradient the model hands over, its reduction buffer
-// (stages 2-3).
-uint64_t in_flight_need(int64_t full, StagePlan plan, size_t wsize, size_t gsize) {
-  return static_cast<uint64_t>(full) * ((plan.shard_params ? wsize : 0) + 4 + (plan.shard_grads ? gsize : 0));
-}
-
 // The state a configuration puts in tier t per rank (the ledger's exact bytes).
 uint64_t state_in(Tier t, const ShardLayout& l, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
   const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), stage, dtype, opt, par);
@@ -154,7 +147,7 @@ DeviceNeed device_need(const ShardLayout& l, int stage, DType dtype, OffloadDevi
   DeviceNeed d;
   d.state = state_in(Tier::kDevice, l, stage, dtype, opt, par);
   for (int u = 0; u < l.num_units(); ++u) {
-    const uint64_t n = in_flight_need(l.slot(u).full_size, StagePlan::for_stage(stage), wsize, gsize);
+    const uint64_t n = unit_in_flight_bytes(l.slot(u).full_size, stage, wsize, gsize);
     if (n > d.in_flight) d.in_flight = n, d.largest = u;
   }
   return d;
@@ -184,7 +177,7 @@ std::string either(const std::vector<std::string>& ways) {
 }  // namespace
 
 uint64_t ZeroEngine::unit_device_need(int u) const {
-  return in_flight_need(layout_.slot(u).full_size, plan_, wsize_, gsize_);
+  return unit_in_flight_bytes(layout_.slot(u).full_size, cfg_.stage, wsize_, gsize_);
 }
 
 // The single changes that would make a job fit `left` bytes of the device, each with what it
