@@ -1,6 +1,6 @@
 // Stage 3's scheduler on fakes. UnitTrace and PrefetchPolicy are pure; UnitScheduler, the state
-// machine that asks the policy, is driven here on a virtual clock through a fake UnitMover (loads
-// on one virtual I/O worker, gathers and the agreement of one rank), with the CPU device's budgeted
+// machine that asks the policy, is driven here on a virtual clock through plan/virtual_mover.h
+// (loads on one virtual I/O worker, gathers and the agreement of one rank), with the CPU device's budgeted
 // arena as its device memory: the overlap prefetching buys, eviction order, staged reads and a
 // quarter-budget step are checked without a store, a communicator or a thread.
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <map>
 
 #include "cpu/cpu_device.h"
+#include "plan/virtual_mover.h"
 #include "sched/stage3/prefetch_policy.h"
 #include "sched/stage3/unit_scheduler.h"
 #include "sched/stage3/unit_trace.h"
@@ -128,88 +129,21 @@ TEST(PrefetchPolicy, GathersAheadThePlansNextUnitUnlessItIsTheOneFetched) {
   EXPECT_EQ(p.gather_ahead({0, 1, 2}, 3, 2), -1);
 }
 
-// The virtual clock: the compute advances `now`; one I/O worker serves loads in the order they
-// start, `load` time units each; finishing a load waits for it.
-struct VirtualClock {
-  double now = 0, io_free = 0, load = 1;
-};
-
-// One rank, no communication thread, an optimizer that is always done. Loads read from "NVMe"
-// unless memory_parts (then they cannot be staged); a finished load writes its unit's number at
-// the front of its destination, so a fetch's data says whose chunk landed there.
-class FakeMover final : public UnitMover {
- public:
-  explicit FakeMover(VirtualClock& c) : clock(c) {}
-  VirtualClock& clock;
-  bool memory_parts = false;
-  std::vector<int> loads;  // units, in the order their reads started
-  int gathers = 0;
-
-  Status agree_fetch(int, bool*, AheadGather* ahead) override {
-    ahead->go = ahead->v >= 0 && ahead->ready && ahead->needs;
-    return Status::Ok();
-  }
-  bool updated(int) const override { return true; }
-  Status wait_updated(int) override { return Status::Ok(); }
-  std::unique_ptr<UnitLoad> load(int u, const Buffer& dst) override;
-  Status gather(int, const Buffer&) override {
-    ++gathers;
-    return Status::Ok();
-  }
-  bool gathers_ahead() const override { return false; }
-  uint64_t gather_ahead(int, UnitLoad*, const Buffer&) override { return 0; }
-  Status wait_gather(int, uint64_t) override { return Status::Ok(); }
-  Status finish_reductions() override { return Status::Ok(); }
-};
-
-class FakeLoad final : public UnitLoad {
- public:
-  FakeLoad(FakeMover& m, int u, const Buffer& dst) : m_(m), u_(u), dst_(dst) {}
-  Status start() override {
-    if (started_) return Status::Ok();
-    started_ = true;
-    m_.loads.push_back(u_);
-    m_.clock.io_free = std::max(m_.clock.io_free, m_.clock.now) + m_.clock.load;
-    ready_ = m_.clock.io_free;
-    return Status::Ok();
-  }
-  Status finish() override {
-    ZOE_RETURN_IF_ERROR(start());
-    if (!dst_) return Status::Runtime("a load finished without a destination");
-    m_.clock.now = std::max(m_.clock.now, ready_);
-    int32_t mark = u_;
-    std::memcpy(dst_.data, &mark, sizeof(mark));
-    return Status::Ok();
-  }
-  bool has_memory_parts() const override { return m_.memory_parts; }
-  bool reading() const override { return started_; }
-  bool all_issued() const override { return started_; }
-  void set_destination(const Buffer& dst) override { dst_ = dst; }
-
- private:
-  FakeMover& m_;
-  int u_;
-  Buffer dst_;
-  bool started_ = false;
-  double ready_ = 0;
-};
-
-std::unique_ptr<UnitLoad> FakeMover::load(int u, const Buffer& dst) { return std::make_unique<FakeLoad>(*this, u, dst); }
-
 // Units of `elems` bf16 elements each on a CPU device of `budget` bytes, driven as the engine
 // does: fetch, compute (`compute` time, and `act` activation bytes on the device held until the
 // step's end), release; between steps, unload what is left, begin the step, prefetch.
 struct VirtualRun {
   VirtualRun(int units, int64_t elems, PrefetchLimits l, uint64_t budget, double compute, double load)
-      : dev(budget, 1 << 20), mover(clock), sched(dev, mover, std::vector<int64_t>(units, elems), 2, l, budget, false),
+      : dev(budget, 1 << 20),
+        mover(clock, std::vector<double>(units, load), std::vector<bool>(units, false), /*mark=*/true),
+        sched(dev, mover, std::vector<int64_t>(units, elems), 2, l, budget, false),
         compute(compute) {
-    clock.load = load;
     sched.set_reserve(elems * 2);  // a unit in flight, as the engine reserves
   }
   // One step along `plan`; returns its time. Every fetch must see its own unit's chunk;
   // `after_release(u)` runs after each release.
   double step(const std::vector<int>& plan, size_t act = 0, const std::function<void(int)>& after_release = {}) {
-    clock = VirtualClock{0, 0, clock.load};
+    clock = VirtualClock{};
     EXPECT_TRUE(sched.unload_all().ok());
     sched.begin_step();
     sched.prefetch();
@@ -235,7 +169,7 @@ struct VirtualRun {
   }
   VirtualClock clock;
   CpuDevice dev;
-  FakeMover mover;
+  VirtualMover mover;
   UnitScheduler sched;
   double compute;
 };
@@ -290,7 +224,7 @@ TEST(UnitScheduler, ChunksTheDeviceHasNoRoomForAreReadAheadIntoPinnedMemory) {
   EXPECT_EQ(run.sched.stats().fetched_loading - before.fetched_loading, 3);
   // A chunk in host memory cannot be staged (its copy needs the buffer): each goes ahead only
   // once the buffer before it is free, and the reads no longer overlap.
-  run.mover.memory_parts = true;
+  run.mover.memory_parts.assign(plan.size(), true);
   before = run.sched.stats();
   EXPECT_DOUBLE_EQ(run.step(plan), 6.0);  // load, compute, three times
   EXPECT_EQ(run.sched.stats().staged_ahead - before.staged_ahead, 0);

@@ -1,7 +1,8 @@
 // UnitMover: the mechanism under UnitScheduler's decisions. The scheduler says what moves when;
 // a mover only executes: the ranks' agreement before a fetch, a chunk's load from its home tier,
 // a unit's all-gather (now, or on the communication thread), and what the optimizer's pass has
-// written. RankUnitMover is the engine's; prefetch_policy_test.cc has fakes on a virtual clock.
+// written. RankUnitMover is the engine's; plan/virtual_mover.h runs on a virtual clock (`zoe plan`,
+// prefetch_policy_test.cc).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,0 +1,90 @@
+#include "plan/plan_search.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace zoe {
+
+namespace {
+
+std::vector<OffloadDevice> homes(bool nvme) {
+  std::vector<OffloadDevice> h = {OffloadDevice::kNone, OffloadDevice::kCpu};
+  if (nvme) h.push_back(OffloadDevice::kNvme);
+  return h;
+}
+
+// The ratios an offload home takes: none for the device itself.
+std::vector<double> ratios_for(OffloadDevice d, const PlanSpace& s) {
+  return d == OffloadDevice::kNone ? std::vector<double>{1.0} : s.ratios;
+}
+
+}  // namespace
+
+std::vector<PlanKnobs> plan_grid(const PlanSpace& space) {
+  std::vector<PlanKnobs> out;
+  std::vector<int> micro;
+  for (int b = 1; b <= std::min(space.sequences_per_rank, space.most_micro_batch); ++b)
+    if (space.sequences_per_rank % b == 0) micro.push_back(b);
+  for (int stage : space.stages)
+    for (OffloadDevice opt : homes(space.nvme))
+      for (double orat : ratios_for(opt, space))
+        for (OffloadDevice par : stage >= 3 ? homes(space.nvme) : std::vector<OffloadDevice>{OffloadDevice::kNone})
+          for (double prat : ratios_for(par, space))
+            for (int64_t sub : opt == OffloadDevice::kNone ? std::vector<int64_t>{space.sub_group_sizes.back()}
+                                                           : space.sub_group_sizes)
+              for (size_t pf = 0; pf < (stage >= 3 ? space.prefetch.size() : 1); ++pf)
+                for (int b : micro)
+                  for (bool ckpt : space.checkpointing) {
+                    PlanKnobs k;
+                    k.stage = stage;
+                    k.optimizer = opt;
+                    k.optimizer_ratio = orat;
+                    k.param = par;
+                    k.param_ratio = prat;
+                    k.sub_group_size = sub;
+                    k.prefetch = space.prefetch[pf];
+                    k.micro_batch = b;
+                    k.accumulation = space.sequences_per_rank / b;
+                    k.activation_checkpointing = ckpt;
+                    k.aio_block_size = space.aio_block_size;
+                    k.aio_queue_depth = space.aio_queue_depth;
+                    out.push_back(k);
+                  }
+  return out;
+}
+
+Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
+                                const PlanRates& rates) {
+  PlanResult r;
+  std::map<std::pair<int, bool>, MicroStepWork> measured;  // each micro-step measured once
+  for (const PlanKnobs& k : plan_grid(space)) {
+    auto key = std::make_pair(k.micro_batch, k.activation_checkpointing);
+    auto it = measured.find(key);
+    if (it == measured.end()) {
+      ZOE_ASSIGN_OR_RETURN(MicroStepWork w, work(k.micro_batch, k.activation_checkpointing));
+      it = measured.emplace(key, std::move(w)).first;
+    }
+    PlanChoice c{k, predict_step(job, k, it->second, rates)};
+    (c.prediction.fits ? r.fitting : r.refused).push_back(std::move(c));
+  }
+  // Fastest first. Those within 1 % of the fastest are told apart by the model's noise, not by
+  // their speed: among them the plainest goes first (lower stage, fewer bytes off the device).
+  auto faster = [](const PlanChoice& a, const PlanChoice& b) { return a.prediction.step_s < b.prediction.step_s; };
+  std::stable_sort(r.fitting.begin(), r.fitting.end(), faster);
+  if (!r.fitting.empty()) {
+    const double best = r.fitting.front().prediction.step_s;
+    auto tied = std::find_if(r.fitting.begin(), r.fitting.end(),
+                             [&](const PlanChoice& c) { return c.prediction.step_s > 1.01 * best; });
+    auto plainer = [](const PlanChoice& a, const PlanChoice& b) {
+      auto key = [](const PlanChoice& c) {
+        return std::make_tuple(c.knobs.stage, c.prediction.bytes[1] + c.prediction.bytes[2], c.prediction.step_s);
+      };
+      return key(a) < key(b);
+    };
+    std::stable_sort(r.fitting.begin(), tied, plainer);
+  }
+  return r;
+}
+
+}  // namespace zoe

@@ -1,0 +1,49 @@
+// The search behind `zoe plan`: every configuration of the knobs (stage, offload homes and
+// ratios, sub-group size, prefetch limits, micro-batch with accumulation at a fixed global batch,
+// activation checkpointing) predicted by the step model; what does not fit is kept with its
+// reason, the rest ranked by predicted step time.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "plan/step_model.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct PlanSpace {
+  int sequences_per_rank = 1;             // micro-batch x accumulation: the global batch / ranks
+  int most_micro_batch = 64;              // micro-batches above this are not tried
+  bool nvme = false;                      // an NVMe path is given: its tier may be used
+  std::vector<int> stages = {0, 1, 2, 3};
+  std::vector<double> ratios = {1.0, 0.5};  // offloaded fraction of a home that is not the device
+  std::vector<int64_t> sub_group_sizes = {100'000'000, 1'000'000'000};
+  std::vector<PrefetchLimits> prefetch = {{50'000'000, 1'000'000'000, 1'000'000'000},
+                                          {0, 1'000'000'000, 0}};
+  std::vector<bool> checkpointing = {false, true};
+  uint32_t aio_block_size = 1u << 20;    // the NVMe store's best case (calibration)
+  unsigned aio_queue_depth = 8;
+};
+
+// The model's micro-step at a micro-batch size and checkpointing choice (calibration measures it).
+using MicroStepFor = std::function<Result<MicroStepWork>(int micro_batch, bool checkpointing)>;
+
+struct PlanChoice {
+  PlanKnobs knobs;
+  StepPrediction prediction;
+};
+
+struct PlanResult {
+  std::vector<PlanChoice> fitting;  // fastest first
+  std::vector<PlanChoice> refused;  // each with prediction.why
+};
+
+Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
+                                const PlanRates& rates);
+
+// Every knob setting the space holds (those that make sense together: offloaded parameters
+// only at stage 3, a ratio only for an offloaded home, one sub-group size without an offloaded
+// optimizer, one prefetch setting below stage 3).
+std::vector<PlanKnobs> plan_grid(const PlanSpace& space);
+
+}  // namespace zoe

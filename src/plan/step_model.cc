@@ -1,0 +1,207 @@
+#include "plan/step_model.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "nvme/io_error.h"
+#include "plan/virtual_step.h"
+#include "sched/memory_estimate.h"
+#include "sched/shard_layout.h"
+#include "sched/state_array.h"
+#include "sched/stage_plan.h"
+
+namespace zoe {
+namespace {
+
+constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;  // RankState's cap on the pinned pool
+
+ShardLayout layout_of(const PlanJob& job) {
+  std::vector<UnitSpec> units;
+  for (size_t u = 0; u < job.unit_elems.size(); ++u)
+    units.push_back(make_unit("u" + std::to_string(u), {{"w", {job.unit_elems[u]}}}));
+  return ShardLayout(units, job.ranks);
+}
+
+int tier_of(OffloadDevice d) { return d == OffloadDevice::kNvme ? 2 : d == OffloadDevice::kCpu ? 1 : 0; }
+
+// Elements of an array of n that `ratio` of an offload home puts there (StateArray's split: the
+// last ones), and the rest on the device.
+struct Split {
+  int64_t device = 0, offloaded = 0;
+  int tier = 0;
+};
+Split split(OffloadDevice home, double ratio, int64_t n) {
+  if (home == OffloadDevice::kNone) return {n, 0, 0};
+  const int64_t off = offloaded_elems(tier_of(home) == 2 ? Tier::kNvme : Tier::kHost, ratio, n);
+  return {n - off, off, tier_of(home)};
+}
+
+bool mixed(DType d) { return d != DType::kF32; }
+
+// The optimizer's elements per rank (sharded from stage 1) and the parameters' (from stage 3).
+int64_t optimizer_elems(const ShardLayout& l, int stage) { return stage >= 1 ? l.shard_size() : l.padded_params(); }
+
+}  // namespace
+
+std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs& k) {
+  const ShardLayout l = layout_of(job);
+  const uint64_t w = dtype_size(job.dtype);
+  std::array<uint64_t, kNumTiers> b{};
+  const StagePlan plan = StagePlan::for_stage(k.stage);
+  const int64_t params = plan.shard_params ? l.shard_size() : l.padded_params();
+  const Split p = split(k.stage >= 3 ? k.param : OffloadDevice::kNone, k.param_ratio, params);
+  b[0] += p.device * w;
+  b[p.tier] += p.offloaded * w;
+  // Sharded gradients follow an offloaded optimizer to host memory (memory_estimate.cc's rule).
+  const int64_t grads = plan.shard_grads ? l.shard_size() : l.padded_params();
+  b[plan.shard_grads && k.optimizer != OffloadDevice::kNone ? 1 : 0] += grads * w;
+  const Split o = split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage));
+  const uint64_t per = mixed(job.dtype) ? 12 : 8;  // fp32 master (mixed precision), exp_avg, exp_avg_sq
+  b[0] += o.device * per;
+  b[o.tier] += o.offloaded * per;
+  return b;
+}
+
+uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) {
+  const bool opt = k.optimizer == OffloadDevice::kNvme, par = k.stage >= 3 && k.param == OffloadDevice::kNvme;
+  if (!opt && !par) return 0;
+  const ShardLayout l = layout_of(job);
+  const uint64_t w = dtype_size(job.dtype);
+  const uint64_t per_elem = (opt ? (mixed(job.dtype) ? 12 : 8) : 0) + (par ? w : 0);
+  const int64_t most = std::max(opt ? split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage)).offloaded : 0,
+                                par ? split(k.param, k.param_ratio, l.shard_size()).offloaded : 0);
+  const uint64_t io = uint64_t{k.aio_queue_depth} * k.aio_block_size + (uint64_t{1} << 20);
+  const uint64_t per_group = 3 * per_elem + (par ? 2 * w : 0);
+  const uint64_t windows = per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(k.sub_group_size, most)));
+  return std::min({kMaxPoolBytes, job.host_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
+}
+
+namespace {
+
+// Each unit's chunk load: its NVMe part at the read rate and its all-gather, which run beside
+// the compute; its parts in host or device memory are copies, which on the host's cores take
+// turns with the compute (copy_s) and else run beside it too.
+void unit_loads(const PlanJob& job, const PlanKnobs& k, const PlanRates& r, VirtualStepInput* v,
+                std::vector<double>* copy_s) {
+  const ShardLayout l = layout_of(job);
+  const double w = static_cast<double>(dtype_size(job.dtype));
+  const Split p = split(k.param, k.param_ratio, l.shard_size());
+  const int64_t first_off = l.shard_size() - p.offloaded;  // [first_off, S): the offload tier
+  for (int u = 0; u < l.num_units(); ++u) {
+    const int64_t a = l.slot(u).shard_offset, c = l.slot(u).chunk;
+    const int64_t off = std::clamp<int64_t>(a + c - first_off, 0, c);
+    const double nvme = p.tier == 2 ? off : 0, memory = c - nvme;
+    double beside = nvme * w / r.nvme_read_Bps, copy = memory * w / r.host_copy_Bps;
+    if (job.ranks > 1) beside += double(l.slot(u).full_size - c) * w / r.gather_busbw_Bps;
+    if (!r.compute_on_host_cores) beside += copy, copy = 0;
+    v->load_s.push_back(beside);
+    copy_s->push_back(copy);
+    v->memory_parts.push_back(memory > 0);
+    v->unit_elems.push_back(l.slot(u).full_size);
+  }
+}
+
+}  // namespace
+
+StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroStepWork& work, const PlanRates& r) {
+  StepPrediction out;
+  const ShardLayout l = layout_of(job);
+  const StagePlan plan = StagePlan::for_stage(k.stage);
+  const size_t w = dtype_size(job.dtype), g = w;
+  // Memory: the ledger's state, the engine's in-flight reserve, the model's activations.
+  std::array<uint64_t, kNumTiers> st = state_bytes(job, k);
+  uint64_t in_flight = 0;
+  for (int u = 0; u < l.num_units(); ++u)
+    in_flight = std::max(in_flight, unit_in_flight_bytes(l.slot(u).full_size, k.stage, w, g));
+  out.bytes = st;
+  out.bytes[0] += in_flight + work.activation_bytes;
+  out.bytes[1] += pinned_pool_bytes(job, k);
+  std::vector<std::string> over;
+  if (out.bytes[0] > job.device_budget)
+    over.push_back(fmt::format("device {} > budget {}", bytes_text(out.bytes[0]), bytes_text(job.device_budget)));
+  if (job.host_budget && out.bytes[1] > job.host_budget)
+    over.push_back(fmt::format("host {} > budget {}", bytes_text(out.bytes[1]), bytes_text(job.host_budget)));
+  if (out.bytes[2] > 0 && out.bytes[2] > job.nvme_free)
+    over.push_back(job.nvme_free ? fmt::format("nvme {} > {} free", bytes_text(out.bytes[2]), bytes_text(job.nvme_free))
+                                 : std::string("nvme: no nvme_path"));
+  for (const std::string& o : over) out.why += (out.why.empty() ? "" : "; ") + o;
+  out.fits = over.empty();
+
+  // The micro-step: compute, stage 3's loads on the virtual clock, the gradients' hand-over.
+  double fwd = 0, bwd = 0;
+  for (const PlanFetch& f : work.fetches) (f.backward ? bwd : fwd) += f.compute_s;
+  out.compute_s = (fwd + bwd) * k.accumulation;
+  double micro = fwd + bwd, micro_fwd = fwd, param_reads = 0;
+  if (plan.shard_params && out.fits) {
+    VirtualStepInput v;
+    v.wsize = w;
+    std::vector<double> copy_s;
+    unit_loads(job, k, r, &v, &copy_s);
+    v.limits = k.prefetch;
+    v.budget = job.device_budget;
+    v.state_bytes = st[0];
+    v.activation_bytes = work.activation_bytes;
+    v.reserve = in_flight;
+    v.fetches = work.fetches;
+    auto run = run_virtual_step(v);
+    if (!run.ok()) {
+      out.fits = false;
+      out.why = "stage 3's units do not fit beside the state: " + run.status().message();
+    } else {
+      micro = run->step_s, micro_fwd = run->forward_s;
+      for (int u : run->loaded) micro += copy_s[u];  // the copies' turns on the cores
+      const Split p = split(k.param, k.param_ratio, l.shard_size());
+      if (p.tier == 2)
+        for (int u : run->loaded) {
+          const int64_t a = l.slot(u).shard_offset, c = l.slot(u).chunk;
+          param_reads += double(std::clamp<int64_t>(a + c - (l.shard_size() - p.offloaded), 0, c)) * w;
+        }
+    }
+  }
+  // Hand-over: on one rank the gradients' conversion into their chunk (or their accumulation)
+  // is in the measured micro-step; on more, sharded gradients reduce-scatter beside the backward
+  // on the communication thread, and what it cannot hide waits.
+  double reduce = 0;
+  if (job.ranks > 1 && plan.shard_grads)
+    for (int u = 0; u < l.num_units(); ++u)
+      reduce += double(l.slot(u).full_size - l.slot(u).chunk) * g / r.reduce_busbw_Bps;
+  micro += std::max(0.0, reduce - bwd);
+
+  // The optimizer: Adam over this rank's state, NVMe parts streamed through three windows.
+  const Split o = split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage));
+  const double per = mixed(job.dtype) ? 12 : 8;
+  const double adam = double(o.device + o.offloaded) / r.adam_elems_per_s;
+  double opt_disk = 0;
+  if (o.tier == 2) opt_disk = double(o.offloaded) * per * (1 / r.nvme_read_Bps + 1 / r.nvme_write_Bps);
+  const double first_window = o.tier == 2 ? double(std::min(k.sub_group_size, o.offloaded)) * per / r.nvme_read_Bps : 0;
+  out.optimizer_s = std::max(adam, opt_disk) + first_window;
+  double step_comm = 0;  // stages 0-2 on more than one rank: replicated gradients and parameters
+  if (job.ranks > 1) {
+    const double frac = double(job.ranks - 1) / job.ranks, P = double(l.padded_params());
+    if (!plan.shard_grads) step_comm += P * g * frac / r.reduce_busbw_Bps;
+    if (!plan.shard_params) step_comm += P * w * frac / r.gather_busbw_Bps;
+  }
+  out.micro_s = micro * k.accumulation;
+  if (plan.shard_params) {
+    // The pass runs beside the next step's first forward, unit by unit. On the host's cores the
+    // forward and Adam take turns; only the pass's disk time runs beside them.
+    const double beside = r.compute_on_host_cores ? std::max(opt_disk + first_window, micro_fwd + adam)
+                                                  : std::max(out.optimizer_s, micro_fwd);
+    out.step_s = beside + (micro - micro_fwd) + micro * (k.accumulation - 1);
+  } else {
+    out.step_s = out.micro_s + out.optimizer_s + step_comm;
+  }
+  out.disk_s = param_reads * k.accumulation / (r.nvme_read_Bps > 0 ? r.nvme_read_Bps : 1) + opt_disk;
+  out.step_s = std::max(out.step_s, out.disk_s);
+  out.tokens_per_s = out.step_s > 0 ? double(work.tokens) * k.accumulation * job.ranks / out.step_s : 0;
+  // What the step waits on most.
+  const std::pair<double, const char*> parts[] = {{out.compute_s, "compute"},
+                                                  {out.micro_s - out.compute_s, "loads"},
+                                                  {adam, "optimizer"},
+                                                  {out.disk_s, "disk"},
+                                                  {step_comm + reduce * k.accumulation, "comm"}};
+  out.bound = std::max_element(std::begin(parts), std::end(parts))->second;
+  return out;
+}
+
+}  // namespace zoe

@@ -1,0 +1,182 @@
+// `zoe plan`'s step model and search against hand-computed cases: the ledger's bytes per tier to
+// the byte, times from given rates, stage 3's loads through the scheduler on the virtual clock,
+// refusals with their reason, and the search's choice on a toy machine.
+#include <gtest/gtest.h>
+
+#include "plan/plan_search.h"
+#include "plan/step_model.h"
+
+namespace zoe {
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// n units of `elems`, each computing fwd then 2x fwd backward: forward in unit order, backward reversed.
+MicroStepWork work(int n, double fwd, uint64_t acts = 0, int64_t tokens = 1024) {
+  MicroStepWork w;
+  for (int u = 0; u < n; ++u) w.fetches.push_back({u, fwd, false});
+  for (int u = n - 1; u >= 0; --u) w.fetches.push_back({u, 2 * fwd, true});
+  w.activation_bytes = acts;
+  w.tokens = tokens;
+  return w;
+}
+
+// A job of `units` on one rank with roomy budgets and an NVMe path.
+PlanJob roomy(std::vector<int64_t> units) {
+  PlanJob job;
+  job.unit_elems = std::move(units);
+  job.device_budget = 8 * kGiB;
+  job.host_budget = 16 * kGiB;
+  job.nvme_free = 100 * kGiB;
+  return job;
+}
+
+PlanRates rates() {
+  PlanRates r;
+  r.adam_elems_per_s = 1e9;
+  r.nvme_read_Bps = 2e9;
+  r.nvme_write_Bps = 1e9;
+  r.host_copy_Bps = 1e10;
+  r.gather_busbw_Bps = r.reduce_busbw_Bps = 1e9;
+  return r;
+}
+
+TEST(StepModel, StateBytesPerTierAreTheLedgersToTheByte) {
+  PlanJob job;
+  job.unit_elems = {1000, 3001};  // chunks of 500 and 1501 at 2 ranks: S = 2001, P_pad = 4002
+  job.ranks = 2;
+  job.dtype = DType::kBF16;
+  PlanKnobs k;
+  k.stage = 3;
+  k.optimizer = OffloadDevice::kNvme;
+  k.param = OffloadDevice::kCpu;
+  k.param_ratio = 0.5;  // llround(1000.5) = 1001 of the shard's parameters in host memory
+  auto b = state_bytes(job, k);
+  EXPECT_EQ(b[0], (2001 - 1001) * 2u);       // parameters on the device
+  EXPECT_EQ(b[1], 1001 * 2u + 2001 * 2u);    // parameters, and the sharded gradients beside the optimizer
+  EXPECT_EQ(b[2], 2001 * 12u);               // master, exp_avg, exp_avg_sq
+  k.stage = 1;                               // optimizer sharded only; replicated weights and gradients
+  k.param = OffloadDevice::kNone;
+  k.optimizer = OffloadDevice::kCpu;
+  k.optimizer_ratio = 0.25;
+  b = state_bytes(job, k);
+  EXPECT_EQ(b[0], 4002 * 2u + 4002 * 2u + (2001 - 500) * 12u);  // llround(500.25) = 500 offloaded
+  EXPECT_EQ(b[1], 500 * 12u);
+  EXPECT_EQ(b[2], 0u);
+  job.dtype = DType::kF32;                   // fp32: no separate master
+  k.stage = 0;
+  k.optimizer = OffloadDevice::kNone;
+  EXPECT_EQ(state_bytes(job, k)[0], 4002 * (4u + 4u + 8u));
+}
+
+TEST(StepModel, AResidentStepIsItsMicroStepsAndAdam) {
+  PlanJob job;
+  job.unit_elems = {1'000'000, 1'000'000};
+  job.device_budget = 8 * kGiB;
+  PlanKnobs k;  // stage 0, nothing offloaded
+  k.accumulation = 2;
+  const StepPrediction p = predict_step(job, k, work(2, 0.1), rates());
+  ASSERT_TRUE(p.fits) << p.why;
+  EXPECT_DOUBLE_EQ(p.compute_s, 2 * 0.6);
+  EXPECT_NEAR(p.micro_s, 2 * 0.6, 1e-12);  // one rank: the hand-over is in the measured micro-step
+  EXPECT_NEAR(p.optimizer_s, 2e6 / 1e9, 1e-12);
+  EXPECT_NEAR(p.step_s, p.micro_s + p.optimizer_s, 1e-12);
+  EXPECT_NEAR(p.tokens_per_s, 2 * 1024 / p.step_s, 1e-9);
+  EXPECT_EQ(p.bound, "compute");
+  // Device: the state (16 bytes an element), the largest unit in flight (its fp32 gradient), the activations.
+  EXPECT_EQ(p.bytes[0], 2'000'000u * 16 + 1'000'000u * 4);
+}
+
+TEST(StepModel, TheOptimizerOnNvmeStreamsTwelveBytesAnElementEachWay) {
+  const PlanJob job = roomy({1'000'000, 1'000'000});
+  PlanKnobs k;
+  k.stage = 2;
+  k.optimizer = OffloadDevice::kNvme;
+  k.sub_group_size = 500'000;
+  const StepPrediction p = predict_step(job, k, work(2, 0.001), rates());
+  ASSERT_TRUE(p.fits) << p.why;
+  const double disk = 2e6 * 12 / 2e9 + 2e6 * 12 / 1e9;  // read and write back master, m, v
+  EXPECT_NEAR(p.disk_s, disk, 1e-12);
+  EXPECT_NEAR(p.optimizer_s, disk + 5e5 * 12 / 2e9, 1e-12);  // and the first window's read ahead of Adam
+  EXPECT_EQ(p.bound, "disk");
+  EXPECT_EQ(p.bytes[2], 2'000'000u * 12);
+  EXPECT_GT(p.bytes[1], 2'000'000u * 2);  // the gradients and the pinned pool
+}
+
+TEST(StepModel, StageThreeHidesNvmeParameterLoadsBehindComputeWhenItPrefetches) {
+  const PlanJob job = roomy(std::vector<int64_t>(8, 1'000'000));
+  PlanKnobs k;
+  k.stage = 3;
+  k.param = OffloadDevice::kNvme;
+  PlanRates r = rates();
+  r.host_copy_Bps = 1e15;  // the device part of no chunk to speak of
+  // A load takes 1e6 * 2 / 2e9 = 1 ms; a unit's forward 1 ms, its backward 2 ms.
+  k.prefetch = {0, 1'000'000'000, 0};  // no prefetch, no reuse: load, compute, load, ...
+  const StepPrediction serial = predict_step(job, k, work(8, 0.001), r);
+  ASSERT_TRUE(serial.fits) << serial.why;
+  EXPECT_NEAR(serial.micro_s, 16 * 0.001 + 24 * 0.001, 1e-12);
+  k.prefetch = {2'000'000, 1'000'000'000, 1'000'000'000};  // ahead, and kept for the backward
+  const StepPrediction ahead = predict_step(job, k, work(8, 0.001), r);
+  EXPECT_NEAR(ahead.micro_s, 0.001 + 24 * 0.001, 1e-12);  // the first load, then compute only
+  EXPECT_LT(ahead.disk_s, serial.disk_s);                  // kept units are not read again
+}
+
+TEST(StepModel, WhatDoesNotFitIsRefusedNamingTheTierAndTheBytes) {
+  PlanJob job;
+  job.unit_elems = {1'000'000};
+  job.device_budget = 10'000'000;  // 16 MB of state does not fit
+  PlanKnobs k;
+  StepPrediction p = predict_step(job, k, work(1, 0.01), rates());
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.why.find("device"), std::string::npos) << p.why;
+  k.optimizer = OffloadDevice::kNvme;  // no NVMe path in the job
+  p = predict_step(job, k, work(1, 0.01), rates());
+  EXPECT_NE(p.why.find("no nvme_path"), std::string::npos) << p.why;
+}
+
+TEST(PlanSearch, OnAToyMachineTheFastestFittingPlanWins) {
+  // 16 M parameters in 8 units; the device holds 100 MB: the full state (256 MB) does not fit.
+  PlanJob job = roomy(std::vector<int64_t>(8, 2'000'000));
+  job.device_budget = 100'000'000;
+  PlanSpace space;
+  space.sequences_per_rank = 4;
+  space.nvme = true;
+  // Compute per micro-batch: 5 ms fixed plus 10 ms a sequence per unit; activations 10 MB a
+  // sequence (20 MB with checkpointing off), so micro-batches of 4 without checkpointing do not fit.
+  auto micro = [](int b, bool ckpt) -> Result<MicroStepWork> {
+    return work(8, 0.005 + 0.01 * b * (ckpt ? 1.3 : 1.0), uint64_t(b) * (ckpt ? 10'000'000 : 20'000'000), 256 * b);
+  };
+  auto r = search_plans(job, space, micro, rates());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->fitting.empty());
+  const PlanChoice& best = r->fitting.front();
+  // Host memory is plenty and faster than the disk: the optimizer goes there, all of it.
+  EXPECT_EQ(best.knobs.optimizer, OffloadDevice::kCpu);
+  EXPECT_LE(best.prediction.bytes[0], job.device_budget);
+  for (const PlanChoice& c : r->fitting) EXPECT_GE(c.prediction.step_s, best.prediction.step_s * 0.99);
+  bool refused_device = false;
+  for (const PlanChoice& c : r->refused)
+    refused_device |= c.knobs.stage == 0 && c.knobs.optimizer == OffloadDevice::kNone &&
+                      c.prediction.why.find("device") != std::string::npos;
+  EXPECT_TRUE(refused_device);
+  // A host budget too small for the optimizer state leaves the disk.
+  job.host_budget = 64'000'000;
+  r = search_plans(job, space, micro, rates());
+  ASSERT_TRUE(r.ok() && !r->fitting.empty());
+  EXPECT_EQ(r->fitting.front().knobs.optimizer, OffloadDevice::kNvme);
+}
+
+TEST(PlanSearch, TheGridPairsKnobsThatMeanSomethingTogether) {
+  PlanSpace s;
+  s.sequences_per_rank = 6;
+  s.nvme = false;
+  for (const PlanKnobs& k : plan_grid(s)) {
+    EXPECT_EQ(k.micro_batch * k.accumulation, 6);
+    if (k.stage < 3) EXPECT_EQ(k.param, OffloadDevice::kNone);
+    if (k.optimizer == OffloadDevice::kNone) EXPECT_EQ(k.optimizer_ratio, 1.0);
+    EXPECT_NE(k.optimizer, OffloadDevice::kNvme);
+  }
+}
+
+}  // namespace
+}  // namespace zoe
