@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <cstdio>
+
+#include "common/config.h"
 #include "zoe/status.h"
 
 namespace zoe::cli {
@@ -13,6 +16,7 @@ struct TrainArgs {
   std::vector<std::string> sets;    // --set key.path=value
   std::string report, trace;
   bool quiet = false;
+  std::string plan;                 // "auto": plan the configuration first (zoe plan)
 };
 int train_command(const TrainArgs& a);
 
@@ -25,6 +29,20 @@ struct EstimateArgs {
 int estimate_command(const EstimateArgs& a);
 
 int info_command();
+
+struct PlanArgs {
+  std::string config;               // empty: the embedded default job
+  std::vector<std::string> sets;
+  std::string out = "out/plan/plan.json";         // the best configuration, as a config file
+  std::string cache = "out/plan/calibration.json";
+  int top = 5;
+  bool recalibrate = false;
+  bool json = false;
+};
+int plan_command(const PlanArgs& a);
+// The job with the plan's best configuration in place (what `zoe train --plan auto` runs); the
+// calibration, the search and the choice are told to `human` when it is not null.
+Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human);
 
 struct ExportArgs {
   std::string checkpoint, out;

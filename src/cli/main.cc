@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   train->add_option("--report", ta.report, "write one JSON line per step here (rank 0)");
   train->add_option("--trace", ta.trace, "write a Chrome trace here");
   train->add_flag("--quiet", ta.quiet, "no progress output");
+  train->add_option("--plan", ta.plan, "auto: run the fastest configuration that fits, as `zoe plan` finds it (one rank)")
+      ->check(CLI::IsMember({"auto"}));
 
   EstimateArgs ea;
   auto* est = app.add_subcommand("estimate", "per-rank memory of model states for ZeRO stages 0-3");
@@ -52,6 +54,16 @@ int main(int argc, char** argv) {
                     "offload: aio.queue_depth of the swap store (default 8); nvme: this depth only (default 8 and 32)")
       ->check(CLI::Range(1, 4096));
 
+  PlanArgs pa;
+  auto* plan = app.add_subcommand("plan", "the fastest configuration that fits, from measured rates (one rank)");
+  plan->add_option("--config", pa.config, "the job (model, batch, dtypes, budgets, swap path); default: the demo job");
+  plan->add_option("--set", pa.sets, "override one key: key.path=JSON value (repeatable)");
+  plan->add_option("--out", pa.out, "write the best configuration here (default out/plan/plan.json)");
+  plan->add_option("--cache", pa.cache, "the calibration cache (default out/plan/calibration.json)");
+  plan->add_option("--top", pa.top, "configurations to print (default 5)")->check(CLI::Range(1, 1 << 20));
+  plan->add_flag("--recalibrate", pa.recalibrate, "measure again even where the cache has the figures");
+  plan->add_flag("--json", pa.json, "machine-readable output");
+
   ExportArgs xa;
   auto* exp = app.add_subcommand("export", "consolidated fp32 weights of a checkpoint as safetensors");
   exp->add_option("--checkpoint", xa.checkpoint, "a checkpoint directory, or zoe.checkpoint.dir for its newest")
@@ -76,6 +88,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) return train_command(ta);
     if (*est) return estimate_command(ea);
+    if (*plan) return plan_command(pa);
     if (*bench) return bench_command(ba);
     if (*exp) return export_command(xa);
     return info_command();

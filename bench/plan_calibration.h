@@ -1,0 +1,54 @@
+// What `zoe plan` measures before it searches, in seconds rather than a training run: the model's
+// own micro-step (forward and backward of each unit, from the profiler's spans) on one and two
+// blocks of the job's shape, resident, extrapolated to its layers; the CPU Adam's rate; the NVMe
+// store's read and write rates on the job's swap path (the store itself, `zoe bench nvme`'s
+// code); host memory's copy rate. Cached in a JSON file keyed by the machine (CPU model, threads),
+// the path and the model's shape, so a second plan reads instead of measuring.
+#pragma once
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
+#include "plan/plan_search.h"
+#include "plan/step_model.h"
+
+namespace zoe {
+
+struct PlanCalibrationOptions {
+  std::string cache_path = "out/plan/calibration.json";
+  bool recalibrate = false;     // measure even when the cache has the figures
+  std::FILE* human = nullptr;   // what was measured (or read), one line each
+};
+
+class PlanCalibration {
+ public:
+  // `job` is the user's configuration (the model's shape, dtypes, compute dtype, swap path).
+  PlanCalibration(const Config& job, PlanCalibrationOptions o);
+
+  // The machine's rates: measured, or from the cache.
+  Result<PlanRates> rates();
+  // The model's micro-step at micro-batch b, with or without activation checkpointing: the
+  // fetches in GPT-2's order with each unit's measured compute, the activations' bytes.
+  Result<MicroStepWork> micro_step(int b, bool checkpointing);
+  Status save() const;  // the cache, with what this run measured
+
+  // The key the cache files this machine's figures under.
+  static std::string machine_key();
+
+ private:
+  struct UnitTimes {  // one micro-step, seconds; bytes of the model's device buffers
+    double encoder_f = 0, block_f = 0, head_f = 0, encoder_b = 0, block_b = 0, head_b = 0;
+    double act_fixed = 0, act_block = 0;
+  };
+  Result<UnitTimes> measure_model(int b, bool checkpointing);
+  std::string model_key(int b, bool checkpointing) const;
+
+  Config job_;
+  PlanCalibrationOptions o_;
+  nlohmann::json cache_;
+};
+
+}  // namespace zoe

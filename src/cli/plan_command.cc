@@ -1,0 +1,194 @@
+// `zoe plan`: measures what it needs (bench/plan_calibration.h, cached), predicts every
+// configuration of the knobs (plan/plan_search.h), prints the fastest few that fit with their
+// predicted step, memory per tier and bound, and writes the best as a config file.
+#include <sys/statvfs.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/config.h"
+#include "model/gpt2_model.h"
+#include "plan/plan_search.h"
+#include "plan_calibration.h"
+
+namespace zoe::cli {
+
+namespace {
+
+// Free bytes of the file system that holds `path` (or its nearest existing parent).
+uint64_t free_bytes(const std::string& path) {
+  std::filesystem::path p = std::filesystem::absolute(path);
+  while (!p.empty() && !std::filesystem::exists(p)) p = p.parent_path();
+  struct statvfs s {};
+  if (p.empty() || ::statvfs(p.c_str(), &s) != 0) return 0;
+  return uint64_t{s.f_bavail} * s.f_frsize;
+}
+
+const char* home_name(OffloadDevice d) { return d == OffloadDevice::kNvme ? "nvme" : d == OffloadDevice::kCpu ? "cpu" : "-"; }
+
+std::string home_text(OffloadDevice d, double ratio) {
+  if (d == OffloadDevice::kNone) return "-";
+  return ratio == 1.0 ? home_name(d) : fmt::format("{} {:.2g}", home_name(d), ratio);
+}
+
+// The job's config with a plan's knobs in place.
+Config planned(Config c, const PlanKnobs& k, const std::string& nvme_path) {
+  c.stage = k.stage;
+  c.offload_optimizer.device = k.optimizer;
+  c.offload_optimizer.ratio = k.optimizer_ratio;
+  c.offload_param.device = k.param;
+  c.offload_param.ratio = k.param_ratio;
+  for (OffloadConfig* o : {&c.offload_optimizer, &c.offload_param})
+    if (o->device == OffloadDevice::kNvme) o->nvme_path = nvme_path;
+  c.sub_group_size = k.sub_group_size;
+  c.prefetch_bucket_size = k.prefetch.bucket_elems;
+  c.max_live_parameters = k.prefetch.max_live_elems;
+  c.max_reuse_distance = k.prefetch.max_reuse_distance;
+  c.micro_batch = k.micro_batch;
+  c.grad_accum = k.accumulation;
+  c.train_batch.reset();
+  c.activation_checkpointing = k.activation_checkpointing;
+  c.aio_block_size = k.aio_block_size;
+  c.aio_queue_depth = static_cast<int>(k.aio_queue_depth);
+  return c;
+}
+
+nlohmann::json choice_json(const PlanChoice& c) {
+  const PlanKnobs& k = c.knobs;
+  const StepPrediction& p = c.prediction;
+  return {{"stage", k.stage},
+          {"offload_optimizer", home_name(k.optimizer)}, {"optimizer_ratio", k.optimizer_ratio},
+          {"offload_param", home_name(k.param)}, {"param_ratio", k.param_ratio},
+          {"sub_group_size", k.sub_group_size}, {"prefetch_bucket_size", k.prefetch.bucket_elems},
+          {"max_reuse_distance", k.prefetch.max_reuse_distance}, {"micro_batch", k.micro_batch},
+          {"accumulation", k.accumulation}, {"activation_checkpointing", k.activation_checkpointing},
+          {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"compute_s", p.compute_s},
+          {"optimizer_s", p.optimizer_s}, {"disk_s", p.disk_s}, {"bound", p.bound},
+          {"device_bytes", p.bytes[0]}, {"host_bytes", p.bytes[1]}, {"nvme_bytes", p.bytes[2]},
+          {"why", p.why}};
+}
+
+void print_header(std::FILE* f) {
+  fmt::print(f, "{:>2} {:>5} {:>9} {:>9} {:>8} {:>8} {:>5} {:>4} | {:>8} {:>9} {:>8} {:>8} {:>8}  {}\n", "#", "stage",
+             "optimizer", "params", "subgroup", "prefetch", "BxAcc", "ckpt", "step s", "tokens/s", "dev GB", "host GB",
+             "nvme GB", "bound");
+}
+
+void print_row(std::FILE* f, const PlanChoice& c, int rank) {
+  const PlanKnobs& k = c.knobs;
+  const StepPrediction& p = c.prediction;
+  fmt::print(f, "{:>2} {:>5} {:>9} {:>9} {:>8.0e} {:>8} {:>5} {:>4} | {:>8.3f} {:>9.0f} {:>8.2f} {:>8.2f} {:>8.2f}  {}\n", rank,
+             k.stage, home_text(k.optimizer, k.optimizer_ratio), home_text(k.param, k.param_ratio),
+             double(k.sub_group_size), k.stage < 3 ? "-" : k.prefetch.bucket_elems ? "on" : "off",
+             fmt::format("{}x{}", k.micro_batch, k.accumulation), k.activation_checkpointing ? "yes" : "no", p.step_s,
+             p.tokens_per_s, p.bytes[0] / 1e9, p.bytes[1] / 1e9, p.bytes[2] / 1e9, p.bound);
+}
+
+// Of the refused, the one that misses its budgets by the least (relative): the smallest change.
+const PlanChoice* closest(const std::vector<PlanChoice>& refused, const PlanJob& job) {
+  const PlanChoice* best = nullptr;
+  double least = 1e300;
+  for (const PlanChoice& c : refused) {
+    double over = double(c.prediction.bytes[0]) / std::max<double>(1, job.device_budget);
+    if (job.host_budget) over = std::max(over, double(c.prediction.bytes[1]) / job.host_budget);
+    if (over < least) least = over, best = &c;
+  }
+  return best;
+}
+
+// The job's plan: its units, the measured rates and the ranked configurations.
+struct PlanRun {
+  PlanJob job;
+  std::string nvme_path;
+  PlanResult result;
+};
+
+Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human) {
+  if (c.model_type != "gpt2")
+    return Status::Invalid("zoe plan plans the built-in GPT-2 (zoe.model.type \"gpt2\"); this job is \"" +
+                           c.model_type + "\"");
+  if (c.device != "cpu" && c.device != "cpu-strict")
+    return Status::Unsupported("zoe plan measures the CPU device only so far (zoe.device \"" + c.device + "\")");
+  gpt2::Gpt2Shape shape{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  if (Status s = gpt2::validate_shape(shape); !s.ok()) return Status::Invalid("config key 'zoe.model': " + s.message());
+  PlanRun run;
+  PlanJob& job = run.job;
+  for (const UnitSpec& u : Gpt2Model(shape, false).units()) job.unit_elems.push_back(u.numel);
+  job.ranks = 1;
+  job.dtype = c.dtype;
+  job.device_budget = c.device_memory_budget;
+  job.host_budget = c.host_memory_budget;
+  run.nvme_path = c.offload_optimizer.nvme_path.empty() ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;
+  job.nvme_free = run.nvme_path.empty() ? 0 : free_bytes(run.nvme_path);
+  if (human)
+    fmt::print(human, "zoe plan: GPT-2 L{} C{} V{} T{}, {:.1f} M parameters, {} sequences a step, one rank\nmeasured on {}:\n",
+               c.n_layer, c.n_embd, c.vocab_size, c.seq_len, gpt2::total_numel(shape) / 1e6, c.micro_batch * c.grad_accum,
+               PlanCalibration::machine_key());
+  PlanCalibration cal(c, {cache, recalibrate, human});
+  ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
+  PlanSpace space;
+  space.sequences_per_rank = c.micro_batch * c.grad_accum;
+  space.nvme = !run.nvme_path.empty();
+  ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, [&](int b, bool ck) { return cal.micro_step(b, ck); }, rates));
+  ZOE_RETURN_IF_ERROR(cal.save());
+  const PlanResult& r = run.result;
+  if (!r.fitting.empty()) return run;
+  const PlanChoice* near = closest(r.refused, job);
+  return Status::Invalid(fmt::format(
+      "no configuration of this job fits its budgets (zoe.device_memory_budget {}, zoe.host_memory_budget {}{}); "
+      "the closest: stage {}, optimizer {}, parameters {}, micro-batch {}{}: {}",
+      c.device_memory_budget, c.host_memory_budget, run.nvme_path.empty() ? ", no NVMe path" : "",
+      near ? near->knobs.stage : 0, near ? home_name(near->knobs.optimizer) : "-",
+      near ? home_name(near->knobs.param) : "-", near ? near->knobs.micro_batch : 0,
+      near && near->knobs.activation_checkpointing ? " checkpointed" : "", near ? near->prediction.why : "none"));
+}
+
+}  // namespace
+
+Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human) {
+  ZOE_ASSIGN_OR_RETURN(PlanRun run, run_plan(c, cache, false, human));
+  const PlanChoice& best = run.result.fitting.front();
+  if (human) {
+    fmt::print(human, "the plan (predicted {:.3f} s a step, {:.0f} tokens/s, bound: {}):\n", best.prediction.step_s,
+               best.prediction.tokens_per_s, best.prediction.bound);
+    print_row(human, best, 1);
+  }
+  return planned(c, best.knobs, run.nvme_path);
+}
+
+int plan_command(const PlanArgs& a) {
+  auto cfg = a.config.empty() ? parse_config(default_config_json(), a.sets, "the embedded default job")
+                              : load_config_file(a.config, a.sets);
+  if (!cfg.ok()) return report_error(cfg.status());
+  auto run = run_plan(*cfg, a.cache, a.recalibrate, a.json ? nullptr : stdout);
+  if (!run.ok()) return report_error(run.status());
+  const PlanResult& r = run->result;
+  const Config best = planned(*cfg, r.fitting.front().knobs, run->nvme_path);
+  std::error_code ec;
+  if (auto dir = std::filesystem::path(a.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir, ec);
+  {
+    std::ofstream f(a.out);
+    f << config_to_json(best).dump(2) << "\n";
+    if (!f) return report_error(Status::Io("cannot write the plan to " + a.out));
+  }
+  if (a.json) {
+    nlohmann::json out = {{"machine", PlanCalibration::machine_key()}, {"config", a.out},
+                          {"fitting", r.fitting.size()}, {"refused", r.refused.size()}};
+    for (size_t i = 0; i < r.fitting.size() && int(i) < a.top; ++i) out["plans"].push_back(choice_json(r.fitting[i]));
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  fmt::print("{} configurations fit, {} do not; the fastest {}:\n", r.fitting.size(), r.refused.size(),
+             std::min<size_t>(a.top, r.fitting.size()));
+  print_header(stdout);
+  for (size_t i = 0; i < r.fitting.size() && int(i) < a.top; ++i) print_row(stdout, r.fitting[i], int(i) + 1);
+  fmt::print("the best written to {}: zoe train --config {}\n", a.out, a.out);
+  return 0;
+}
+
+}  // namespace zoe::cli

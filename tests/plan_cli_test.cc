@@ -1,0 +1,80 @@
+// `zoe plan` and `zoe train --plan auto` from outside: it measures, caches what it measured, prints
+// its choice, writes a config that trains; a job that fits nowhere is exit 2 naming the closest.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace zoe {
+namespace {
+
+using test::kZoe;
+using test::make_temp_dir;
+using test::run_command;
+
+// A small GPT-2 of the demo's data, the NVMe tier under `dir`.
+std::string job(const std::string& dir, const std::string& budget = "64MiB") {
+  std::string s;
+  for (const std::string& kv : std::vector<std::string>{
+           "zoe.model.n_layer=2", "zoe.model.n_embd=64", "zoe.model.n_head=2", "zoe.model.n_positions=64",
+        "zoe.data.seq_len=64", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=2",
+        "zoe.device_memory_budget='\"" + budget + "\"'", "zoe.host_memory_budget='\"512MiB\"'",
+        "zero_optimization.offload_optimizer.nvme_path='\"" + dir + "/nvme\"'", "zoe.checkpoint.dir='\"\"'",
+        "zoe.steps=2"})
+    s += " --set " + kv;
+  return s;
+}
+
+TEST(PlanCli, MeasuresCachesPrintsItsChoiceAndWritesAConfigThatTrains) {
+  const std::string dir = make_temp_dir("plan_cli");
+  const std::string files = " --out " + dir + "/plan.json --cache " + dir + "/cal.json";
+  std::string out;
+  ASSERT_EQ(run_command(kZoe + " plan" + job(dir) + files, &out), 0) << out;
+  for (const char* said : {"cpu adam", "host copy", "nvme", "micro-step", "configurations fit", "step s", "bound"})
+    EXPECT_NE(out.find(said), std::string::npos) << said << " missing from:\n" << out;
+  EXPECT_EQ(out.find("(cached)"), std::string::npos) << out;
+  out.clear();  // run_command appends
+  ASSERT_EQ(run_command(kZoe + " plan --json" + job(dir) + files, &out), 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  ASSERT_FALSE(j["plans"].empty());
+  double prev = 0;
+  for (const auto& p : j["plans"]) {  // fastest first (ties within 1 % the plainest first)
+    EXPECT_GT(p["step_s"].get<double>(), 0);
+    EXPECT_GE(p["step_s"].get<double>(), prev * 0.99);
+    EXPECT_LE(p["device_bytes"].get<double>(), 64.0 * (1 << 20));
+    EXPECT_EQ(p["micro_batch"].get<int>() * p["accumulation"].get<int>(), 4);
+    prev = p["step_s"];
+  }
+  out.clear();
+  ASSERT_EQ(run_command(kZoe + " plan" + job(dir) + files, &out), 0) << out;
+  EXPECT_NE(out.find("(cached)"), std::string::npos) << "a second plan measures again:\n" << out;
+  ASSERT_EQ(run_command(kZoe + " train --quiet --config " + dir + "/plan.json --set zoe.steps=2", &out), 0) << out;
+}
+
+TEST(PlanCli, AJobThatFitsNowhereIsExitTwoNamingTheBudgetsAndTheClosest) {
+  const std::string dir = make_temp_dir("plan_cli_none");
+  std::string out;
+  EXPECT_EQ(run_command(kZoe + " plan" + job(dir, "64KiB") + " --out " + dir + "/plan.json --cache " + dir +
+                            "/cal.json",
+                        &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("no configuration of this job fits"), std::string::npos) << out;
+  EXPECT_NE(out.find("the closest"), std::string::npos) << out;
+  EXPECT_NE(out.find("device"), std::string::npos) << out;
+}
+
+TEST(PlanCli, TrainPlanAutoTrainsThePlansChoice) {
+  const std::string dir = make_temp_dir("plan_cli_auto");
+  std::string out;
+  ASSERT_EQ(run_command("cd " + dir + " && " + kZoe + " train --plan auto" + job(dir), &out), 0) << out;
+  EXPECT_NE(out.find("the plan (predicted"), std::string::npos) << out;
+  EXPECT_NE(out.find("done: 2 steps"), std::string::npos) << out;
+  EXPECT_NE(test::slurp(dir + "/out/plan/calibration.json").find("models"), std::string::npos);
+  EXPECT_NE(run_command(kZoe + " train --plan manual", &out), 0);  // auto is the one value
+}
+
+}  // namespace
+}  // namespace zoe
