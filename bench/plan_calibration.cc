@@ -14,9 +14,11 @@
 
 #include <fmt/format.h>
 
+#include "comm/comm.h"
 #include "common/profiler.h"
 #include "kernels/adam.h"
 #include "model/gpt2_model.h"
+#include "bench_process.h"
 #include "nvme_bench.h"
 #include "sched/zero_engine.h"
 #include "train/backend.h"
@@ -25,8 +27,6 @@
 
 namespace zoe {
 namespace {
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -75,15 +75,15 @@ double measure_copy() {
   return double(n) / best;
 }
 
-// The store's read and write rates at the best of its 1 MiB cases, on a 512 MiB file in a
+// The store's read and write rates at the best of its 1 MiB cases, on a file of `bytes` in a
 // directory it makes for itself under `path` (mkdtemp: never one that was there) and removes.
-Result<nlohmann::json> measure_nvme(const std::string& path) {
+Result<nlohmann::json> measure_nvme(const std::string& path, uint64_t bytes) {
   NvmeBenchOptions o;
   std::string tmpl = (std::filesystem::path(path) / "zoe-plan-calibration-XXXXXX").string();
   if (!::mkdtemp(tmpl.data()))
     return Status::Io("cannot make a calibration directory under " + path + ": " + std::strerror(errno));
   o.dir = tmpl;
-  o.file_bytes = uint64_t{512} << 20;
+  o.file_bytes = bytes;
   o.block_sizes = {1u << 20};
   o.queue_depths = {8, 32};
   o.reps = 1;
@@ -112,7 +112,88 @@ Result<nlohmann::json> measure_nvme(const std::string& path) {
   return pick;
 }
 
+// The collectives' bus bandwidth over the ranks (nccl-tests' convention: the bytes each rank
+// receives from the others over the time), 16 MiB a rank, best of three after a warm-up: the
+// all-gather of bf16 parameters and the reduce-scatter of bf16 gradients the engine runs.
+Result<std::pair<double, double>> measure_comm(Comm& comm) {
+  const size_t n = comm.size(), chunk = size_t{16} << 20;
+  std::vector<uint8_t> mine(chunk, 1), all(chunk * n, 0);
+  double gather = 1e30, reduce = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    ZOE_RETURN_IF_ERROR(comm.barrier());
+    double t0 = now_s();
+    ZOE_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), chunk));
+    if (rep > 0) gather = std::min(gather, now_s() - t0);
+    std::fill(all.begin(), all.end(), 0);  // bf16 zeros: a sum of nothing in particular
+    ZOE_RETURN_IF_ERROR(comm.barrier());
+    t0 = now_s();
+    ZOE_RETURN_IF_ERROR(comm.reduce_scatter(all.data(), mine.data(), chunk / 2, DType::kBF16));
+    if (rep > 0) reduce = std::min(reduce, now_s() - t0);
+  }
+  const double moved = double(n - 1) * chunk;
+  return std::make_pair(moved / gather, moved / reduce);
+}
+
+// The optimizer's pass over NVMe state through the engine itself: stage 3, parameters and
+// optimizer state on NVMe under `path` (a directory it makes and removes) at `depth`, the job's
+// checksums, clipping and sub-group size, 8 units of `elems` in all. Returns the pass's seconds
+// an element (the gradients' hand-over, Adam, every read and write-back) and the parameters' read
+// rate (a fetch of every unit), the better of steps 2 and 3 (step 1 reads blocks never written,
+// which cost nothing).
+Result<std::pair<double, double>> measure_pass(const Config& job, const std::string& path, unsigned depth,
+                                                int64_t elems) {
+  std::string tmpl = (std::filesystem::path(path) / "zoe-plan-pass-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data()))
+    return Status::Io("cannot make a calibration directory under " + path + ": " + std::strerror(errno));
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove{tmpl};
+  const int64_t unit = std::max<int64_t>(1 << 17, elems / 8);
+  std::vector<UnitSpec> units;
+  for (int u = 0; u < 8; ++u) units.push_back(make_unit("u" + std::to_string(u), {{"w", {unit}}}));
+  Config c = job;
+  c.stage = 3;
+  for (OffloadConfig* o : {&c.offload_optimizer, &c.offload_param}) {
+    o->device = OffloadDevice::kNvme;
+    o->nvme_path = tmpl;
+    o->ratio = 1;
+  }
+  c.aio_queue_depth = static_cast<int>(depth);
+  c.device = "cpu";
+  c.device_memory_budget = uint64_t(unit) * 32 + (uint64_t{64} << 20);
+  auto comm = make_self_comm();
+  ZOE_ASSIGN_OR_RETURN(Backend be, make_backend(c, *comm));
+  ZeroEngine e(engine_options(c), *be.device, *comm, units);
+  ZOE_RETURN_IF_ERROR(e.allocate());
+  ZOE_ASSIGN_OR_RETURN(Buffer zeros, be.device->alloc(size_t(unit) * 4, Tier::kDevice, Kind::kActivation));
+  ZOE_RETURN_IF_ERROR(be.device->zero(zeros.data, zeros.bytes));
+  double pass = 1e30, reads = 1e30;
+  for (int s = 0; s < 3; ++s) {
+    double t0 = now_s();
+    for (int u = 0; u < 8; ++u) {
+      ZOE_RETURN_IF_ERROR(e.fetch(u).status());
+      ZOE_RETURN_IF_ERROR(e.release(u));
+    }
+    const double fetch = now_s() - t0;
+    t0 = now_s();
+    for (int u = 7; u >= 0; --u) ZOE_RETURN_IF_ERROR(e.grads_ready(u, zeros.as<float>()));
+    ZOE_RETURN_IF_ERROR(e.step(1e-4).status());
+    ZOE_RETURN_IF_ERROR(e.flush().status());
+    if (s > 0) pass = std::min(pass, now_s() - t0), reads = std::min(reads, fetch);
+  }
+  be.device->free(zeros);
+  return std::make_pair(pass / double(8 * unit), double(8 * unit) * dtype_size(job.dtype) / reads);
+}
+
 }  // namespace
+
+int PlanCalibration::ranks() const { return o_.comm ? o_.comm->size() : 1; }
+
+Status PlanCalibration::together() const { return ranks() > 1 ? o_.comm->barrier() : Status::Ok(); }
 
 PlanCalibration::PlanCalibration(const Config& job, PlanCalibrationOptions o) : job_(job), o_(std::move(o)) {
   std::ifstream f(o_.cache_path);
@@ -120,13 +201,13 @@ PlanCalibration::PlanCalibration(const Config& job, PlanCalibrationOptions o) : 
   if (!cache_.is_object()) cache_ = nlohmann::json::object();
 }
 
-std::string PlanCalibration::machine_key() {
-  return fmt::format("{} / {} threads / {}", cpu_model(), tbb::this_task_arena::max_concurrency(),
-                     isa_name(best_isa()));
+std::string PlanCalibration::machine_key(int ranks) {
+  return fmt::format("{} / {} threads / {}{}", cpu_model(), tbb::this_task_arena::max_concurrency(),
+                     isa_name(best_isa()), ranks > 1 ? fmt::format(" / {} ranks", ranks) : "");
 }
 
 Result<PlanRates> PlanCalibration::rates() {
-  nlohmann::json& m = cache_[machine_key()];
+  nlohmann::json& m = cache_[machine_key(ranks())];
   const std::string path = job_.offload_optimizer.nvme_path.empty() ? job_.offload_param.nvme_path
                                                                      : job_.offload_optimizer.nvme_path;
   auto say = [&](const char* what, const std::string& text, bool cached) {
@@ -134,27 +215,79 @@ Result<PlanRates> PlanCalibration::rates() {
   };
   const std::string dkey = std::string("adam_") + std::string(dtype_name(job_.dtype));
   bool cached = !o_.recalibrate && m.contains(dkey);
-  if (!cached) m[dkey] = measure_adam(job_.dtype);
+  if (!cached) {
+    ZOE_RETURN_IF_ERROR(together());
+    m[dkey] = measure_adam(job_.dtype);
+  }
   say("cpu adam", fmt::format("{:.0f} M elements/s", m[dkey].get<double>() / 1e6), cached);
   cached = !o_.recalibrate && m.contains("copy_Bps");
-  if (!cached) m["copy_Bps"] = measure_copy();
+  if (!cached) {
+    ZOE_RETURN_IF_ERROR(together());
+    m["copy_Bps"] = measure_copy();
+  }
   say("host copy", fmt::format("{:.1f} GB/s", m["copy_Bps"].get<double>() / 1e9), cached);
   PlanRates r;
   r.adam_elems_per_s = m[dkey];
   r.host_copy_Bps = m["copy_Bps"];
   if (!path.empty()) {
     const std::string canon = std::filesystem::weakly_canonical(path).string();
-    cached = !o_.recalibrate && m["nvme"].contains(canon);
+    cached = !o_.recalibrate && m["nvme"].contains(canon) && m["nvme"][canon].contains("pass_s_per_elem");
     if (!cached) {
       std::filesystem::create_directories(path);
-      ZOE_ASSIGN_OR_RETURN(m["nvme"][canon], measure_nvme(path));
+      ZOE_RETURN_IF_ERROR(together());
+      // Plain reads and writes on a file of an eighth of the state, 512 MiB to 1 GiB.
+      gpt2::Gpt2Shape shape{job_.n_layer, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions};
+      const uint64_t file = std::clamp<uint64_t>(uint64_t(gpt2::total_numel(shape)) * 16 / 8 / ranks(),
+                                                 uint64_t{512} << 20, uint64_t{1} << 30) >> 20 << 20;
+      ZOE_ASSIGN_OR_RETURN(m["nvme"][canon], measure_nvme(path, file));
+      m["nvme"][canon]["file_bytes"] = file;
+      // The pass itself at both depths (reads and write-backs at once, as a disk moves them more
+      // slowly than apart): the faster depth is the plan's.
+      // The job's own state up to 128 M elements: a small state moves as fast as its size lets it.
+      const int64_t elems = std::clamp<int64_t>(gpt2::total_numel(shape) / ranks(), 1 << 20, 128 << 20);
+      nlohmann::json& n = m["nvme"][canon];
+      for (unsigned depth : {8u, 32u}) {
+        ZOE_RETURN_IF_ERROR(together());
+        ZOE_ASSIGN_OR_RETURN(auto pr, measure_pass(job_, path, depth, elems));
+        if (!n.contains("pass_s_per_elem") || pr.first < n["pass_s_per_elem"].get<double>()) {
+          n["pass_s_per_elem"] = pr.first;
+          n["param_read_Bps"] = pr.second;
+          n["queue_depth"] = depth;
+        }
+      }
     }
     const nlohmann::json& n = m["nvme"][canon];
-    say("nvme", fmt::format("read {:.2f} GB/s, write {:.2f} GB/s at depth {} ({})", n["read_Bps"].get<double>() / 1e9,
-                            n["write_Bps"].get<double>() / 1e9, n["queue_depth"].get<int>(), canon),
+    say("nvme", fmt::format("read {:.2f} GB/s, write {:.2f} GB/s; the optimizer's pass {:.1f} ns an element, "
+                            "parameter reads {:.2f} GB/s, at depth {} ({})", n["read_Bps"].get<double>() / 1e9,
+                            n["write_Bps"].get<double>() / 1e9, n["pass_s_per_elem"].get<double>() * 1e9,
+                            n["param_read_Bps"].get<double>() / 1e9, n["queue_depth"].get<int>(), canon),
         cached);
     r.nvme_read_Bps = n["read_Bps"];
     r.nvme_write_Bps = n["write_Bps"];
+    r.nvme_pass_s_per_elem = n["pass_s_per_elem"];
+    r.param_read_Bps = n["param_read_Bps"];
+    r.aio_queue_depth = n["queue_depth"];
+  }
+  const std::string fkey = "fetch_overhead " + model_key(1, false);
+  cached = !o_.recalibrate && m.contains(fkey);
+  if (!cached) {
+    ZOE_RETURN_IF_ERROR(together());
+    ZOE_ASSIGN_OR_RETURN(m[fkey], measure_fetch_overhead(r.host_copy_Bps));
+  }
+  r.fetch_overhead_s = m[fkey];
+  say("stage-3 fetch", fmt::format("{:.0f} us beside its copy", r.fetch_overhead_s * 1e6), cached);
+  if (ranks() > 1) {
+    cached = !o_.recalibrate && m.contains("all_gather_Bps");
+    if (!cached) {
+      ZOE_ASSIGN_OR_RETURN(auto bw, measure_comm(*o_.comm));
+      m["all_gather_Bps"] = bw.first;
+      m["reduce_scatter_Bps"] = bw.second;
+    }
+    r.gather_busbw_Bps = m["all_gather_Bps"];
+    r.reduce_busbw_Bps = m["reduce_scatter_Bps"];
+    say("collectives", fmt::format("all-gather {:.2f} GB/s, reduce-scatter {:.2f} GB/s bus bandwidth, {} ranks",
+                                   r.gather_busbw_Bps / 1e9, r.reduce_busbw_Bps / 1e9, ranks()),
+        cached);
   }
   return r;
 }
@@ -238,11 +371,78 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
   return t;
 }
 
+// Two blocks of the job's width at micro-batch 1, resident, at stage 0 and at stage 3 in turns:
+// what a stage-3 micro-step takes beyond the other, less its chunks' copies, per fetch.
+Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
+  int fetches = 0;
+  int64_t copied = 0;
+  const int layers = std::min(job_.n_layer, 2);
+  gpt2::Gpt2Shape s{layers, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions};
+  Gpt2Model model(s, false, resolve_compute_dtype(job_) == "bf16");
+  for (const UnitSpec& u : model.units()) copied += u.numel;
+  fetches = 2 * layers + 5;  // GPT-2's fetches at a micro-step (plan_calibration's order)
+  // On more ranks the engines run on the job's communicator (every rank at once): a stage-3
+  // fetch's agreement and all-gather are what it costs there.
+  struct Case {
+    std::unique_ptr<Comm> own;
+    Comm* comm = nullptr;
+    Backend be;
+    std::unique_ptr<ZeroEngine> e;
+  };
+  Case cases[2];
+  for (int i = 0; i < 2; ++i) {
+    Config c = job_;
+    c.n_layer = layers;
+    c.stage = i == 0 ? 0 : 3;
+    c.offload_optimizer = c.offload_param = OffloadConfig{};
+    c.device = "cpu";
+    c.device_memory_budget = uint64_t{16} * 2 * gpt2::total_numel(s) + (uint64_t{64} << 30);
+    c.micro_batch = 1;
+    if (ranks() > 1) {
+      cases[i].comm = o_.comm;
+    } else {
+      cases[i].own = make_self_comm();
+      cases[i].comm = cases[i].own.get();
+    }
+    ZOE_ASSIGN_OR_RETURN(cases[i].be, make_backend(c, *cases[i].comm));
+    cases[i].e = std::make_unique<ZeroEngine>(engine_options(c), *cases[i].be.device, *cases[i].comm, model.units());
+    ZOE_RETURN_IF_ERROR(cases[i].e->allocate());
+    ZOE_RETURN_IF_ERROR(init_params(*cases[i].e, model, c.seed));
+  }
+  Batch batch;
+  batch.B = 1;
+  batch.T = job_.seq_len;
+  batch.inputs.assign(job_.seq_len, 1);
+  batch.targets.assign(job_.seq_len, 2);
+  Gpt2Model models[2] = {Gpt2Model(s, false, resolve_compute_dtype(job_) == "bf16"),
+                         Gpt2Model(s, false, resolve_compute_dtype(job_) == "bf16")};
+  // Paired: each rep's stage-3 micro-step against the stage-0 one just before it; the median.
+  // A step between micro-steps, as in training: stage 3 then follows the recorded order and
+  // loads ahead, so what is left is the bookkeeping and the copies the model adds itself.
+  std::vector<double> extra;
+  for (int rep = 0; rep < 10; ++rep) {
+    double t[2];
+    for (int i = 0; i < 2; ++i) {
+      const double t0 = now_s();
+      ZOE_RETURN_IF_ERROR(models[i].train_micro_step(*cases[i].e, batch, 1.0f).status());
+      t[i] = now_s() - t0;
+      ZOE_RETURN_IF_ERROR(cases[i].e->step(0.0).status());
+      ZOE_RETURN_IF_ERROR(cases[i].e->flush().status());
+    }
+    if (rep > 1) extra.push_back(t[1] - t[0]);
+  }
+  std::nth_element(extra.begin(), extra.begin() + extra.size() / 2, extra.end());
+  // Less what the step model adds itself: each unit's copy (its chunk: 1/N of it) twice.
+  const double copies = double(copied) / ranks() * dtype_size(job_.dtype) * 2 / copy_Bps;
+  return std::max(0.0, (extra[extra.size() / 2] - copies) / fetches);
+}
+
 Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
-  nlohmann::json& models = cache_[machine_key()]["models"];
+  nlohmann::json& models = cache_[machine_key(ranks())]["models"];
   const std::string key = model_key(b, ckpt);
   const bool cached = !o_.recalibrate && models.contains(key);
   if (!cached) {
+    ZOE_RETURN_IF_ERROR(together());
     ZOE_ASSIGN_OR_RETURN(UnitTimes u, measure_model(b, ckpt));
     models[key] = {{"encoder_f", u.encoder_f}, {"block_f", u.block_f}, {"head_f", u.head_f},
                    {"encoder_b", u.encoder_b}, {"block_b", u.block_b}, {"head_b", u.head_b},
@@ -272,6 +472,7 @@ Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
 }
 
 Status PlanCalibration::save() const {
+  if (o_.comm && o_.comm->rank() != 0) return Status::Ok();
   std::error_code ec;
   const auto dir = std::filesystem::path(o_.cache_path).parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);

@@ -2,7 +2,7 @@
 // own micro-step (forward and backward of each unit, from the profiler's spans) on one and two
 // blocks of the job's shape, resident, extrapolated to its layers; the CPU Adam's rate; the NVMe
 // store's read and write rates on the job's swap path (the store itself, `zoe bench nvme`'s
-// code); host memory's copy rate. Cached in a JSON file keyed by the machine (CPU model, threads),
+// code); host memory's copy rate; on more than one rank the collectives' bus bandwidth. Cached in a JSON file keyed by the machine (CPU model, threads),
 // the path and the model's shape, so a second plan reads instead of measuring.
 #pragma once
 #include <cstdio>
@@ -17,10 +17,15 @@
 
 namespace zoe {
 
+class Comm;
+
 struct PlanCalibrationOptions {
   std::string cache_path = "out/plan/calibration.json";
   bool recalibrate = false;     // measure even when the cache has the figures
   std::FILE* human = nullptr;   // what was measured (or read), one line each
+  // The job's ranks (null: one). Every rank measures at the same time, as they will train (the
+  // cores and the disk shared), and the collectives' rates; rank 0 alone writes the cache.
+  Comm* comm = nullptr;
 };
 
 class PlanCalibration {
@@ -35,8 +40,8 @@ class PlanCalibration {
   Result<MicroStepWork> micro_step(int b, bool checkpointing);
   Status save() const;  // the cache, with what this run measured
 
-  // The key the cache files this machine's figures under.
-  static std::string machine_key();
+  // The key the cache files this machine's figures under (with the ranks sharing it).
+  static std::string machine_key(int ranks = 1);
 
  private:
   struct UnitTimes {  // one micro-step, seconds; bytes of the model's device buffers
@@ -44,6 +49,9 @@ class PlanCalibration {
     double act_fixed = 0, act_block = 0;
   };
   Result<UnitTimes> measure_model(int b, bool checkpointing);
+  Result<double> measure_fetch_overhead(double copy_Bps);
+  int ranks() const;
+  Status together() const;  // a barrier: the ranks start a measurement at once
   std::string model_key(int b, bool checkpointing) const;
 
   Config job_;

@@ -76,5 +76,25 @@ TEST(PlanCli, TrainPlanAutoTrainsThePlansChoice) {
   EXPECT_NE(run_command(kZoe + " train --plan manual", &out), 0);  // auto is the one value
 }
 
+// Two ranks: each measures beside the other, rank 0's choice is every rank's (a rank training
+// another configuration would fail the engine's agreement at its first collective).
+TEST(PlanCli, TrainPlanAutoOnTwoRanksTrainsRankZerosChoiceOnBoth) {
+  const std::string dir = make_temp_dir("plan_cli_ranks");
+  std::string out;
+  ASSERT_EQ(run_command("cd " + dir + " && " + test::kMpirun + "-np 2 " + kZoe + " train --plan auto --report " + dir +
+                            "/r.jsonl" + job(dir),
+                        &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("2 ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("collectives"), std::string::npos) << out;
+  size_t plans = 0;
+  for (size_t at = out.find("the plan (predicted"); at != std::string::npos; at = out.find("the plan (predicted", at + 1))
+    ++plans;
+  EXPECT_EQ(plans, 1u) << out;  // rank 0 says it
+  const std::string report = test::slurp(dir + "/r.jsonl");
+  EXPECT_NE(report.find("\"ranks\":2"), std::string::npos) << report;
+}
+
 }  // namespace
 }  // namespace zoe

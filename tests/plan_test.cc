@@ -101,6 +101,11 @@ TEST(StepModel, TheOptimizerOnNvmeStreamsTwelveBytesAnElementEachWay) {
   EXPECT_EQ(p.bound, "disk");
   EXPECT_EQ(p.bytes[2], 2'000'000u * 12);
   EXPECT_GT(p.bytes[1], 2'000'000u * 2);  // the gradients and the pinned pool
+  // The pass measured through the engine (reads and write-backs at once) replaces the rates' sum.
+  PlanRates measured = rates();
+  measured.nvme_pass_s_per_elem = 30e-9;
+  const StepPrediction q = predict_step(job, k, work(2, 0.001), measured);
+  EXPECT_NEAR(q.disk_s, 2e6 * 30e-9, 1e-12);
 }
 
 TEST(StepModel, StageThreeHidesNvmeParameterLoadsBehindComputeWhenItPrefetches) {

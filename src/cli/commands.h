@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "comm/comm.h"
 #include "common/config.h"
 #include "zoe/status.h"
 
@@ -40,9 +41,10 @@ struct PlanArgs {
   bool json = false;
 };
 int plan_command(const PlanArgs& a);
-// The job with the plan's best configuration in place (what `zoe train --plan auto` runs); the
-// calibration, the search and the choice are told to `human` when it is not null.
-Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human);
+// The job with the plan's best configuration in place (what `zoe train --plan auto` runs): every
+// rank of `comm` measures, rank 0's choice goes to all; the calibration, the search and the
+// choice are told to `human` on rank 0 when it is not null.
+Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human, Comm& comm);
 
 struct ExportArgs {
   std::string checkpoint, out;

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   train->add_option("--report", ta.report, "write one JSON line per step here (rank 0)");
   train->add_option("--trace", ta.trace, "write a Chrome trace here");
   train->add_flag("--quiet", ta.quiet, "no progress output");
-  train->add_option("--plan", ta.plan, "auto: run the fastest configuration that fits, as `zoe plan` finds it (one rank)")
+  train->add_option("--plan", ta.plan, "auto: run the fastest configuration that fits, as `zoe plan` finds it (rank 0's choice on every rank)")
       ->check(CLI::IsMember({"auto"}));
 
   EstimateArgs ea;
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
 
   PlanArgs pa;
-  auto* plan = app.add_subcommand("plan", "the fastest configuration that fits, from measured rates (one rank)");
+  auto* plan = app.add_subcommand("plan", "the fastest configuration that fits, from measured rates (under mpirun: N ranks)");
   plan->add_option("--config", pa.config, "the job (model, batch, dtypes, budgets, swap path); default: the demo job");
   plan->add_option("--set", pa.sets, "override one key: key.path=JSON value (repeatable)");
   plan->add_option("--out", pa.out, "write the best configuration here (default out/plan/plan.json)");

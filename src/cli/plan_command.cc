@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "comm/comm.h"
+#include "train/backend.h"
 #include "common/config.h"
 #include "model/gpt2_model.h"
 #include "plan/plan_search.h"
@@ -108,7 +110,9 @@ struct PlanRun {
   PlanResult result;
 };
 
-Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human) {
+// Every rank measures (at once, sharing the machine as in training); the search runs on each
+// rank's own figures, and a caller that needs one choice takes rank 0's.
+Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human, Comm& comm) {
   if (c.model_type != "gpt2")
     return Status::Invalid("zoe plan plans the built-in GPT-2 (zoe.model.type \"gpt2\"); this job is \"" +
                            c.model_type + "\"");
@@ -119,21 +123,22 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   PlanRun run;
   PlanJob& job = run.job;
   for (const UnitSpec& u : Gpt2Model(shape, false).units()) job.unit_elems.push_back(u.numel);
-  job.ranks = 1;
+  job.ranks = comm.size();
   job.dtype = c.dtype;
   job.device_budget = c.device_memory_budget;
   job.host_budget = c.host_memory_budget;
   run.nvme_path = c.offload_optimizer.nvme_path.empty() ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;
   job.nvme_free = run.nvme_path.empty() ? 0 : free_bytes(run.nvme_path);
   if (human)
-    fmt::print(human, "zoe plan: GPT-2 L{} C{} V{} T{}, {:.1f} M parameters, {} sequences a step, one rank\nmeasured on {}:\n",
-               c.n_layer, c.n_embd, c.vocab_size, c.seq_len, gpt2::total_numel(shape) / 1e6, c.micro_batch * c.grad_accum,
-               PlanCalibration::machine_key());
-  PlanCalibration cal(c, {cache, recalibrate, human});
+    fmt::print(human, "zoe plan: GPT-2 L{} C{} V{} T{}, {:.1f} M parameters, {} sequences a step per rank, {} rank{}\n"
+               "measured on {}:\n", c.n_layer, c.n_embd, c.vocab_size, c.seq_len, gpt2::total_numel(shape) / 1e6,
+               c.micro_batch * c.grad_accum, job.ranks, job.ranks > 1 ? "s" : "", PlanCalibration::machine_key(job.ranks));
+  PlanCalibration cal(c, {cache, recalibrate, human, &comm});
   ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
   PlanSpace space;
   space.sequences_per_rank = c.micro_batch * c.grad_accum;
   space.nvme = !run.nvme_path.empty();
+  space.aio_queue_depth = rates.aio_queue_depth;
   ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, [&](int b, bool ck) { return cal.micro_step(b, ck); }, rates));
   ZOE_RETURN_IF_ERROR(cal.save());
   const PlanResult& r = run.result;
@@ -150,25 +155,56 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
 
 }  // namespace
 
-Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human) {
-  ZOE_ASSIGN_OR_RETURN(PlanRun run, run_plan(c, cache, false, human));
-  const PlanChoice& best = run.result.fitting.front();
-  if (human) {
-    fmt::print(human, "the plan (predicted {:.3f} s a step, {:.0f} tokens/s, bound: {}):\n", best.prediction.step_s,
-               best.prediction.tokens_per_s, best.prediction.bound);
-    print_row(human, best, 1);
+Result<Config> plan_config(const Config& c, const std::string& cache, std::FILE* human, Comm& comm) {
+  const bool root = comm.rank() == 0;
+  auto run = run_plan(c, cache, false, root ? human : nullptr, comm);
+  // Rank 0's choice, as a config, to every rank (an empty one: rank 0 could not plan).
+  std::string text;
+  if (root && run.ok()) {
+    const PlanChoice& best = run->result.fitting.front();
+    if (human) {
+      fmt::print(human, "the plan (predicted {:.3f} s a step, {:.0f} tokens/s, bound: {}):\n", best.prediction.step_s,
+                 best.prediction.tokens_per_s, best.prediction.bound);
+      print_row(human, best, 1);
+    }
+    text = config_to_json(planned(c, best.knobs, run->nvme_path)).dump();
   }
-  return planned(c, best.knobs, run.nvme_path);
+  if (comm.size() == 1) return run.ok() ? parse_config(text, {}, "the plan") : Result<Config>(run.status());
+  uint64_t n = text.size();
+  ZOE_RETURN_IF_ERROR(comm.broadcast(&n, sizeof n, 0));
+  text.resize(n);
+  if (n) ZOE_RETURN_IF_ERROR(comm.broadcast(text.data(), n, 0));
+  if (!run.ok()) return run.status();
+  if (!n) return Status::Invalid("rank 0 could not plan this job (it says why)");
+  return parse_config(text, {}, "rank 0's plan");
 }
+
+namespace {
+int plan_ranks(const PlanArgs& a, const Config& cfg, Comm& comm);
+}  // namespace
 
 int plan_command(const PlanArgs& a) {
   auto cfg = a.config.empty() ? parse_config(default_config_json(), a.sets, "the embedded default job")
                               : load_config_file(a.config, a.sets);
   if (!cfg.ok()) return report_error(cfg.status());
-  auto run = run_plan(*cfg, a.cache, a.recalibrate, a.json ? nullptr : stdout);
+  auto made = make_comm();  // under mpirun every rank measures beside the others; rank 0 reports
+  if (!made.ok()) return report_error(made.status());
+  std::unique_ptr<Comm> comm = std::move(made).value();
+  const int code = plan_ranks(a, *cfg, *comm);
+  comm.reset();
+  finalize_mpi();
+  return code;
+}
+
+namespace {
+
+int plan_ranks(const PlanArgs& a, const Config& cfg, Comm& comm) {
+  const bool root = comm.rank() == 0;
+  auto run = run_plan(cfg, a.cache, a.recalibrate, a.json || !root ? nullptr : stdout, comm);
+  if (!root) return run.ok() ? 0 : exit_code(run.status());
   if (!run.ok()) return report_error(run.status());
   const PlanResult& r = run->result;
-  const Config best = planned(*cfg, r.fitting.front().knobs, run->nvme_path);
+  const Config best = planned(cfg, r.fitting.front().knobs, run->nvme_path);
   std::error_code ec;
   if (auto dir = std::filesystem::path(a.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir, ec);
   {
@@ -177,7 +213,7 @@ int plan_command(const PlanArgs& a) {
     if (!f) return report_error(Status::Io("cannot write the plan to " + a.out));
   }
   if (a.json) {
-    nlohmann::json out = {{"machine", PlanCalibration::machine_key()}, {"config", a.out},
+    nlohmann::json out = {{"machine", PlanCalibration::machine_key(comm.size())}, {"config", a.out}, {"ranks", comm.size()},
                           {"fitting", r.fitting.size()}, {"refused", r.refused.size()}};
     for (size_t i = 0; i < r.fitting.size() && int(i) < a.top; ++i) out["plans"].push_back(choice_json(r.fitting[i]));
     fmt::print("{}\n", out.dump(2));
@@ -190,5 +226,7 @@ int plan_command(const PlanArgs& a) {
   fmt::print("the best written to {}: zoe train --config {}\n", a.out, a.out);
   return 0;
 }
+
+}  // namespace
 
 }  // namespace zoe::cli

@@ -46,12 +46,9 @@ int train_command(const TrainArgs& a) {
   auto cfg = a.config.empty() ? parse_config(default_config_json(), a.sets, "the embedded default config")
                               : load_config_file(a.config, a.sets);
   Status st = cfg.status();
-  if (st.ok() && a.plan == "auto") {
-    // One rank plans what it measures; ranks that would each measure apart cannot agree yet.
-    if (comm->size() > 1)
-      st = Status::Unsupported("zoe train --plan auto plans one rank so far: run `zoe plan` and train its config");
-    else
-      cfg = plan_config(*cfg, "out/plan/calibration.json", a.quiet ? nullptr : stdout), st = cfg.status();
+  if (st.ok() && a.plan == "auto") {  // every rank measures; rank 0's choice is every rank's
+    cfg = plan_config(*cfg, "out/plan/calibration.json", a.quiet ? nullptr : stdout, *comm);
+    st = cfg.status();
   }
   Result<TrainSummary> sum = TrainSummary{};
   if (st.ok()) {

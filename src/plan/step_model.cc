@@ -78,6 +78,8 @@ uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) {
 
 namespace {
 
+double param_read_rate(const PlanRates& r) { return r.param_read_Bps > 0 ? r.param_read_Bps : r.nvme_read_Bps; }
+
 // Each unit's chunk load: its NVMe part at the read rate and its all-gather, which run beside
 // the compute; its parts in host or device memory are copies, which on the host's cores take
 // turns with the compute (copy_s) and else run beside it too.
@@ -91,7 +93,7 @@ void unit_loads(const PlanJob& job, const PlanKnobs& k, const PlanRates& r, Virt
     const int64_t a = l.slot(u).shard_offset, c = l.slot(u).chunk;
     const int64_t off = std::clamp<int64_t>(a + c - first_off, 0, c);
     const double nvme = p.tier == 2 ? off : 0, memory = c - nvme;
-    double beside = nvme * w / r.nvme_read_Bps, copy = memory * w / r.host_copy_Bps;
+    double beside = nvme * w / param_read_rate(r), copy = memory * w / r.host_copy_Bps;
     if (job.ranks > 1) beside += double(l.slot(u).full_size - c) * w / r.gather_busbw_Bps;
     if (!r.compute_on_host_cores) beside += copy, copy = 0;
     v->load_s.push_back(beside);
@@ -143,6 +145,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     v.activation_bytes = work.activation_bytes;
     v.reserve = in_flight;
     v.fetches = work.fetches;
+    v.fetch_overhead_s = r.fetch_overhead_s;
     auto run = run_virtual_step(v);
     if (!run.ok()) {
       out.fits = false;
@@ -172,7 +175,9 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   const double per = mixed(job.dtype) ? 12 : 8;
   const double adam = double(o.device + o.offloaded) / r.adam_elems_per_s;
   double opt_disk = 0;
-  if (o.tier == 2) opt_disk = double(o.offloaded) * per * (1 / r.nvme_read_Bps + 1 / r.nvme_write_Bps);
+  if (o.tier == 2)
+    opt_disk = r.nvme_pass_s_per_elem > 0 ? double(o.offloaded) * r.nvme_pass_s_per_elem
+                                          : double(o.offloaded) * per * (1 / r.nvme_read_Bps + 1 / r.nvme_write_Bps);
   const double first_window = o.tier == 2 ? double(std::min(k.sub_group_size, o.offloaded)) * per / r.nvme_read_Bps : 0;
   out.optimizer_s = std::max(adam, opt_disk) + first_window;
   double step_comm = 0;  // stages 0-2 on more than one rank: replicated gradients and parameters
@@ -191,7 +196,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   } else {
     out.step_s = out.micro_s + out.optimizer_s + step_comm;
   }
-  out.disk_s = param_reads * k.accumulation / (r.nvme_read_Bps > 0 ? r.nvme_read_Bps : 1) + opt_disk;
+  out.disk_s = param_reads * k.accumulation / std::max(param_read_rate(r), 1.0) + opt_disk;
   out.step_s = std::max(out.step_s, out.disk_s);
   out.tokens_per_s = out.step_s > 0 ? double(work.tokens) * k.accumulation * job.ranks / out.step_s : 0;
   // What the step waits on most.

@@ -36,12 +36,20 @@ struct MicroStepWork {
 struct PlanRates {
   double adam_elems_per_s = 0;   // the CPU Adam (the CPU device runs the same kernel for device state)
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
+  // The optimizer's pass over NVMe state, measured through the engine (reads and write-backs at
+  // once, Adam, checksums): seconds an element; 0: from the read and write rates. And the
+  // parameters' reads at a fetch (0: nvme_read_Bps); the depth both were best at.
+  double nvme_pass_s_per_elem = 0, param_read_Bps = 0;
+  unsigned aio_queue_depth = 8;
   double host_copy_Bps = 0;      // host <-> device and device-side copies, conversions
   double gather_busbw_Bps = 0;   // all-gather, reduce-scatter bus bandwidth (more than one rank)
   double reduce_busbw_Bps = 0;
   // The device computes on the host's cores (the CPU device): the model's compute, the CPU Adam
   // and host copies take turns on them, so only the disk overlaps with them.
   bool compute_on_host_cores = true;
+  // What a stage-3 fetch costs the caller beyond its chunk's copy (the agreement, the scheduler's
+  // bookkeeping), measured as a stage-3 micro-step against a stage-0 one.
+  double fetch_overhead_s = 0;
 };
 
 // The knobs a plan chooses.

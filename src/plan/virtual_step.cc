@@ -22,7 +22,7 @@ Result<VirtualStepResult> one_step(const VirtualStepInput& in, VirtualClock& clo
   for (const PlanFetch& f : in.fetches) {
     if (f.backward && !backward) backward = true, r.forward_s = clock.now;
     ZOE_RETURN_IF_ERROR(s.fetch(f.unit).status());
-    clock.now += f.compute_s;
+    clock.now += in.fetch_overhead_s + f.compute_s;
     ZOE_RETURN_IF_ERROR(s.release(f.unit));
   }
   r.step_s = clock.now;

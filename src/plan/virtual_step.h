@@ -24,6 +24,7 @@ struct VirtualStepInput {
   uint64_t activation_bytes = 0;    // the model's, held through the micro-step
   uint64_t reserve = 0;             // what the engine keeps free (the largest unit in flight)
   std::vector<PlanFetch> fetches;
+  double fetch_overhead_s = 0;      // each fetch's cost to the caller, beside its load
 };
 
 struct VirtualStepResult {
