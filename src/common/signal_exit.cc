@@ -25,13 +25,16 @@ std::atomic<bool> g_ending{false};  // the process has said why it ends: a signa
 std::atomic<int> g_first{0};  // the first ending signal (kBus for a SIGBUS in a mapped file)
 int g_pipe[2] = {-1, -1};     // handler -> signal thread: whichever thread a signal lands on
 constexpr int kBus = 1000;
-constexpr int kEnding[] = {SIGINT, SIGTERM, SIGHUP};
+// SIGPIPE too: a reader of zoe's output that went away (`zoe train | tee log` and Ctrl-C, a parent
+// that died) must not end the job before its cleanups, as the default action does.
+constexpr int kEnding[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 
 const char* signal_name(int sig) {
   switch (sig) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
     default: return "a signal";
   }
 }
@@ -72,6 +75,8 @@ void wait_and_end() {
   while (read(g_pipe[0], &sig, sizeof sig) != static_cast<ssize_t>(sizeof sig)) {
   }
   if (sig == kQuit) return;
+  // The line below may go to a pipe nobody reads any more: it must fail, not end the process.
+  signal(SIGPIPE, SIG_IGN);
   if (sig != kBus && !g_ending.load())
     std::fprintf(stderr, "zoe: %s: stopping; removing this job's swap files and any checkpoint save in progress "
                          "(send it again to kill at once)\n", signal_name(sig));

@@ -1,7 +1,7 @@
 // How the `zoe` command ends on a signal: the way an error ends it, not with files left behind.
 //
-// SignalExit::Install() (main(), for the commands that write files) handles SIGINT, SIGTERM and
-// SIGHUP on whichever thread they land: the handler passes the first through a pipe to a thread of
+// SignalExit::Install() (main(), for the commands that write files) handles SIGINT, SIGTERM,
+// SIGHUP and SIGPIPE (its output's reader gone) on whichever thread they land: the handler passes the first through a pipe to a thread of
 // its own, which
 //   1. prints one line naming the signal,
 //   2. runs every cleanup registered (newest first): a swap directory, a checkpoint save in progress,
