@@ -275,6 +275,7 @@ Result<PlanRates> PlanCalibration::rates() {
     ZOE_ASSIGN_OR_RETURN(m[fkey], measure_fetch_overhead(r.host_copy_Bps));
   }
   r.fetch_overhead_s = m[fkey];
+  r.fetch_overhead_has_collectives = ranks() > 1;  // measured on the job's communicator
   say("stage-3 fetch", fmt::format("{:.0f} us beside its copy", r.fetch_overhead_s * 1e6), cached);
   if (ranks() > 1) {
     cached = !o_.recalibrate && m.contains("all_gather_Bps");

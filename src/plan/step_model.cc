@@ -80,8 +80,8 @@ namespace {
 
 double param_read_rate(const PlanRates& r) { return r.param_read_Bps > 0 ? r.param_read_Bps : r.nvme_read_Bps; }
 
-// Each unit's chunk load: its NVMe part at the read rate and its all-gather, which run beside
-// the compute; its parts in host or device memory are copies, which on the host's cores take
+// Each unit's chunk load: its NVMe part at the read rate, which runs beside the compute; its
+// parts in host or device memory and its all-gather are copies, which on the host's cores take
 // turns with the compute (copy_s) and else run beside it too.
 void unit_loads(const PlanJob& job, const PlanKnobs& k, const PlanRates& r, VirtualStepInput* v,
                 std::vector<double>* copy_s) {
@@ -94,7 +94,10 @@ void unit_loads(const PlanJob& job, const PlanKnobs& k, const PlanRates& r, Virt
     const int64_t off = std::clamp<int64_t>(a + c - first_off, 0, c);
     const double nvme = p.tier == 2 ? off : 0, memory = c - nvme;
     double beside = nvme * w / param_read_rate(r), copy = memory * w / r.host_copy_Bps;
-    if (job.ranks > 1) beside += double(l.slot(u).full_size - c) * w / r.gather_busbw_Bps;
+    // The all-gather: on CPU ranks the ranks' processes copy each other's chunks on the same
+    // cores the compute runs on, so it takes turns with it as a copy does.
+    if (job.ranks > 1 && !r.fetch_overhead_has_collectives)
+      copy += double(l.slot(u).full_size - c) * w / r.gather_busbw_Bps;
     if (!r.compute_on_host_cores) beside += copy, copy = 0;
     v->load_s.push_back(beside);
     copy_s->push_back(copy);
@@ -162,13 +165,13 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     }
   }
   // Hand-over: on one rank the gradients' conversion into their chunk (or their accumulation)
-  // is in the measured micro-step; on more, sharded gradients reduce-scatter beside the backward
-  // on the communication thread, and what it cannot hide waits.
+  // is in the measured micro-step; on more, sharded gradients reduce-scatter on the communication
+  // thread: beside the backward on a device of its own, taking turns with it on the host's cores.
   double reduce = 0;
-  if (job.ranks > 1 && plan.shard_grads)
+  if (job.ranks > 1 && plan.shard_grads && !(plan.shard_params && r.fetch_overhead_has_collectives))
     for (int u = 0; u < l.num_units(); ++u)
       reduce += double(l.slot(u).full_size - l.slot(u).chunk) * g / r.reduce_busbw_Bps;
-  micro += std::max(0.0, reduce - bwd);
+  micro += r.compute_on_host_cores ? reduce : std::max(0.0, reduce - bwd);
 
   // The optimizer: Adam over this rank's state, NVMe parts streamed through three windows.
   const Split o = split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage));

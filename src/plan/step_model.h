@@ -50,6 +50,9 @@ struct PlanRates {
   // What a stage-3 fetch costs the caller beyond its chunk's copy (the agreement, the scheduler's
   // bookkeeping), measured as a stage-3 micro-step against a stage-0 one.
   double fetch_overhead_s = 0;
+  // Measured on the job's ranks at its width, that cost holds the fetch's all-gather and its
+  // gradient's reduce-scatter too: then they are not added again from the bus bandwidth.
+  bool fetch_overhead_has_collectives = false;
 };
 
 // The knobs a plan chooses.
