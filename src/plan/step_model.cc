@@ -45,20 +45,10 @@ int64_t optimizer_elems(const ShardLayout& l, int stage) { return stage >= 1 ? l
 
 std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs& k) {
   const ShardLayout l = layout_of(job);
-  const uint64_t w = dtype_size(job.dtype);
+  const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), k.stage, job.dtype, k.optimizer, k.param,
+                                    k.optimizer_ratio, k.param_ratio);
   std::array<uint64_t, kNumTiers> b{};
-  const StagePlan plan = StagePlan::for_stage(k.stage);
-  const int64_t params = plan.shard_params ? l.shard_size() : l.padded_params();
-  const Split p = split(k.stage >= 3 ? k.param : OffloadDevice::kNone, k.param_ratio, params);
-  b[0] += p.device * w;
-  b[p.tier] += p.offloaded * w;
-  // Sharded gradients follow an offloaded optimizer to host memory (memory_estimate.cc's rule).
-  const int64_t grads = plan.shard_grads ? l.shard_size() : l.padded_params();
-  b[plan.shard_grads && k.optimizer != OffloadDevice::kNone ? 1 : 0] += grads * w;
-  const Split o = split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage));
-  const uint64_t per = mixed(job.dtype) ? 12 : 8;  // fp32 master (mixed precision), exp_avg, exp_avg_sq
-  b[0] += o.device * per;
-  b[o.tier] += o.offloaded * per;
+  for (int t = 0; t < kNumTiers; ++t) b[t] = static_cast<uint64_t>(m.by_tier[t]);
   return b;
 }
 

@@ -1,5 +1,7 @@
 #include "sched/memory_estimate.h"
 
+#include <cmath>
+
 namespace zoe {
 
 double StageMemory::total() const {
@@ -10,24 +12,32 @@ double StageMemory::total() const {
 
 namespace {
 
-// full = elements of a replicated copy, part = elements of one rank's shard.
-StageMemory table(double full, double part, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
+// full = elements of a replicated copy, part = elements of one rank's shard. An offloaded home
+// holds llround(ratio x its elements) of each array (StateArray's split), the rest is on the device.
+StageMemory table(double full, double part, int stage, DType dtype, OffloadDevice opt, OffloadDevice par,
+                  double opt_ratio = 1, double par_ratio = 1) {
   StageMemory m;
   m.stage = stage;
   double w = static_cast<double>(dtype_size(dtype));
   bool mixed = dtype != DType::kF32;
-  m.by_kind[static_cast<int>(Kind::kParam)] = w * (stage >= 3 ? part : full);
+  const double params = stage >= 3 ? part : full, opt_elems = stage >= 1 ? part : full;
+  m.by_kind[static_cast<int>(Kind::kParam)] = w * params;
   m.by_kind[static_cast<int>(Kind::kGrad)] = w * (stage >= 2 ? part : full);
-  double opt_elems = stage >= 1 ? part : full;
   m.by_kind[static_cast<int>(Kind::kMaster)] = mixed ? 4 * opt_elems : 0;
   m.by_kind[static_cast<int>(Kind::kExpAvg)] = 4 * opt_elems;
   m.by_kind[static_cast<int>(Kind::kExpAvgSq)] = 4 * opt_elems;
   auto tier = [](OffloadDevice d) { return d == OffloadDevice::kNone ? 0 : d == OffloadDevice::kCpu ? 1 : 2; };
+  // The share of `elems` an offload home at tier t holds.
+  auto offloaded = [](int t, double ratio, double elems) { return t == 0 ? 0.0 : double(std::llround(ratio * elems)); };
   int opt_t = tier(opt), par_t = (stage >= 3) ? tier(par) : 0;
-  m.by_tier[par_t] += m.by_kind[static_cast<int>(Kind::kParam)];
+  const double par_off = offloaded(par_t, par_ratio, params), opt_off = offloaded(opt_t, opt_ratio, opt_elems);
+  m.by_tier[par_t] += w * par_off;
+  m.by_tier[0] += w * (params - par_off);
   // Sharded gradients follow an offloaded optimizer to host memory (the host Adam reads them).
   m.by_tier[stage >= 2 && opt_t > 0 ? 1 : 0] += m.by_kind[static_cast<int>(Kind::kGrad)];
-  for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) m.by_tier[opt_t] += m.by_kind[static_cast<int>(k)];
+  const double per = mixed ? 12 : 8;  // fp32 master (mixed precision), exp_avg, exp_avg_sq
+  m.by_tier[opt_t] += per * opt_off;
+  m.by_tier[0] += per * (opt_elems - opt_off);
   return m;
 }
 
@@ -37,8 +47,9 @@ StageMemory estimate_stage(double p, int n, int stage, DType dtype, OffloadDevic
   return table(p, p / n, stage, dtype, opt, par);
 }
 
-StageMemory exact_stage(int64_t padded, int64_t shard, int stage, DType dtype, OffloadDevice opt, OffloadDevice par) {
-  return table(static_cast<double>(padded), static_cast<double>(shard), stage, dtype, opt, par);
+StageMemory exact_stage(int64_t padded, int64_t shard, int stage, DType dtype, OffloadDevice opt, OffloadDevice par,
+                        double opt_ratio, double par_ratio) {
+  return table(static_cast<double>(padded), static_cast<double>(shard), stage, dtype, opt, par, opt_ratio, par_ratio);
 }
 
 uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsize) {

@@ -24,9 +24,11 @@ StageMemory estimate_stage(double params, int ranks, int stage, DType dtype, Off
                            OffloadDevice param_tier);
 
 // Exact, for a layout with P_pad = N*S padded elements: the same formula with P -> P_pad and
-// P/N -> S. This is what ZeroEngine allocates, to the byte.
+// P/N -> S. This is what ZeroEngine allocates, to the byte. An offload home with a ratio below 1
+// holds llround(ratio x the elements) of its arrays, the rest stays on the device (StateArray's split).
 StageMemory exact_stage(int64_t padded_params, int64_t shard, int stage, DType dtype,
-                        OffloadDevice optimizer_tier, OffloadDevice param_tier);
+                        OffloadDevice optimizer_tier, OffloadDevice param_tier, double optimizer_ratio = 1,
+                        double param_ratio = 1);
 
 // What one unit of `full` padded elements needs on the device while in flight at `stage`: its
 // gathered weights (stage 3), the fp32 gradient the model hands over, its reduction buffer
