@@ -3,11 +3,15 @@
 // model's GEMM path (fp32 accumulation: oneDNN's bf16 kernels where the CPU has bf16 units), the
 // softmax, its gradient and the log-sum-exp stay fp32. Layout and rules are attention_forward's.
 //
-// qkv is bf16 (c_attn's product writes it so): the products read a head's q, k and v in place,
-// rows 3C apart. The output is written rounded to bf16: only the projection after it reads it, as
-// a bf16 operand. One oneTBB task per (batch, head), as the fp32 kernel. A head's dout is rounded
-// into contiguous bf16 rows; queries go in blocks of kQ rows, each against the keys before its
-// end only: the products skip what the causal mask would zero, up to the block's diagonal.
+// qkv is bf16 (c_attn's product writes it so). A head's q, k and v are copied out of it into
+// dense [T][hs] rows first, and every product of a block reads and writes dense operands (leading
+// dimension = width): oneDNN 2.6's kernels for these small shapes ran 1.7-4x slower on operands
+// rows 3C apart or on a block's scores at T-wide rows (64 x 256 x 64: 13.3 us strided, 5.4 dense;
+// 64 x 64 x 64: 4.0 against 1.0; bench/history.md, issue 51). The backward adds each head's dq,
+// dk, dv into dqkv once, from dense fp32 sums. The output is written rounded to bf16: only the
+// projection after it reads it, as a bf16 operand. One oneTBB task per (batch, head), as the fp32
+// kernel. Queries go in blocks of kQ rows, each against the keys before its end only: the products
+// skip what the causal mask would zero, up to the block's diagonal.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -24,25 +28,33 @@ constexpr int kQ = 64;  // queries per block
 using detail::kNoTrans;
 using detail::kTrans;
 
-// A head's rounded dout and the fp32 / bf16 planes of one query block.
+// A head's dense operands and the fp32 / bf16 planes of one query block (rows n wide, n the keys
+// the block sees).
 struct HeadBuffers {
-  std::vector<uint16_t> dout;           // [T][hs]
-  std::vector<float> s, dp;             // [kQ][T]: scores, then their exponentials; dout . v
+  std::vector<uint16_t> q, k, v, dout;  // [T][hs]: the head's q, k, v; its rounded dout
+  std::vector<float> dq, dk, dv;        // [T][hs]: the head's gradients, summed over its blocks
+  std::vector<float> s, dp;             // [kQ][n]: scores, then their exponentials; dout . v
   std::vector<float> o;                 // [kQ][hs]: a block's output before its rounding
-  std::vector<uint16_t> p16, ds16;      // [kQ][T]
-  // This thread's buffers, grown to fit: no allocation or zeroing per task.
+  std::vector<uint16_t> p16, ds16;      // [kQ][n]
+  // This thread's buffers, grown to fit: no allocation per task.
   static HeadBuffers& mine(int T, int hs) {
     thread_local HeadBuffers b;
     const size_t head = size_t(T) * hs, block = size_t(kQ) * T;
     auto grow = [](auto& v, size_t n) {
       if (v.size() < n) v.resize(n);
     };
-    grow(b.dout, head);
+    grow(b.q, head), grow(b.k, head), grow(b.v, head), grow(b.dout, head);
+    grow(b.dq, head), grow(b.dk, head), grow(b.dv, head);
     grow(b.s, block), grow(b.dp, block), grow(b.p16, block), grow(b.ds16, block);
     grow(b.o, size_t(kQ) * hs);
     return b;
   }
 };
+
+// rows x hs bf16 with row stride ld, copied into dense rows.
+void copy_rows(uint16_t* dst, const uint16_t* src, int64_t ld, int rows, int hs) {
+  for (int i = 0; i < rows; i++) std::memcpy(dst + int64_t{i} * hs, src + i * ld, sizeof(uint16_t) * hs);
+}
 
 // rows x hs floats with row stride ld, rounded into contiguous bf16 rows.
 void round_rows(uint16_t* dst, const float* src, int64_t ld, int rows, int hs) {
@@ -129,42 +141,64 @@ struct Head {
   float scale;
 };
 
-// qkv: the head's q in [B,T,3C] (k at +C, v at +2C), rows h.ld apart.
+// The head's q, k and v (in [B,T,3C], rows h.ld apart; k at +C, v at +2C) into b's dense rows.
+void copy_head(HeadBuffers& b, const uint16_t* qkv, int C, const Head& h) {
+  copy_rows(b.q.data(), qkv, h.ld, h.T, h.hs);
+  copy_rows(b.k.data(), qkv + C, h.ld, h.T, h.hs);
+  copy_rows(b.v.data(), qkv + 2 * C, h.ld, h.T, h.hs);
+}
+
 void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const uint16_t* qkv, int C, const Head& h,
                        HeadBuffers& b) {
-  const int T = h.T, hs = h.hs, ld = int(h.ld);
-  const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
+  const int T = h.T, hs = h.hs;
+  copy_head(b, qkv, C, h);
   for (int i0 = 0; i0 < T; i0 += kQ) {
     const int rows = std::min(kQ, T - i0), n = i0 + rows;  // keys any row of the block sees
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q + i0 * h.ld, ld, k, ld, 0.f, b.s.data(), T);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, b.q.data() + int64_t{i0} * hs, hs, b.k.data(), hs, 0.f, b.s.data(), n);
     for (int r = 0; r < rows; r++)
-      lse[i0 + r] = block_softmax_row(b.p16.data() + int64_t{r} * T, b.s.data() + int64_t{r} * T, i0 + r, n, h.scale);
-    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), T, v, ld, 0.f, b.o.data(), hs);
+      lse[i0 + r] = block_softmax_row(b.p16.data() + int64_t{r} * n, b.s.data() + int64_t{r} * n, i0 + r, n, h.scale);
+    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.p16.data(), n, b.v.data(), hs, 0.f, b.o.data(), hs);
     for (int r = 0; r < rows; r++) detail::round_range(out + (i0 + r) * ldo, b.o.data() + int64_t{r} * hs, hs);
+  }
+}
+
+// dst (rows h.ld apart) += src (dense [T][hs]).
+void add_rows(float* dst, const float* src, const Head& h) {
+  for (int t = 0; t < h.T; t++) {
+    float* d = dst + t * h.ld;
+    const float* x = src + int64_t{t} * h.hs;
+    for (int j = 0; j < h.hs; j++) d[j] += x[j];
   }
 }
 
 void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const uint16_t* qkv, const float* lse, int C,
                         const Head& h, HeadBuffers& b) {
-  const int T = h.T, hs = h.hs, ld = int(h.ld);
-  const uint16_t *k = qkv + C, *v = qkv + 2 * C;
+  const int T = h.T, hs = h.hs;
+  copy_head(b, qkv, C, h);
   round_rows(b.dout.data(), dout, ldo, T, hs);
+  std::fill_n(b.dk.data(), size_t(T) * hs, 0.f);
+  std::fill_n(b.dv.data(), size_t(T) * hs, 0.f);
   for (int i0 = 0; i0 < T; i0 += kQ) {
     const int rows = std::min(kQ, T - i0), n = i0 + rows;
-    const uint16_t* q = qkv + i0 * h.ld;
+    const uint16_t* q = b.q.data() + int64_t{i0} * hs;
     const uint16_t* dO = b.dout.data() + int64_t{i0} * hs;
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q, ld, k, ld, 0.f, b.s.data(), T);
-    detail::bgemm(kNoTrans, kTrans, rows, n, hs, dO, hs, v, ld, 0.f, b.dp.data(), T);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, q, hs, b.k.data(), hs, 0.f, b.s.data(), n);
+    detail::bgemm(kNoTrans, kTrans, rows, n, hs, dO, hs, b.v.data(), hs, 0.f, b.dp.data(), n);
     for (int r = 0; r < rows; r++) {
-      const int64_t at = int64_t{r} * T;
+      const int64_t at = int64_t{r} * n;
       block_softmax_grad_row(b.p16.data() + at, b.ds16.data() + at, b.s.data() + at, b.dp.data() + at, i0 + r, n,
                              h.scale, lse[i0 + r]);
     }
-    // dq[block] += ds k;  dk[0, n) += ds^T q[block];  dv[0, n) += p^T dout[block].
-    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.ds16.data(), T, k, ld, 1.f, dqkv + i0 * h.ld, ld);
-    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.ds16.data(), T, q, ld, 1.f, dqkv + C, ld);
-    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.p16.data(), T, dO, hs, 1.f, dqkv + 2 * C, ld);
+    // dq[block] = ds k (its rows come from this block alone);  dk[0, n) += ds^T q[block];
+    // dv[0, n) += p^T dout[block].
+    detail::bgemm(kNoTrans, kNoTrans, rows, hs, n, b.ds16.data(), n, b.k.data(), hs, 0.f,
+                  b.dq.data() + int64_t{i0} * hs, hs);
+    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.ds16.data(), n, q, hs, 1.f, b.dk.data(), hs);
+    detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.p16.data(), n, dO, hs, 1.f, b.dv.data(), hs);
   }
+  add_rows(dqkv, b.dq.data(), h);
+  add_rows(dqkv + C, b.dk.data(), h);
+  add_rows(dqkv + 2 * C, b.dv.data(), h);
 }
 
 Head head_of(int T, int C, int NH) {
