@@ -18,6 +18,11 @@ Arena::Arena(size_t capacity) : capacity_((capacity + kAlign - 1) / kAlign * kAl
     return;
   }
   base_ = static_cast<char*>(p);
+  // 2 MiB pages where the kernel's transparent huge pages are on request (Debian's default,
+  // "madvise"): the model's tensors are megabytes each, and every op walks them cold; 4 KiB pages
+  // cost the bf16 step 6 % (bench/history.md, issue 51). Advice only: a kernel without THP, or
+  // without 2 MiB pages to give, maps 4 KiB pages as before.
+  (void)madvise(base_, capacity_, MADV_HUGEPAGE);
   free_[0] = capacity_;
 }
 
