@@ -335,6 +335,23 @@ TEST(Gpt2Ops, Gelu) {
   EXPECT_EQ(inplace, outf);
 }
 
+// GELU runs 16 lanes a step where it can, then 8, then a tail: each element gets the same bits
+// whichever of them computed it (calls of 8 elements run on the 8-lane path alone).
+TEST(Gpt2Ops, GeluBitsDoNotDependOnTheVectorWidth) {
+  const int N = 16 * 5 + 8 + 3;
+  Vf x = to_f(rnd(N, 43, -6, 6)), dout = to_f(rnd(N, 44)), dx0 = to_f(rnd(N, 45));
+  Vf out(N), out8(N), dx = dx0, dx8 = dx0;
+  gelu_forward(out.data(), x.data(), N);
+  gelu_backward(dx.data(), x.data(), dout.data(), N, /*overwrite=*/false);
+  for (int i = 0; i < N; i += 8) {
+    const int n = std::min(8, N - i);
+    gelu_forward(out8.data() + i, x.data() + i, n);
+    gelu_backward(dx8.data() + i, x.data() + i, dout.data() + i, n, /*overwrite=*/false);
+  }
+  EXPECT_EQ(std::memcmp(out.data(), out8.data(), sizeof(float) * N), 0);
+  EXPECT_EQ(std::memcmp(dx.data(), dx8.data(), sizeof(float) * N), 0);
+}
+
 TEST(Gpt2Ops, Residual) {
   const int N = 50000;  // more than one task
   Vd a = rnd(N, 50), b = rnd(N, 51), dout = rnd(N, 52), out(N);

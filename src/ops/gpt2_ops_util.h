@@ -76,27 +76,43 @@ ZOE_INLINE float hmax(v8f v) {
 }
 
 // e^x, relative error under 3e-7 for x in [-87, 88]; x outside is clamped to that range.
-// Cephes expf: x = n ln2 + r, e^r by a polynomial, 2^n put into the exponent bits.
-ZOE_INLINE v8f exp8(v8f x) {
-  const v8f lo = bcast(-87.f), hi = bcast(88.f);
+// Cephes expf: x = n ln2 + r, e^r by a polynomial, 2^n put into the exponent bits. V: 8 or 16
+// floats (I: as many int32), each lane computed by the same operations whatever the width.
+template <class V, class I>
+ZOE_INLINE V exp_lanes(V x) {
+  const V lo = V{} - 87.f, hi = V{} + 88.f;
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const v8f t = x * 1.44269504f + 12582912.f;  // 1.5*2^23: t's low bits hold round(x/ln2)
-  const v8f n = t - 12582912.f;
-  const v8f r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
-  v8f p = bcast(1.9875691500e-4f);
+  const V t = x * 1.44269504f + 12582912.f;  // 1.5*2^23: t's low bits hold round(x/ln2)
+  const V n = t - 12582912.f;
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const v8i e = (std::bit_cast<v8i>(t) - 0x4B400000 + 127) << 23;
-  return p * std::bit_cast<v8f>(e);
+  const I e = (std::bit_cast<I>(t) - 0x4B400000 + 127) << 23;
+  return p * std::bit_cast<V>(e);
 }
+ZOE_INLINE v8f exp8(v8f x) { return exp_lanes<v8f, v8i>(x); }
 
 // tanh(x) = 1 - 2 / (e^{2x} + 1): absolute error about 1e-7, saturates cleanly to +-1.
-ZOE_INLINE v8f tanh8(v8f x) { return 1.f - 2.f / (exp8(2.f * x) + 1.f); }
+template <class V, class I>
+ZOE_INLINE V tanh_lanes(V x) { return 1.f - 2.f / (exp_lanes<V, I>(2.f * x) + 1.f); }
+ZOE_INLINE v8f tanh8(v8f x) { return tanh_lanes<v8f, v8i>(x); }
+
+// 16 floats: the elementwise kernels' main loops where the CPU has AVX-512 (the v4 clone: one
+// register; two or four elsewhere, the same bits).
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+ZOE_INLINE v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+ZOE_INLINE void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
 // max of x[0, n), n >= 1.
 ZOE_INLINE float max_of(const float* x, int64_t n) {
