@@ -222,11 +222,11 @@ namespace {
 
 void print_header(std::FILE* human, const StepBenchOptions& o, const std::string& model) {
   std::fprintf(human,
-               "# %s, %.1fM params, %s, 1 rank, ZeRO stage %d, AdamW; best of %d steps after %d warm-up\n"
+               "# %s, %.1fM params, %s, 1 rank, ZeRO stage %d, AdamW; best of %d steps after %d warm-up%s\n"
                "# baseline: %s\n"
                "%7s %12s %12s %7s   %-24s %-24s\n",
                model.c_str(), gpt2::total_numel(o.shape) / 1e6, o.bf16 ? "bf16 (bf16 compute)" : "fp32", o.stage,
-               o.iters, o.warmup,
+               o.iters, o.warmup, o.torch ? " (zoe: the faster of a run before the peer's and one after)" : "",
                o.torch ? "PyTorch training the same model (bench/torch_gpt2_step.py; each mode the faster of OpenMP's "
                          "default wait policy and PASSIVE, named in --json's omp_wait_policy)"
                        : "none (--no-torch)",
@@ -342,13 +342,20 @@ Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* hum
                      r["type"].get<std::string>().c_str(), r["path"].get<std::string>().c_str(),
                      r["chosen"].get<bool>() ? " (chosen)" : "", r["gflops"].get<double>());
     ZOE_ASSIGN_OR_RETURN(Timing z, time_zoe_step(o, n));
-    nlohmann::json modes;
+    nlohmann::json modes, zoe_runs = nlohmann::json::array({z.step_s});
     if (o.torch) {
       ZOE_ASSIGN_OR_RETURN(modes, torch_modes(o, py, n));
+      // zoe again after the peer, the faster run kept: the peer's best row is the best of eight
+      // runs (four modes, two wait policies) spread over a minute, and on a shared VM a
+      // neighbour's burst within zoe's one run of a few seconds moved the ratio by 0.2.
+      ZOE_ASSIGN_OR_RETURN(Timing again, time_zoe_step(o, n));
+      zoe_runs.push_back(again.step_s);
+      if (again.step_s < z.step_s) z = std::move(again);
     }
     const char* type = o.bf16 ? "bf16" : "fp32";
     results.push_back(result_row(model, n, double(o.B) * o.T, z, modes, step_gemm_flops(o), chosen_peak(p, type)));
     results.back()["gemm_peak_type"] = type;
+    results.back()["zoe_runs_step_s"] = zoe_runs;
     for (auto& r : p) peaks.push_back(r);
     if (human) print_row(human, results.back(), z);
   }
