@@ -1,5 +1,6 @@
 // `zoe plan` and `zoe train --plan auto` from outside: it measures, caches what it measured, prints
-// its choice, writes a config that trains; a job that fits nowhere is exit 2 naming the closest.
+// its choice, writes a config that trains; a job that fits nowhere is exit 2 naming the closest
+// and the smallest changes that fit.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +65,17 @@ TEST(PlanCli, AJobThatFitsNowhereIsExitTwoNamingTheBudgetsAndTheClosest) {
   EXPECT_NE(out.find("no configuration of this job fits"), std::string::npos) << out;
   EXPECT_NE(out.find("the closest"), std::string::npos) << out;
   EXPECT_NE(out.find("device"), std::string::npos) << out;
+  // The smallest device budget that fits, named as the config takes it, does fit.
+  const std::string key = "zoe.device_memory_budget \"";
+  const size_t at = out.find(key);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string budget = out.substr(at + key.size(), out.find('"', at + key.size()) - at - key.size());
+  EXPECT_NE(budget.find("MiB"), std::string::npos) << budget;
+  out.clear();
+  EXPECT_EQ(run_command(kZoe + " plan" + job(dir, budget) + " --out " + dir + "/plan.json --cache " + dir + "/cal.json",
+                        &out),
+            0)
+      << "the suggested " << budget << " does not fit:\n" << out;
 }
 
 TEST(PlanCli, TrainPlanAutoTrainsThePlansChoice) {

@@ -3,6 +3,8 @@
 // refusals with their reason, and the search's choice on a toy machine.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "plan/plan_search.h"
 #include "plan/step_model.h"
 
@@ -169,6 +171,51 @@ TEST(PlanSearch, OnAToyMachineTheFastestFittingPlanWins) {
   r = search_plans(job, space, micro, rates());
   ASSERT_TRUE(r.ok() && !r->fitting.empty());
   EXPECT_EQ(r->fitting.front().knobs.optimizer, OffloadDevice::kNvme);
+}
+
+// Nothing fits: each kind of change is the least that makes something fit (a byte less, or half
+// the ranks, fits nothing), and applying it alone gives the configuration it names.
+TEST(PlanSearch, AJobThatFitsNothingGetsTheSmallestChangeOfEachKind) {
+  PlanJob job = roomy(std::vector<int64_t>(8, 2'000'000));  // 16 M parameters: 256 MB of state
+  job.device_budget = 30'000'000;
+  job.host_budget = 60'000'000;
+  job.nvme_free = 0;  // no NVMe path
+  PlanSpace space;
+  space.sequences_per_rank = 2;
+  auto micro = [](int b, bool ckpt) -> Result<MicroStepWork> {
+    return work(8, 0.005 * b, uint64_t(b) * (ckpt ? 2'000'000 : 4'000'000), 256 * b);
+  };
+  auto fits = [&](const PlanJob& j, const PlanSpace& sp) {
+    auto r = search_plans(j, sp, micro, rates());
+    EXPECT_TRUE(r.ok());
+    return r.ok() && !r->fitting.empty();
+  };
+  ASSERT_FALSE(fits(job, space));
+  auto changes = smallest_changes(job, space, micro, rates());
+  ASSERT_TRUE(changes.ok()) << changes.status().message();
+  std::set<PlanChange::Kind> kinds;
+  for (const PlanChange& ch : *changes) {
+    kinds.insert(ch.kind);
+    PlanJob j = job, less = job;
+    PlanSpace sp = space;
+    switch (ch.kind) {
+      case PlanChange::Kind::kDeviceBudget: j.device_budget = ch.value, less.device_budget = ch.value - 1; break;
+      case PlanChange::Kind::kHostBudget: j.host_budget = ch.value, less.host_budget = ch.value - 1; break;
+      case PlanChange::Kind::kNvme:
+        sp.nvme = true, j.nvme_free = ch.value, less.nvme_free = ch.value - 1;
+        EXPECT_TRUE(ch.choice.knobs.optimizer == OffloadDevice::kNvme || ch.choice.knobs.param == OffloadDevice::kNvme);
+        break;
+      case PlanChange::Kind::kRanks:
+        j.ranks = int(ch.value), less.ranks = int(ch.value) / 2;
+        EXPECT_EQ(ch.choice.knobs.stage, 3);  // only stage 3 shrinks every tier with more ranks
+        break;
+    }
+    EXPECT_TRUE(fits(j, sp)) << int(ch.kind) << " " << ch.value;
+    EXPECT_FALSE(fits(less, sp)) << int(ch.kind) << " " << ch.value;
+    EXPECT_TRUE(ch.choice.prediction.fits);
+  }
+  // Each kind applies here: 256 MB of state over a 30 MB device and a 60 MB host.
+  EXPECT_EQ(kinds.size(), 4u);
 }
 
 TEST(PlanSearch, TheGridPairsKnobsThatMeanSomethingTogether) {

@@ -103,6 +103,27 @@ const PlanChoice* closest(const std::vector<PlanChoice>& refused, const PlanJob&
   return best;
 }
 
+// A budget as the config takes it, rounded up to whole MiB.
+std::string mib(uint64_t bytes) { return fmt::format("\"{}MiB\"", (bytes + (uint64_t{1} << 20) - 1) >> 20); }
+
+// One smallest change, as the config key or the command line that makes it, and what then fits.
+std::string change_text(const PlanChange& ch, const PlanJob& job) {
+  const PlanKnobs& k = ch.choice.knobs;
+  std::string what;
+  switch (ch.kind) {
+    case PlanChange::Kind::kDeviceBudget: what = "zoe.device_memory_budget " + mib(ch.value); break;
+    case PlanChange::Kind::kHostBudget: what = "zoe.host_memory_budget " + mib(ch.value); break;
+    case PlanChange::Kind::kNvme:
+      what = job.nvme_free ? fmt::format("{:.1f} GB free on the NVMe path (now {:.1f} GB)", ch.value / 1e9, job.nvme_free / 1e9)
+                           : fmt::format("an NVMe path (offload_optimizer.nvme_path) with {:.1f} GB free", ch.value / 1e9);
+      break;
+    case PlanChange::Kind::kRanks: what = fmt::format("{} ranks (mpirun -np {}; now {})", ch.value, ch.value, job.ranks); break;
+  }
+  return fmt::format("{}: stage {}, optimizer {}, parameters {}, micro-batch {}{}", what, k.stage,
+                     home_text(k.optimizer, k.optimizer_ratio), home_text(k.param, k.param_ratio), k.micro_batch,
+                     k.activation_checkpointing ? " checkpointed" : "");
+}
+
 // The job's plan: its units, the measured rates and the ranked configurations.
 struct PlanRun {
   PlanJob job;
@@ -139,18 +160,25 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   space.sequences_per_rank = c.micro_batch * c.grad_accum;
   space.nvme = !run.nvme_path.empty();
   space.aio_queue_depth = rates.aio_queue_depth;
-  ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, [&](int b, bool ck) { return cal.micro_step(b, ck); }, rates));
+  const MicroStepFor work = [&](int b, bool ck) { return cal.micro_step(b, ck); };
+  ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, work, rates));
   ZOE_RETURN_IF_ERROR(cal.save());
   const PlanResult& r = run.result;
   if (!r.fitting.empty()) return run;
   const PlanChoice* near = closest(r.refused, job);
+  ZOE_ASSIGN_OR_RETURN(std::vector<PlanChange> changes, smallest_changes(job, space, work, rates));
+  std::string fixes;
+  for (const PlanChange& ch : changes) fixes += "\n  " + change_text(ch, job);
   return Status::Invalid(fmt::format(
       "no configuration of this job fits its budgets (zoe.device_memory_budget {}, zoe.host_memory_budget {}{}); "
-      "the closest: stage {}, optimizer {}, parameters {}, micro-batch {}{}: {}",
+      "the closest: stage {}, optimizer {}, parameters {}, micro-batch {}{}: {}. {}{}",
       c.device_memory_budget, c.host_memory_budget, run.nvme_path.empty() ? ", no NVMe path" : "",
       near ? near->knobs.stage : 0, near ? home_name(near->knobs.optimizer) : "-",
       near ? home_name(near->knobs.param) : "-", near ? near->knobs.micro_batch : 0,
-      near && near->knobs.activation_checkpointing ? " checkpointed" : "", near ? near->prediction.why : "none"));
+      near && near->knobs.activation_checkpointing ? " checkpointed" : "", near ? near->prediction.why : "none",
+      changes.empty() ? "No single change of a budget, the NVMe tier or the rank count makes it fit"
+                      : "The smallest change of each kind that fits, alone:",
+      fixes));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "plan/plan_search.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace zoe {
@@ -85,6 +87,67 @@ Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, cons
     std::stable_sort(r.fitting.begin(), tied, plainer);
   }
   return r;
+}
+
+namespace {
+
+// The least value of one budget (a tier's bytes) at which a refused configuration fits, all else
+// as the job has it: each configuration's need in that tier is a candidate, checked by
+// predicting again with it (stage 3's units must also fit beside the state on its clock).
+std::optional<PlanChange> least_budget(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
+                                       const PlanRates& rates, const PlanResult& refused, PlanChange::Kind kind) {
+  const int tier = kind == PlanChange::Kind::kDeviceBudget ? 0 : kind == PlanChange::Kind::kHostBudget ? 1 : 2;
+  std::vector<uint64_t> needs;
+  for (const PlanChoice& c : refused.refused) needs.push_back(c.prediction.bytes[tier]);
+  std::sort(needs.begin(), needs.end());
+  needs.erase(std::unique(needs.begin(), needs.end()), needs.end());
+  for (uint64_t need : needs) {
+    PlanJob j = job;
+    uint64_t& budget = tier == 0 ? j.device_budget : tier == 1 ? j.host_budget : j.nvme_free;
+    if (need <= budget) continue;  // not this tier's shortage
+    budget = need;
+    PlanSpace sp = space;
+    if (tier == 2) sp.nvme = true;
+    auto r = search_plans(j, sp, work, rates);
+    if (!r.ok()) return std::nullopt;
+    if (!r->fitting.empty()) return PlanChange{kind, need, r->fitting.front()};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::vector<PlanChange>> smallest_changes(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
+                                                 const PlanRates& rates) {
+  ZOE_ASSIGN_OR_RETURN(PlanResult now, search_plans(job, space, work, rates));
+  std::vector<PlanChange> out;
+  if (!now.fitting.empty()) return out;
+  for (auto kind : {PlanChange::Kind::kDeviceBudget, PlanChange::Kind::kHostBudget}) {
+    if (kind == PlanChange::Kind::kHostBudget && job.host_budget == 0) continue;  // no host budget: nothing to raise
+    if (auto c = least_budget(job, space, work, rates, now, kind)) out.push_back(*c);
+  }
+  // An NVMe tier: the refusals with every configuration the disk would add, the disk unbounded.
+  PlanJob roomy_disk = job;
+  roomy_disk.nvme_free = UINT64_MAX;
+  PlanSpace with_disk = space;
+  with_disk.nvme = true;
+  ZOE_ASSIGN_OR_RETURN(PlanResult disk, search_plans(roomy_disk, with_disk, work, rates));
+  if (!disk.fitting.empty()) {
+    PlanResult candidates;
+    for (const PlanChoice& c : disk.fitting) candidates.refused.push_back(c);
+    PlanJob no_room = job;
+    no_room.nvme_free = 0;
+    if (auto c = least_budget(no_room, space, work, rates, candidates, PlanChange::Kind::kNvme)) out.push_back(*c);
+  }
+  for (int ranks = job.ranks * 2; ranks <= job.ranks * 4096; ranks *= 2) {
+    PlanJob j = job;
+    j.ranks = ranks;
+    ZOE_ASSIGN_OR_RETURN(PlanResult r, search_plans(j, space, work, rates));
+    if (r.fitting.empty()) continue;
+    out.push_back({PlanChange::Kind::kRanks, uint64_t(ranks), r.fitting.front()});
+    break;
+  }
+  return out;
 }
 
 }  // namespace zoe

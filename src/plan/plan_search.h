@@ -41,6 +41,19 @@ struct PlanResult {
 Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
                                 const PlanRates& rates);
 
+// When nothing fits: the smallest change of each kind that makes some configuration fit, with
+// the fastest configuration it lets fit. Kinds, each tried alone: the device budget, the host
+// budget, an NVMe tier (a path, or more free space on the one given), more ranks (the same
+// micro-batches per rank; powers of two up to 4096 times the job's). A budget or free space is
+// the least that some configuration needs (less fits none); ranks, the fewest that fit.
+struct PlanChange {
+  enum class Kind { kDeviceBudget, kHostBudget, kNvme, kRanks } kind;
+  uint64_t value = 0;  // bytes (budgets, NVMe free space) or ranks
+  PlanChoice choice;
+};
+Result<std::vector<PlanChange>> smallest_changes(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
+                                                 const PlanRates& rates);
+
 // Every knob setting the space holds (those that make sense together: offloaded parameters
 // only at stage 3, a ratio only for an offloaded home, one sub-group size without an offloaded
 // optimizer, one prefetch setting below stage 3).
