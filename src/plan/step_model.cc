@@ -13,7 +13,6 @@
 namespace zoe {
 namespace {
 
-constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;  // RankState's cap on the pinned pool
 
 ShardLayout layout_of(const PlanJob& job) {
   std::vector<UnitSpec> units;
@@ -60,10 +59,9 @@ uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) {
   const uint64_t per_elem = (opt ? (mixed(job.dtype) ? 12 : 8) : 0) + (par ? w : 0);
   const int64_t most = std::max(opt ? split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage)).offloaded : 0,
                                 par ? split(k.param, k.param_ratio, l.shard_size()).offloaded : 0);
-  const uint64_t io = uint64_t{k.aio_queue_depth} * k.aio_block_size + (uint64_t{1} << 20);
-  const uint64_t per_group = 3 * per_elem + (par ? 2 * w : 0);
-  const uint64_t windows = per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(k.sub_group_size, most)));
-  return std::min({kMaxPoolBytes, job.host_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
+  return pinned_pool_size({1, uint64_t{k.aio_queue_depth} * k.aio_block_size, per_elem, par ? w : 0, most,
+                           k.sub_group_size, job.host_budget})
+      .bytes;
 }
 
 namespace {

@@ -35,4 +35,25 @@ StageMemory exact_stage(int64_t padded_params, int64_t shard, int stage, DType d
 // (stages 2-3). The engine reserves the largest; a plan counts it the same way.
 uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsize);
 
+// The NVMe tier's pinned pool, as RankState opens it (a plan counts it the same way).
+struct PinnedPoolSize {
+  uint64_t bytes = 0;      // the pool: at most 2 GiB, a quarter of the host budget, what it must hold
+  uint64_t io = 0;         // the stores' I/O buffers (queue depth x block size each) and 1 MiB slack
+  uint64_t per_group = 0;  // bytes a sub-group element takes in its windows
+};
+struct PinnedPoolInputs {
+  int stores = 1;                    // NVMe paths, a store each
+  uint64_t bounce = 0;               // aio queue depth x block size
+  uint64_t window_per_elem = 0;      // bytes per element each of the three windows streams: the
+                                     // optimizer's state on NVMe, and the parameter where it is there
+  uint64_t param_per_elem = 0;       // the parameters' width where they are on NVMe (stage 3), else 0
+  int64_t most_elems = 0;            // the most elements of one kind on NVMe
+  int64_t sub_group_size = 0;
+  uint64_t host_budget = 0;
+};
+// Three optimizer windows of a sub-group rotate, and beside them two windows of parameter chunks
+// on their way to a gather; the sub-group is sub_group_size elements, or fewer when the state on
+// NVMe is smaller, at least 1024.
+PinnedPoolSize pinned_pool_size(const PinnedPoolInputs& in);
+
 }  // namespace zoe

@@ -4,17 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "sched/memory_estimate.h"
+
 
 namespace zoe {
-
-namespace {
-
-// The pinned pool: at most 2 GiB, at most a quarter of the host budget, at most what three
-// windows of the state on NVMe need; the optimizer's sub-group is sub_group_size elements, or
-// fewer when three of them do not fit in what the stores' I/O buffers leave of the pool.
-constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;
-
-}  // namespace
 
 RankState::RankState(const EngineOptions& c, Device& d, const ShardLayout& layout, StagePlan plan, int rank,
                      NvmeEnv* nvme_env)
@@ -28,12 +21,10 @@ RankState::~RankState() {
   if (pool_registered_) dev_.unregister_host(pool_->base());
 }
 
-// What the pinned pool holds per element of a sub-group: three optimizer windows of
-// `optimizer_bytes` per element rotate, and beside them two windows of parameter chunks on their
-// way to a gather (stage 3 loads them while the optimizer's pass runs on).
+// What the pinned pool holds per element of a sub-group (memory_estimate.h's rule).
 uint64_t RankState::pool_bytes_per_elem(uint64_t optimizer_bytes) const {
   bool param_nvme = cfg_.offload_param.device == OffloadDevice::kNvme;
-  return 3 * optimizer_bytes + (param_nvme ? 2 * wsize_ : 0);
+  return pinned_pool_size({1, 0, optimizer_bytes, param_nvme ? wsize_ : 0, 0, 0, 0}).per_group;
 }
 
 Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_t param_elems) {
@@ -53,11 +44,10 @@ Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_
   int64_t most = std::max(on_nvme(opt_nvme, cfg_.offload_optimizer, opt_elems),
                           on_nvme(param_nvme, cfg_.offload_param, param_elems));
   uint64_t bounce = uint64_t{static_cast<uint32_t>(cfg_.aio_queue_depth)} * cfg_.aio_block_size;
-  uint64_t io = paths.size() * bounce + (uint64_t{1} << 20);  // the stores' buffers, and slack
-  uint64_t per_group = pool_bytes_per_elem(per_elem);
-  uint64_t windows = per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(cfg_.sub_group_size, most)));
-  uint64_t pool_bytes = std::min({kMaxPoolBytes, cfg_.host_memory_budget / 4, io + std::max(windows, uint64_t{3} << 20)});
-  if (pool_bytes < io + 1024 * per_group)
+  const PinnedPoolSize size = pinned_pool_size({static_cast<int>(paths.size()), bounce, per_elem, param_nvme ? wsize_ : 0, most, cfg_.sub_group_size,
+                                                cfg_.host_memory_budget});
+  const uint64_t pool_bytes = size.bytes;
+  if (pool_bytes < size.io + 1024 * size.per_group)
     return Status::Invalid(fmt::format(
         "config key 'zoe.host_memory_budget': the NVMe tier's pinned pool (a quarter of it, {} bytes) cannot hold "
         "aio.queue_depth x aio.block_size = {} bytes of I/O buffers per store plus the optimizer's and the parameter loads' windows of 1024 elements",
@@ -96,7 +86,7 @@ Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_
     stores_.push_back(std::move(store));
     store_paths_.push_back(path);
   }
-  uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / std::max<uint64_t>(per_group, 1);
+  uint64_t fit = (pool_->available() - (uint64_t{1} << 20)) / std::max<uint64_t>(size.per_group, 1);
   group_elems_ = std::max<int64_t>(1024, std::min<int64_t>(cfg_.sub_group_size, static_cast<int64_t>(fit)));
   // Sub-groups and parameter windows that cut a unit do so on a block boundary of every array
   // (a block holds block/2 elements of a 2-byte array, block/4 of the fp32 ones): no block is
