@@ -217,6 +217,38 @@ TEST_F(NvmeFilesTest, ALinkedNvmePathIsResolved) {
   fs::remove(link);
 }
 
+// What dead jobs left is counted (the swap files' bytes on disk), not removed; a live store's
+// files, someone else's, and a directory without the marker count nothing. zoe plan adds it to
+// the free space: opening a store there removes it first.
+TEST_F(NvmeFilesTest, DeadJobsBytesCountsTheirSwapFilesAndRemovesNothing) {
+  auto bytes_or = [](const std::string& path, uint64_t otherwise) {
+    Result<uint64_t> r = NvmeStore::dead_jobs_bytes(path);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : otherwise;
+  };
+  EXPECT_EQ(bytes_or(root_ + "/missing", 1), 0u);
+  EXPECT_EQ(bytes_or(root_, 1), 0u);
+  const std::string dead = dead_job_dir("zoe-111-aaaaaaaa-rank0");
+  write_file(dead + "/exp_avg.swap", std::string(1 << 20, 'x'));
+  write_file(dead + "/notes.txt", std::string(1 << 20, 'y'));  // not a swap file: stays, not counted
+  const std::string unmarked = root_ + "/zoe-222-bbbbbbbb-rank0";
+  ASSERT_EQ(::mkdir(unmarked.c_str(), 0700), 0);
+  write_file(unmarked + "/master.swap", std::string(1 << 20, 'z'));
+  write_file(unmarked + "/notes.txt", "not zoe's");  // unmarked with other files: not a dead job of zoe's
+  auto live = open_store(options());
+  ASSERT_TRUE(live.ok()) << live.status().message();  // opening removed the dead job's swap files
+  EXPECT_FALSE(fs::exists(dead + "/exp_avg.swap"));
+  EXPECT_EQ(bytes_or(root_, 1), 0u);  // the live store's files: not counted
+  const std::string again = dead_job_dir("zoe-333-cccccccc-rank0");
+  write_file(again + "/exp_avg.swap", std::string(1 << 20, 'x'));
+  const uint64_t bytes = bytes_or(root_, 0);
+  EXPECT_GE(bytes, uint64_t{1} << 20);
+  EXPECT_LT(bytes, uint64_t{2} << 20);  // exp_avg.swap and the 5-byte master.swap, in blocks
+  EXPECT_TRUE(fs::exists(again + "/exp_avg.swap"));
+  EXPECT_TRUE(fs::exists(unmarked + "/master.swap"));
+  ASSERT_TRUE(live.value()->close().ok());
+}
+
 // Job names carry random bits besides the pid: two containers whose job has the same pid get two
 // directories.
 TEST(SwapJobName, APidAndEightHexDigits) {

@@ -15,6 +15,7 @@
 #include "train/backend.h"
 #include "common/config.h"
 #include "model/gpt2_model.h"
+#include "nvme/nvme_store.h"
 #include "plan/plan_search.h"
 #include "plan_calibration.h"
 
@@ -149,7 +150,11 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   job.device_budget = c.device_memory_budget;
   job.host_budget = c.host_memory_budget;
   run.nvme_path = c.offload_optimizer.nvme_path.empty() ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;
-  job.nvme_free = run.nvme_path.empty() ? 0 : free_bytes(run.nvme_path);
+  // What dead jobs left there is free space to a job: opening its store removes them first.
+  if (!run.nvme_path.empty()) {
+    Result<uint64_t> left = NvmeStore::dead_jobs_bytes(run.nvme_path);
+    job.nvme_free = free_bytes(run.nvme_path) + (left.ok() ? *left : 0);
+  }
   if (human)
     fmt::print(human, "zoe plan: GPT-2 L{} C{} V{} T{}, {:.1f} M parameters, {} sequences a step per rank, {} rank{}\n"
                "measured on {}:\n", c.n_layer, c.n_embd, c.vocab_size, c.seq_len, gpt2::total_numel(shape) / 1e6,

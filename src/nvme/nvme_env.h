@@ -40,6 +40,7 @@ struct EntryInfo {
   Kind kind = Kind::kMissing;
   uid_t owner = 0;
   mode_t mode = 0;  // permission bits only
+  uint64_t bytes = 0;  // allocated on disk (st_blocks x 512): what removing it frees
 };
 
 class NvmeEnv {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -105,12 +106,11 @@ bool old_format_dead_job(NvmeEnv* env, const Dir& d, const EntryInfo& self, cons
 }
 
 // Directories of other jobs whose lock nobody holds belong to jobs that died: their swap files
-// are scratch, so they are removed (a live job holds its lock for as long as its files exist).
-// Only what zoe made is touched: real directories (never a link), ours by owner, carrying the
-// marker (or made by zoe before the marker: old_format_dead_job), and inside them only swap file
-// names and the marker, all unlinked through the directory's descriptor; a directory holding
-// anything else keeps it, and its marker.
-void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
+// are scratch. Only what zoe made qualifies: real directories (never a link), ours by owner,
+// carrying the marker (or made by zoe before the marker: old_format_dead_job). `found` gets each
+// such directory, open and locked, with its entries (`own`, this job's, is never one).
+void for_each_dead_job(NvmeEnv* env, const Dir& parent, const std::string& own,
+                       const std::function<void(const Dir&, const std::string&, const std::vector<std::string>&)>& found) {
   Result<std::vector<std::string>> names = env->list_dir(parent);
   if (!names.ok()) return;  // nothing of ours depends on it
   for (const std::string& name : *names) {
@@ -128,15 +128,23 @@ void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
     Result<std::vector<std::string>> files = env->list_dir(d.get());
     if (!files.ok()) continue;
     if (marker->kind != EntryInfo::Kind::kFile && !old_format_dead_job(env, d.get(), *self, *files)) continue;
+    found(d.get(), name, *files);
+  }
+}
+
+// Dead jobs' swap files are removed, all unlinked through their directory's descriptor; a
+// directory holding anything else keeps it, and its marker.
+void remove_dead_jobs(NvmeEnv* env, const Dir& parent, const std::string& own) {
+  for_each_dead_job(env, parent, own, [&](const Dir& d, const std::string& name, const std::vector<std::string>& files) {
     bool only_ours = true;
-    for (const std::string& f : *files) {
-      if (swap_name(f)) (void)env->remove_file_at(d.get(), f);
+    for (const std::string& f : files) {
+      if (swap_name(f)) (void)env->remove_file_at(d, f);
       else only_ours = only_ours && f == kMarker;
     }
-    if (!only_ours) continue;  // someone else's files: the directory stays, marked for the next job
-    (void)env->remove_file_at(d.get(), kMarker);
+    if (!only_ours) return;  // someone else's files: the directory stays, marked for the next job
+    (void)env->remove_file_at(d, kMarker);
     (void)env->remove_dir_at(parent, name);
-  }
+  });
 }
 
 // Makes (mkdir 0700) and locks this store's directory, or takes over one a dead run of the same
@@ -218,6 +226,23 @@ uint32_t swap_job_tag() {
 }
 
 std::string swap_job_name(int64_t pid, uint32_t tag) { return fmt::format("{}-{:08x}", pid, tag); }
+
+Result<uint64_t> NvmeStore::dead_jobs_bytes(const std::string& nvme_path, NvmeEnv* env) {
+  env = env ? env : NvmeEnv::Default();
+  bool was_link = false;
+  Result<std::string> real = env->resolve(nvme_path, &was_link);
+  Result<Dir> parent = real.ok() ? env->open_dir(*real) : Result<Dir>(real.status());
+  if (!parent.ok()) return uint64_t{0};  // no such directory yet: nothing left behind
+  DirHolder p(env, std::move(parent).value());
+  uint64_t bytes = 0;
+  for_each_dead_job(env, p.get(), "", [&](const Dir& d, const std::string&, const std::vector<std::string>& files) {
+    for (const std::string& f : files) {
+      Result<EntryInfo> e = swap_name(f) ? env->stat_at(d, f) : Result<EntryInfo>(EntryInfo{});
+      if (e.ok() && e->kind == EntryInfo::Kind::kFile) bytes += e->bytes;
+    }
+  });
+  return bytes;
+}
 
 Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions) {
   if (o.nvme_path.empty()) return Status::Invalid("NVMe store: nvme_path is empty");

@@ -110,6 +110,9 @@ class NvmeStore {
   // free Y" when they do not fit. A directory of this name it did not make (a link, another
   // owner's, a mode other than 0700, no marker) is Invalid, and left as it is.
   static Result<std::unique_ptr<NvmeStore>> open(const NvmeStoreOptions& o, std::span<const RegionSpec> regions = {});
+  // Bytes on disk of the swap files dead jobs left in nvme_path: what the next open() there
+  // removes before its free-space check (0 where the directory does not exist). Removes nothing.
+  static Result<uint64_t> dead_jobs_bytes(const std::string& nvme_path, NvmeEnv* env = nullptr);
   ~NvmeStore();  // close(), errors dropped
   NvmeStore(const NvmeStore&) = delete;
   NvmeStore& operator=(const NvmeStore&) = delete;

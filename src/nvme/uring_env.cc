@@ -79,6 +79,7 @@ Result<EntryInfo> UringEnv::stat_at(const Dir& dir, const std::string& name) {
                                     : EntryInfo::Kind::kOther;
   info.owner = st.st_uid;
   info.mode = st.st_mode & 07777;
+  info.bytes = static_cast<uint64_t>(st.st_blocks) * 512;
   return info;
 }
 
