@@ -42,8 +42,10 @@ int64_t optimizer_elems(const ShardLayout& l, int stage) { return stage >= 1 ? l
 
 }  // namespace
 
-std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs& k) {
-  const ShardLayout l = layout_of(job);
+namespace {
+
+// state_bytes and pinned_pool_bytes on a layout made once (predict_step makes one for all).
+std::array<uint64_t, kNumTiers> state_bytes_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) {
   const StageMemory m = exact_stage(l.padded_params(), l.shard_size(), k.stage, job.dtype, k.optimizer, k.param,
                                     k.optimizer_ratio, k.param_ratio);
   std::array<uint64_t, kNumTiers> b{};
@@ -51,10 +53,9 @@ std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs&
   return b;
 }
 
-uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) {
+uint64_t pool_bytes_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) {
   const bool opt = k.optimizer == OffloadDevice::kNvme, par = k.stage >= 3 && k.param == OffloadDevice::kNvme;
   if (!opt && !par) return 0;
-  const ShardLayout l = layout_of(job);
   const uint64_t w = dtype_size(job.dtype);
   const uint64_t per_elem = (opt ? (mixed(job.dtype) ? 12 : 8) : 0) + (par ? w : 0);
   const int64_t most = std::max(opt ? split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage)).offloaded : 0,
@@ -64,6 +65,14 @@ uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) {
       .bytes;
 }
 
+}  // namespace
+
+std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs& k) {
+  return state_bytes_of(layout_of(job), job, k);
+}
+
+uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) { return pool_bytes_of(layout_of(job), job, k); }
+
 namespace {
 
 double param_read_rate(const PlanRates& r) { return r.param_read_Bps > 0 ? r.param_read_Bps : r.nvme_read_Bps; }
@@ -71,9 +80,8 @@ double param_read_rate(const PlanRates& r) { return r.param_read_Bps > 0 ? r.par
 // Each unit's chunk load: its NVMe part at the read rate, which runs beside the compute; its
 // parts in host or device memory and its all-gather are copies, which on the host's cores take
 // turns with the compute (copy_s) and else run beside it too.
-void unit_loads(const PlanJob& job, const PlanKnobs& k, const PlanRates& r, VirtualStepInput* v,
+void unit_loads(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k, const PlanRates& r, VirtualStepInput* v,
                 std::vector<double>* copy_s) {
-  const ShardLayout l = layout_of(job);
   const double w = static_cast<double>(dtype_size(job.dtype));
   const Split p = split(k.param, k.param_ratio, l.shard_size());
   const int64_t first_off = l.shard_size() - p.offloaded;  // [first_off, S): the offload tier
@@ -102,13 +110,13 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   const StagePlan plan = StagePlan::for_stage(k.stage);
   const size_t w = dtype_size(job.dtype), g = w;
   // Memory: the ledger's state, the engine's in-flight reserve, the model's activations.
-  std::array<uint64_t, kNumTiers> st = state_bytes(job, k);
+  std::array<uint64_t, kNumTiers> st = state_bytes_of(l, job, k);
   uint64_t in_flight = 0;
   for (int u = 0; u < l.num_units(); ++u)
     in_flight = std::max(in_flight, unit_in_flight_bytes(l.slot(u).full_size, k.stage, w, g));
   out.bytes = st;
   out.bytes[0] += in_flight + work.activation_bytes;
-  out.bytes[1] += pinned_pool_bytes(job, k);
+  out.bytes[1] += pool_bytes_of(l, job, k);
   std::vector<std::string> over;
   if (out.bytes[0] > job.device_budget)
     over.push_back(fmt::format("device {} > budget {}", bytes_text(out.bytes[0]), bytes_text(job.device_budget)));
@@ -129,7 +137,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     VirtualStepInput v;
     v.wsize = w;
     std::vector<double> copy_s;
-    unit_loads(job, k, r, &v, &copy_s);
+    unit_loads(l, job, k, r, &v, &copy_s);
     v.limits = k.prefetch;
     v.budget = job.device_budget;
     v.state_bytes = st[0];
