@@ -22,8 +22,8 @@
 #include "train/backend.h"
 #include "train/trace_writer.h"
 #include "bench_process.h"
+#include "bench_engine.h"
 #include "bench_stats.h"
-#include "train/engine_options.h"
 
 namespace zoe {
 namespace {
@@ -83,12 +83,11 @@ Result<std::unique_ptr<OffloadCase>> make_case(const OffloadBenchOptions& o, con
                                         std::function<Status(OffloadCase&)> one_step) {
   auto k = std::make_unique<OffloadCase>();
   k->comm = make_self_comm();
-  ZOE_ASSIGN_OR_RETURN(k->backend, make_backend(c, *k->comm));
   // Activation checkpointing: a quarter of the state is what the device has for everything.
   k->model = std::make_unique<Gpt2Model>(o.shape, /*activation_checkpointing=*/true);
-  k->engine = std::make_unique<ZeroEngine>(engine_options(c), *k->backend.device, *k->comm, k->model->units());
-  ZOE_RETURN_IF_ERROR(k->engine->allocate());
-  ZOE_RETURN_IF_ERROR(init_params(*k->engine, *k->model, c.seed));
+  ZOE_ASSIGN_OR_RETURN(BenchEngine be, make_bench_engine(c, *k->comm, *k->model));
+  k->backend = std::move(be.backend);
+  k->engine = std::move(be.engine);
   ZOE_ASSIGN_OR_RETURN(k->source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   k->one_step = std::move(one_step);
   for (int i = 0; i < o.warmup; ++i) ZOE_RETURN_IF_ERROR(k->one_step(*k));

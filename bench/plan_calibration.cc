@@ -23,6 +23,7 @@
 #include "sched/zero_engine.h"
 #include "train/backend.h"
 #include "train/engine_options.h"
+#include "bench_engine.h"
 #include "train/trainer.h"
 
 namespace zoe {
@@ -314,12 +315,10 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
                                                                     c.n_positions}) + (uint64_t{64} << 30);
     c.micro_batch = b;
     auto comm = make_self_comm();
-    ZOE_ASSIGN_OR_RETURN(Backend be, make_backend(c, *comm));
     gpt2::Gpt2Shape s{layers, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
     Gpt2Model model(s, ckpt, resolve_compute_dtype(c) == "bf16");
-    ZeroEngine e(engine_options(c), *be.device, *comm, model.units());
-    ZOE_RETURN_IF_ERROR(e.allocate());
-    ZOE_RETURN_IF_ERROR(init_params(e, model, c.seed));
+    ZOE_ASSIGN_OR_RETURN(BenchEngine be, make_bench_engine(c, *comm, model));
+    ZeroEngine& e = *be.engine;
     Batch batch;
     batch.B = b;
     batch.T = c.seq_len;
@@ -328,7 +327,7 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     // Warm (buffers, pages), then the device's peak over a micro-step beside the state: the
     // model's buffers and whatever the engine holds for a moment at its hand-overs.
     ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());
-    Ledger& ledger = be.device->ledger();
+    Ledger& ledger = be.backend.device->ledger();
     ledger.reset_peaks();
     ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());
     const LedgerSnapshot l = ledger.snapshot();
@@ -387,8 +386,7 @@ Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
   struct Case {
     std::unique_ptr<Comm> own;
     Comm* comm = nullptr;
-    Backend be;
-    std::unique_ptr<ZeroEngine> e;
+    BenchEngine be;
   };
   Case cases[2];
   for (int i = 0; i < 2; ++i) {
@@ -405,10 +403,7 @@ Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
       cases[i].own = make_self_comm();
       cases[i].comm = cases[i].own.get();
     }
-    ZOE_ASSIGN_OR_RETURN(cases[i].be, make_backend(c, *cases[i].comm));
-    cases[i].e = std::make_unique<ZeroEngine>(engine_options(c), *cases[i].be.device, *cases[i].comm, model.units());
-    ZOE_RETURN_IF_ERROR(cases[i].e->allocate());
-    ZOE_RETURN_IF_ERROR(init_params(*cases[i].e, model, c.seed));
+    ZOE_ASSIGN_OR_RETURN(cases[i].be, make_bench_engine(c, *cases[i].comm, model));
   }
   Batch batch;
   batch.B = 1;
@@ -425,10 +420,10 @@ Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
     double t[2];
     for (int i = 0; i < 2; ++i) {
       const double t0 = now_s();
-      ZOE_RETURN_IF_ERROR(models[i].train_micro_step(*cases[i].e, batch, 1.0f).status());
+      ZOE_RETURN_IF_ERROR(models[i].train_micro_step(*cases[i].be.engine, batch, 1.0f).status());
       t[i] = now_s() - t0;
-      ZOE_RETURN_IF_ERROR(cases[i].e->step(0.0).status());
-      ZOE_RETURN_IF_ERROR(cases[i].e->flush().status());
+      ZOE_RETURN_IF_ERROR(cases[i].be.engine->step(0.0).status());
+      ZOE_RETURN_IF_ERROR(cases[i].be.engine->flush().status());
     }
     if (rep > 1) extra.push_back(t[1] - t[0]);
   }

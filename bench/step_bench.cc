@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_engine.h"
 #include "bench_process.h"
 #include "common/config.h"
 #include "common/profiler.h"
@@ -23,7 +24,6 @@
 #include "train/backend.h"
 #include "sched/zero_engine.h"
 #include "train/batch_source.h"
-#include "train/engine_options.h"
 #include "zoe/engine.h"
 #include "bench_stats.h"
 
@@ -58,11 +58,10 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     }
   }
   auto comm = make_self_comm();
-  ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c, *comm));
-  Device& dev = *backend.device;
   Gpt2Model model(o.shape, /*activation_checkpointing=*/false, o.bf16);
-  ZOE_ASSIGN_OR_RETURN(auto engine, ZeroEngine::create(engine_options(c), dev, *comm, model.units()));
-  ZOE_RETURN_IF_ERROR(init_params(*engine, model, c.seed));
+  ZOE_ASSIGN_OR_RETURN(BenchEngine be, make_bench_engine(c, *comm, model));
+  Device& dev = *be.backend.device;
+  auto& engine = be.engine;
   ZOE_ASSIGN_OR_RETURN(auto source, make_token_source(kBenchCorpus, "bytes", o.shape.vocab_size, o.B, o.T, 0, 1));
   Timing t;
   std::vector<double> secs;
