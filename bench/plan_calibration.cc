@@ -294,17 +294,33 @@ Result<PlanRates> PlanCalibration::rates() {
   return r;
 }
 
-std::string PlanCalibration::model_key(int b, bool ckpt) const {
-  return fmt::format("gpt2 C{} H{} V{} T{} {} {} B{}{}", job_.n_embd, job_.n_head, job_.vocab_size, job_.seq_len,
-                     dtype_name(job_.dtype), resolve_compute_dtype(job_), b, ckpt ? " ckpt" : "");
+// The blocks measured: the whole model where it is small, else two. Two blocks of a small model
+// sit in the caches a whole one does not: GPT-2 L6 C384 at micro-batch 1 ran 6.9 ms a block
+// whole against 6.0 in two (+16 %; +18 % at 2, within 3 % from 4 on), and the plan's steps at
+// 1 x 8 read 1.24x their prediction (bench/history.md, issue 50). A large model's blocks are
+// cold either way, and two keep its calibration in seconds.
+int PlanCalibration::measured_layers() const {
+  constexpr int64_t kWholeModelMost = 64'000'000;  // parameters
+  return gpt2::total_numel({job_.n_layer, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions}) <= kWholeModelMost
+             ? job_.n_layer
+             : std::min(job_.n_layer, 2);
 }
 
-// One and two blocks of the job's width, resident on a CPU device at stage 0: the spans of the
-// second micro-step give each unit's compute, the device ledger the model's buffers.
+std::string PlanCalibration::model_key(int b, bool ckpt) const {
+  const int most = measured_layers();
+  return fmt::format("gpt2 C{} H{} V{} T{} {} {} B{}{}{}", job_.n_embd, job_.n_head, job_.vocab_size, job_.seq_len,
+                     dtype_name(job_.dtype), resolve_compute_dtype(job_), b, ckpt ? " ckpt" : "",
+                     most > 2 ? fmt::format(" L{}", most) : "");
+}
+
+// One block and measured_layers() of the job's width, resident on a CPU device at stage 0: the
+// spans of the larger one's micro-steps give each unit's compute, the device ledger of both the
+// model's buffers (fixed, and per block).
 Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ckpt) {
   UnitTimes t;
-  double act[2] = {0, 0};
-  for (int layers : {1, 2}) {
+  const int most = measured_layers();
+  double act_one = 0, act_most = 0;
+  for (int layers : most > 1 ? std::vector<int>{1, most} : std::vector<int>{1}) {
     Config c = job_;
     c.n_layer = layers;
     c.stage = 0;
@@ -331,8 +347,8 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     ledger.reset_peaks();
     ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());
     const LedgerSnapshot l = ledger.snapshot();
-    act[layers - 1] = double(l.peak[0] - l.persistent(Tier::kDevice));
-    if (layers == 1 && job_.n_layer > 1) continue;
+    (layers == 1 ? act_one : act_most) = double(l.peak[0] - l.persistent(Tier::kDevice));
+    if (layers < most) continue;
     // The fastest of at least three timed micro-steps and 0.3 s of them (at most ten).
     Profiler& p = Profiler::get();
     const bool was = p.tracing();
@@ -366,8 +382,8 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     t.encoder_f = best.encoder_f, t.encoder_b = best.encoder_b, t.block_f = best.block_f, t.block_b = best.block_b;
     t.head_f = best.head_f, t.head_b = best.head_b;
   }
-  t.act_block = job_.n_layer > 1 ? act[1] - act[0] : 0;
-  t.act_fixed = act[0] - t.act_block;
+  t.act_block = most > 1 ? (act_most - act_one) / (most - 1) : 0;
+  t.act_fixed = act_one - t.act_block;
   return t;
 }
 

@@ -53,6 +53,7 @@ class PlanCalibration {
   int ranks() const;
   Status together() const;  // a barrier: the ranks start a measurement at once
   std::string model_key(int b, bool checkpointing) const;
+  int measured_layers() const;  // blocks of the model the micro-steps are measured on
 
   Config job_;
   PlanCalibrationOptions o_;
