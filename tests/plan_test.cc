@@ -108,6 +108,13 @@ TEST(StepModel, TheOptimizerOnNvmeStreamsTwelveBytesAnElementEachWay) {
   measured.nvme_pass_s_per_elem = 30e-9;
   const StepPrediction q = predict_step(job, k, work(2, 0.001), measured);
   EXPECT_NEAR(q.disk_s, 2e6 * 30e-9, 1e-12);
+  // Sub-groups end where a unit ends: with a sub-group larger than the state, the first window is
+  // the first unit's state (a 200 K-element embedding here), not all of it.
+  const PlanJob units = roomy({200'000, 1'000'000, 1'000'000});
+  k.sub_group_size = 1'000'000'000;
+  const StepPrediction f = predict_step(units, k, work(3, 0.001), rates());
+  ASSERT_TRUE(f.fits) << f.why;
+  EXPECT_NEAR(f.optimizer_s, f.disk_s + 2e5 * 12 / 2e9, 1e-12);
 }
 
 TEST(StepModel, StageThreeHidesNvmeParameterLoadsBehindComputeWhenItPrefetches) {

@@ -53,16 +53,36 @@ std::array<uint64_t, kNumTiers> state_bytes_of(const ShardLayout& l, const PlanJ
   return b;
 }
 
-uint64_t pool_bytes_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) {
+PinnedPoolSize pool_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) {
   const bool opt = k.optimizer == OffloadDevice::kNvme, par = k.stage >= 3 && k.param == OffloadDevice::kNvme;
-  if (!opt && !par) return 0;
+  if (!opt && !par) return {};
   const uint64_t w = dtype_size(job.dtype);
   const uint64_t per_elem = (opt ? (mixed(job.dtype) ? 12 : 8) : 0) + (par ? w : 0);
   const int64_t most = std::max(opt ? split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage)).offloaded : 0,
                                 par ? split(k.param, k.param_ratio, l.shard_size()).offloaded : 0);
   return pinned_pool_size({1, uint64_t{k.aio_queue_depth} * k.aio_block_size, per_elem, par ? w : 0, most,
-                           k.sub_group_size, job.host_budget})
-      .bytes;
+                           k.sub_group_size, job.host_budget});
+}
+
+uint64_t pool_bytes_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) { return pool_of(l, job, k).bytes; }
+
+// Elements of the optimizer pass's first sub-group on NVMe, whose read nothing hides
+// (OptimizerPass::groups): sub-groups end where a unit ends and where the ratio split's NVMe part
+// begins, and hold at most what the pool's windows fit; the pass goes up the units.
+int64_t first_nvme_group(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k, int64_t offloaded) {
+  const PinnedPoolSize pool = pool_of(l, job, k);
+  const uint64_t taken = uint64_t{k.aio_queue_depth} * k.aio_block_size + (uint64_t{1} << 20);
+  const int64_t fit = pool.per_group ? int64_t((pool.bytes - std::min(pool.bytes, taken)) / pool.per_group) : k.sub_group_size;
+  const int64_t limit = std::max<int64_t>(1024, std::min(k.sub_group_size, fit));
+  const int64_t nvme_begin = optimizer_elems(l, k.stage) - offloaded;
+  int64_t at = 0;
+  for (int u = 0; u < l.num_units(); ++u) {
+    const int64_t end = at + (k.stage >= 1 ? l.slot(u).chunk : l.slot(u).full_size);
+    const int64_t begin = std::max(at, nvme_begin);
+    at = end;
+    if (end > begin) return std::min(end - begin, limit);
+  }
+  return std::min(offloaded, limit);
 }
 
 }  // namespace
@@ -177,7 +197,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   if (o.tier == 2)
     opt_disk = r.nvme_pass_s_per_elem > 0 ? double(o.offloaded) * r.nvme_pass_s_per_elem
                                           : double(o.offloaded) * per * (1 / r.nvme_read_Bps + 1 / r.nvme_write_Bps);
-  const double first_window = o.tier == 2 ? double(std::min(k.sub_group_size, o.offloaded)) * per / r.nvme_read_Bps : 0;
+  const double first_window = o.tier == 2 ? double(first_nvme_group(l, job, k, o.offloaded)) * per / r.nvme_read_Bps : 0;
   out.optimizer_s = std::max(adam, opt_disk) + first_window;
   double step_comm = 0;  // stages 0-2 on more than one rank: replicated gradients and parameters
   if (job.ranks > 1) {
