@@ -64,15 +64,12 @@ PinnedPoolSize pool_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs
                            k.sub_group_size, job.host_budget});
 }
 
-uint64_t pool_bytes_of(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k) { return pool_of(l, job, k).bytes; }
-
 // Elements of the optimizer pass's first sub-group on NVMe, whose read nothing hides
 // (OptimizerPass::groups): sub-groups end where a unit ends and where the ratio split's NVMe part
 // begins, and hold at most what the pool's windows fit; the pass goes up the units.
 int64_t first_nvme_group(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k, int64_t offloaded) {
-  const PinnedPoolSize pool = pool_of(l, job, k);
-  const uint64_t taken = uint64_t{k.aio_queue_depth} * k.aio_block_size + (uint64_t{1} << 20);
-  const int64_t fit = pool.per_group ? int64_t((pool.bytes - std::min(pool.bytes, taken)) / pool.per_group) : k.sub_group_size;
+  const PinnedPoolSize pool = pool_of(l, job, k);  // the stores' buffers and slack (io) are not the windows'
+  const int64_t fit = pool.per_group ? int64_t((pool.bytes - std::min(pool.bytes, pool.io)) / pool.per_group) : k.sub_group_size;
   const int64_t limit = std::max<int64_t>(1024, std::min(k.sub_group_size, fit));
   const int64_t nvme_begin = optimizer_elems(l, k.stage) - offloaded;
   int64_t at = 0;
@@ -91,7 +88,7 @@ std::array<uint64_t, kNumTiers> state_bytes(const PlanJob& job, const PlanKnobs&
   return state_bytes_of(layout_of(job), job, k);
 }
 
-uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) { return pool_bytes_of(layout_of(job), job, k); }
+uint64_t pinned_pool_bytes(const PlanJob& job, const PlanKnobs& k) { return pool_of(layout_of(job), job, k).bytes; }
 
 namespace {
 
@@ -136,7 +133,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     in_flight = std::max(in_flight, unit_in_flight_bytes(l.slot(u).full_size, k.stage, w, g));
   out.bytes = st;
   out.bytes[0] += in_flight + work.activation_bytes;
-  out.bytes[1] += pool_bytes_of(l, job, k);
+  out.bytes[1] += pool_of(l, job, k).bytes;
   std::vector<std::string> over;
   if (out.bytes[0] > job.device_budget)
     over.push_back(fmt::format("device {} > budget {}", bytes_text(out.bytes[0]), bytes_text(job.device_budget)));

@@ -58,11 +58,15 @@ uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsiz
   return static_cast<uint64_t>(full) * ((stage >= 3 ? wsize : 0) + 4 + (stage >= 2 ? gsize : 0));
 }
 
+uint64_t pinned_pool_per_group(uint64_t window_per_elem, uint64_t param_per_elem) {
+  return 3 * window_per_elem + 2 * param_per_elem;
+}
+
 PinnedPoolSize pinned_pool_size(const PinnedPoolInputs& in) {
   constexpr uint64_t kMaxPoolBytes = uint64_t{2} << 30;
   PinnedPoolSize p;
   p.io = uint64_t(in.stores) * in.bounce + (uint64_t{1} << 20);
-  p.per_group = 3 * in.window_per_elem + 2 * in.param_per_elem;
+  p.per_group = pinned_pool_per_group(in.window_per_elem, in.param_per_elem);
   const uint64_t windows =
       p.per_group * static_cast<uint64_t>(std::max<int64_t>(1024, std::min(in.sub_group_size, in.most_elems)));
   p.bytes = std::min({kMaxPoolBytes, in.host_budget / 4, p.io + std::max(windows, uint64_t{3} << 20)});

@@ -55,5 +55,7 @@ struct PinnedPoolInputs {
 // on their way to a gather; the sub-group is sub_group_size elements, or fewer when the state on
 // NVMe is smaller, at least 1024.
 PinnedPoolSize pinned_pool_size(const PinnedPoolInputs& in);
+// Its per-element part alone: 3 x window_per_elem + 2 x param_per_elem.
+uint64_t pinned_pool_per_group(uint64_t window_per_elem, uint64_t param_per_elem);
 
 }  // namespace zoe

@@ -24,7 +24,7 @@ RankState::~RankState() {
 // What the pinned pool holds per element of a sub-group (memory_estimate.h's rule).
 uint64_t RankState::pool_bytes_per_elem(uint64_t optimizer_bytes) const {
   bool param_nvme = cfg_.offload_param.device == OffloadDevice::kNvme;
-  return pinned_pool_size({1, 0, optimizer_bytes, param_nvme ? wsize_ : 0, 0, 0, 0}).per_group;
+  return pinned_pool_per_group(optimizer_bytes, param_nvme ? wsize_ : 0);
 }
 
 Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_t param_elems) {
