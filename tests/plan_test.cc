@@ -198,7 +198,9 @@ TEST(PlanSearch, AJobThatFitsNothingGetsTheSmallestChangeOfEachKind) {
     return r.ok() && !r->fitting.empty();
   };
   ASSERT_FALSE(fits(job, space));
-  auto changes = smallest_changes(job, space, micro, rates());
+  auto now = search_plans(job, space, micro, rates());
+  ASSERT_TRUE(now.ok());
+  auto changes = smallest_changes(job, space, micro, rates(), *now);
   ASSERT_TRUE(changes.ok()) << changes.status().message();
   std::set<PlanChange::Kind> kinds;
   for (const PlanChange& ch : *changes) {

@@ -171,7 +171,7 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   const PlanResult& r = run.result;
   if (!r.fitting.empty()) return run;
   const PlanChoice* near = closest(r.refused, job);
-  ZOE_ASSIGN_OR_RETURN(std::vector<PlanChange> changes, smallest_changes(job, space, work, rates));
+  ZOE_ASSIGN_OR_RETURN(std::vector<PlanChange> changes, smallest_changes(job, space, work, rates, r));
   std::string fixes;
   for (const PlanChange& ch : changes) fixes += "\n  " + change_text(ch, job);
   return Status::Invalid(fmt::format(

@@ -118,8 +118,7 @@ std::optional<PlanChange> least_budget(const PlanJob& job, const PlanSpace& spac
 }  // namespace
 
 Result<std::vector<PlanChange>> smallest_changes(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
-                                                 const PlanRates& rates) {
-  ZOE_ASSIGN_OR_RETURN(PlanResult now, search_plans(job, space, work, rates));
+                                                 const PlanRates& rates, const PlanResult& now) {
   std::vector<PlanChange> out;
   if (!now.fitting.empty()) return out;
   for (auto kind : {PlanChange::Kind::kDeviceBudget, PlanChange::Kind::kHostBudget}) {

@@ -51,8 +51,9 @@ struct PlanChange {
   uint64_t value = 0;  // bytes (budgets, NVMe free space) or ranks
   PlanChoice choice;
 };
+// `now`: search_plans' result for the job as it is (the caller's).
 Result<std::vector<PlanChange>> smallest_changes(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
-                                                 const PlanRates& rates);
+                                                 const PlanRates& rates, const PlanResult& now);
 
 // Every knob setting the space holds (those that make sense together: offloaded parameters
 // only at stage 3, a ratio only for an offloaded home, one sub-group size without an offloaded
