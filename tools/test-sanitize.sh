@@ -18,6 +18,7 @@ CC=clang CXX=clang++ cmake $(tools/generator.sh build-san) -S . -B build-san -DC
   -DZOE_UNITY_BUILD=ON >/dev/null
 cmake --build build-san -j "$(nproc)"
 built=$SECONDS
+tools/seed-ctest-costs.sh build-san tests/ctest_costs/sanitize.txt  # long tests first (tools/test.sh)
 # Left out here too: two tests whose point is not memory (the default job's 50-step loss curve,
 # 50 s under ASan; the PyTorch row of `zoe bench step`, whose zoe side the WithoutTorch test runs).
 (cd build-san && ctest --output-on-failure -j 2 --timeout 900 -L 'unit|mpi|fuzz' \

@@ -21,6 +21,7 @@
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
 #include <algorithm>
+#include <memory>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -32,11 +33,58 @@ namespace emu {
 namespace {
 
 struct Access {
-  uint32_t block = 0, thread = 0, block_epoch = 0, warp_epoch = 0;
+  uint32_t block = 0, block_epoch = 0, warp_epoch = 0;
+  uint16_t thread = 0;  // < 1024
   bool atomic = false, valid = false;
 };
 struct Cell {
   Access write, read;
+};
+
+// Granule -> Cell, in pages of consecutive granules. Every instrumented load and store of a
+// kernel looks up one or two granules, so this is the emulation's hottest structure: a hash of
+// single granules (std::unordered_map, or open addressing) scattered neighbours across memory and
+// spent most of a kernel's time in cache misses; a kernel's threads walk memory in runs, and the
+// page of the last access serves most of the next ones. clear() keeps the pages for reuse.
+class ShadowMap {
+ public:
+  Cell& operator[](uintptr_t granule) {
+    const uintptr_t page = granule >> kPageBits;
+    if (last_ == nullptr || last_key_ != page) {
+      auto [it, added] = pages_.try_emplace(page, nullptr);
+      if (added) it->second = take_page();
+      last_key_ = page;
+      last_ = it->second;
+    }
+    return last_->cells[granule & (kPageCells - 1)];
+  }
+  void clear() {
+    for (auto& [key, page] : pages_) spare_.push_back(page);
+    pages_.clear();
+    last_ = nullptr;
+  }
+
+ private:
+  static constexpr int kPageBits = 9;
+  static constexpr uintptr_t kPageCells = uintptr_t{1} << kPageBits;
+  struct Page {
+    Cell cells[kPageCells];
+  };
+  Page* take_page() {
+    if (spare_.empty()) {
+      owned_.push_back(std::make_unique<Page>());
+      return owned_.back().get();
+    }
+    Page* p = spare_.back();
+    spare_.pop_back();
+    std::fill(std::begin(p->cells), std::end(p->cells), Cell{});
+    return p;
+  }
+  std::unordered_map<uintptr_t, Page*> pages_;
+  std::vector<Page*> spare_;
+  std::vector<std::unique_ptr<Page>> owned_;
+  uintptr_t last_key_ = 0;
+  Page* last_ = nullptr;
 };
 
 const bool g_check = [] {
@@ -48,10 +96,24 @@ const bool g_check = [] {
 const char* g_kernel = nullptr;
 std::vector<std::pair<const char*, const char*>> g_global;
 std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
-std::unordered_map<uintptr_t, Cell> g_global_cells;
+ShadowMap g_global_cells;
 // Per block alive in the launch: its shared memory's cells (blocks interleave, and each block's
 // shared memory is its own even where two blocks' static __shared__ share an address in turn).
-std::unordered_map<uint32_t, std::unordered_map<uintptr_t, Cell>> g_block_cells;
+// Tables of blocks that ended are kept for the next (their slots' memory reused, not freed).
+std::unordered_map<uint32_t, ShadowMap> g_block_cells;
+std::vector<ShadowMap> g_spare_tables;
+
+// The table of the block that ran last (blocks switch at barriers; accesses come in long runs).
+uint32_t g_last_block = 0;
+ShadowMap* g_last_table = nullptr;
+
+ShadowMap& block_cells(uint32_t block) {
+  if (g_last_table == nullptr || g_last_block != block) {
+    g_last_table = &g_block_cells[block];  // node-based: stays valid until the block ends
+    g_last_block = block;
+  }
+  return *g_last_table;
+}
 
 bool is_global(const char* p) {
   auto it = std::upper_bound(g_global.begin(), g_global.end(), std::make_pair(p, static_cast<const char*>(nullptr)),
@@ -99,11 +161,11 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
           ": the streams' race check cannot see that use");
   }
   const KernelThread t = current_thread();
-  auto& cells = global ? g_global_cells : g_block_cells[t.block];
+  auto& cells = global ? g_global_cells : block_cells(t.block);
   // Shared memory starts undefined for each block: a read of bytes no thread of the block wrote.
   const bool check_unwritten = !global && !write && !atomic && maybe_shared(p);
   const bool note_static = !global && write && static_shared(p);
-  Access now{t.block, t.thread, t.block_epoch, t.warp_epoch, atomic, true};
+  Access now{t.block, t.block_epoch, t.warp_epoch, static_cast<uint16_t>(t.thread), atomic, true};
   const uintptr_t first = reinterpret_cast<uintptr_t>(p) >> 1, last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) >> 1;
   for (uintptr_t g = first; g <= last; g++) {
     Cell& c = cells[g];
@@ -146,10 +208,25 @@ bool race_checking() { return g_check; }
 #else
 bool race_checking() { return false; }
 #endif
-void race_begin_block(uint32_t linear) { g_block_cells[linear].clear(); }
-void race_end_block(uint32_t linear) { g_block_cells.erase(linear); }
+void race_begin_block(uint32_t linear) {
+  auto [it, added] = g_block_cells.try_emplace(linear);
+  if (added && !g_spare_tables.empty()) {
+    it->second = std::move(g_spare_tables.back());
+    g_spare_tables.pop_back();
+  }
+  it->second.clear();
+}
+void race_end_block(uint32_t linear) {
+  g_last_table = nullptr;
+  auto it = g_block_cells.find(linear);
+  if (it == g_block_cells.end()) return;
+  g_spare_tables.push_back(std::move(it->second));
+  g_block_cells.erase(it);
+}
 void race_end_launch() {
   g_global_cells.clear();
+  g_last_table = nullptr;
+  for (auto& [block, table] : g_block_cells) g_spare_tables.push_back(std::move(table));
   g_block_cells.clear();
   g_kernel = nullptr;
 }
