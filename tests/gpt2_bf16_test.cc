@@ -171,8 +171,8 @@ void check_attention(int B, int T, int C, int NH) {
   EXPECT_LT(rel_err(widen(out), out_f), kBf16);
   EXPECT_LT(rel_err(lse, lse_f), kBf16);
   Vf dqkv = dqkv0, dqkv_f(n3, 0.f);
-  attention_backward_bf16(dqkv.data(), dout.data(), qkv16.data(), lse.data(), B, T, C, NH);
-  attention_backward(dqkv_f.data(), dout.data(), qkv.data(), lse_f.data(), B, T, C, NH);
+  attention_backward_bf16(dqkv.data(), dout.data(), out.data(), qkv16.data(), lse.data(), B, T, C, NH);
+  attention_backward(dqkv_f.data(), dout.data(), out_f.data(), qkv.data(), lse_f.data(), B, T, C, NH);
   for (size_t i = 0; i < n3; i++) dqkv[i] -= dqkv0[i];  // accumulated onto the start
   EXPECT_LT(rel_err(dqkv, dqkv_f), kBf16);
 }

@@ -278,7 +278,7 @@ void check_attention(int B, int T, int C, int NH) {
 
   Vd dqkv0 = rnd(qkv.size(), 32);
   Vf dqkvf = to_f(dqkv0);
-  attention_backward(dqkvf.data(), to_f(dout).data(), qkvf.data(), lse.data(), B, T, C, NH);
+  attention_backward(dqkvf.data(), to_f(dout).data(), outf.data(), qkvf.data(), lse.data(), B, T, C, NH);
   for (size_t i = 0; i < dqkv0.size(); i++) dqkv0[i] += dqkv[i];
   EXPECT_LT(rel_err(dqkvf, dqkv0), kBwdTol);
 }
@@ -305,7 +305,7 @@ TEST(Gpt2Ops, AttentionLargeScores) {
   Vd dqkv(qkv.size());
   ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
   Vf dqkvf(qkv.size());
-  attention_backward(dqkvf.data(), to_f(dout).data(), qkvf.data(), lse.data(), B, T, C, NH);
+  attention_backward(dqkvf.data(), to_f(dout).data(), outf.data(), qkvf.data(), lse.data(), B, T, C, NH);
   EXPECT_LT(rel_err(dqkvf, dqkv), kBwdTol);
 }
 

@@ -17,9 +17,11 @@
 //
 // Kernels, one block per (tile, b * NH + h):
 //   attention_forward_kernel   per query tile: online softmax over key tiles 0..qt -> out, lse.
-//   attention_dq_kernel        per query tile: pass 1 over key tiles computes
-//                              D_i = sum_j P_ij dP_ij (dP = dout . v), stored for the next kernel;
-//                              pass 2 computes dS = P (dP - D) and dq += scale * dS k.
+//   attention_rowdot_kernel    per query row: D_i = dout_i . out_i, which is sum_j P_ij dP_ij
+//                              (dP = dout . v, out = P v): the softmax gradient's row term, read
+//                              by both kernels below (rebuilding it from P and dP took the dq
+//                              kernel a whole extra pass over the key tiles).
+//   attention_dq_kernel        per query tile: over key tiles, dS = P (dP - D), dq += scale * dS k.
 //   attention_dkv_kernel       per key tile: over query tiles qt >= kt, dv += P^T dout and
 //                              dk += dS^T (q * scale).
 // Each element of dqkv is accumulated by exactly one thread, in a loop order fixed by the shapes:
@@ -192,13 +194,28 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
-// ---- backward: dq (and D) -----------------------------------------------------------------------
+// ---- backward: D, then dq -----------------------------------------------------------------------
 
-// Block (x, b * NH + h) handles query tile qt = nt - 1 - x. D[B,NH,T] (scratch) receives
-// D_i = sum_j P_ij dP_ij for the dkv kernel; dqkv's q channels are accumulated.
+// D[bh, t] = sum over the head's channels of dout[b, t] * out[b, t] (out fp32, or bf16 as the
+// bf16 forward stored it), one thread per row, channels in order.
+template <class Out>
+__global__ void attention_rowdot_kernel(float* Dg, const float* dout, const Out* out, int B, int T, int C, int NH,
+                                        int hs) {
+  const int64_t rows = static_cast<int64_t>(B) * NH * T;
+  for (int64_t i = global_thread(); i < rows; i += grid_threads()) {
+    const int64_t bh = i / T, t = i - bh * T, b = bh / NH, h = bh - b * NH;
+    const int64_t at = (b * T + t) * C + h * hs;
+    float acc = 0.f;
+    for (int d = 0; d < hs; d++) acc += dout[at + d] * widen(out[at + d]);
+    Dg[i] = acc;
+  }
+}
+
+// Block (x, b * NH + h) handles query tile qt = nt - 1 - x, with D (attention_rowdot_kernel) for
+// its rows; dqkv's q channels are accumulated.
 template <int HSP, class In>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_dq_kernel(float* dqkv, float* Dg, const float* dout, const In* qkv, const float* lse, int T, int C,
+    attention_dq_kernel(float* dqkv, const float* Dg, const float* dout, const In* qkv, const float* lse, int T, int C,
                         int NH, int hs, float scale) {
   using G = AttnTile<HSP>;
   ZOE_DYNAMIC_SMEM(smem);
@@ -217,39 +234,14 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int q0 = qt * G::BT;
   load_rows<HSP>(Qs, q, ld, q0, T, hs, scale);
   load_rows<HSP>(dOs, dout + off.io, C, q0, T, hs, 1.f);
-  float row_lse[G::R];
+  float row_lse[G::R], D[G::R];
   for (int i = 0; i < G::R; i++) {
     const int row = q0 + ty + 16 * i;
     row_lse[i] = row < T ? lse[static_cast<int64_t>(bh) * T + row] : 0.f;
+    D[i] = row < T ? Dg[static_cast<int64_t>(bh) * T + row] : 0.f;
   }
 
-  // Pass 1: D_i. Each thread sums its columns over all key tiles, then the row's 16 threads add.
-  float dsum[G::R] = {};
-  for (int kt = 0; kt <= qt; kt++) {
-    const int k0 = kt * G::BT;
-    load_rows<HSP>(Ks, q + C, ld, k0, T, hs, 1.f);
-    load_rows<HSP>(Vs, q + 2 * C, ld, k0, T, hs, 1.f);
-    __syncthreads();
-    float s[G::R][G::R] = {}, dp[G::R][G::R] = {};
-    dot_rows<HSP>(s, Qs, Ks);
-    dot_rows<HSP>(dp, dOs, Vs);
-    for (int i = 0; i < G::R; i++) {
-      const int row = q0 + ty + 16 * i;
-      for (int j = 0; j < G::R; j++) {
-        const int key = k0 + tx + 16 * j;
-        if (key <= row && row < T) dsum[i] += expf(s[i][j] - row_lse[i]) * dp[i][j];
-      }
-    }
-    __syncthreads();  // Ks, Vs free
-  }
-  float D[G::R];
-  for (int i = 0; i < G::R; i++) {
-    D[i] = row16_sum(dsum[i]);
-    const int row = q0 + ty + 16 * i;
-    if (tx == 0 && row < T) Dg[static_cast<int64_t>(bh) * T + row] = D[i];
-  }
-
-  // Pass 2: dS = P (dP - D) into shared memory, dq += dS k.
+  // dS = P (dP - D) into shared memory, dq += dS k.
   float dq[G::R][G::DJ] = {};
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * G::BT;

@@ -607,14 +607,18 @@ void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const In* qkv, in
   check_launch("attention_forward");
 }
 
-template <int HSP, class In>
-void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const In* qkv, const float* lse, int B,
-                                          int T, int C, int NH) {
+template <int HSP, class Out, class In>
+void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const Out* out, const In* qkv,
+                                          const float* lse, int B, int T, int C, int NH) {
   using G = k::AttnTile<HSP>;
   const int hs = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  auto* D = static_cast<float*>(scratch(sizeof(float) * int64_t{B} * NH * T));
+  const int64_t rows = int64_t{B} * NH * T;
+  auto* D = static_cast<float*>(scratch(sizeof(float) * rows));
   if (!D) return;
+  ZOE_LAUNCH(grid_for(rows, k::kThreads), k::kThreads, 0, stream_, k::attention_rowdot_kernel<Out>)(D, dout, out, B, T,
+                                                                                                  C, NH, hs);
+  if (!check_launch("attention_backward D")) return;
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem_dq = sizeof(float) * G::kDqFloats, smem_dkv = sizeof(float) * G::kDkvFloats;
   if (!check(allow_smem(k::attention_dq_kernel<HSP, In>, smem_dq), "attention_backward shared memory") ||
@@ -652,30 +656,30 @@ void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const uint1
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
-void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
-                                      int T, int C, int NH) {
+void CudaModelOps::attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv,
+                                      const float* lse, int B, int T, int C, int NH) {
   const OpScope scope(this, "attention_backward", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
+  attention_backward_any(dqkv, dout, out, qkv, lse, B, T, C, NH);
 }
 
-void CudaModelOps::attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse,
-                                           int B, int T, int C, int NH) {
+void CudaModelOps::attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* out, const uint16_t* qkv,
+                                           const float* lse, int B, int T, int C, int NH) {
   const OpScope scope(this, "attention_backward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  attention_backward_any(dqkv, dout, qkv, lse, B, T, C, NH);
+  attention_backward_any(dqkv, dout, out, qkv, lse, B, T, C, NH);
 }
 
-template <class In>
-void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const In* qkv, const float* lse, int B,
-                                          int T, int C, int NH) {
+template <class Out, class In>
+void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const Out* out, const In* qkv,
+                                          const float* lse, int B, int T, int C, int NH) {
   int hsp = 0;
   if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
     fail(std::move(s));
     return;
   }
   if (B == 0 || T == 0) return;
-  if (hsp == 32) attention_backward_hsp<32>(dqkv, dout, qkv, lse, B, T, C, NH);
-  else if (hsp == 64) attention_backward_hsp<64>(dqkv, dout, qkv, lse, B, T, C, NH);
-  else attention_backward_hsp<128>(dqkv, dout, qkv, lse, B, T, C, NH);
+  if (hsp == 32) attention_backward_hsp<32>(dqkv, dout, out, qkv, lse, B, T, C, NH);
+  else if (hsp == 64) attention_backward_hsp<64>(dqkv, dout, out, qkv, lse, B, T, C, NH);
+  else attention_backward_hsp<128>(dqkv, dout, out, qkv, lse, B, T, C, NH);
 }
 
 // ---- elementwise ----------------------------------------------------------------------------------

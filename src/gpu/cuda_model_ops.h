@@ -103,11 +103,13 @@ class CudaModelOps final : public ModelOps {
   void attention_forward_any(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH);
   template <int HSP, class Out, class In>
   void attention_forward_hsp(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH);
-  template <class In>
-  void attention_backward_any(float* dqkv, const float* dout, const In* qkv, const float* lse, int B, int T, int C,
+  template <class Out, class In>
+  void attention_backward_any(float* dqkv, const float* dout, const Out* out, const In* qkv, const float* lse, int B,
+                              int T, int C,
                               int NH);
-  template <int HSP, class In>
-  void attention_backward_hsp(float* dqkv, const float* dout, const In* qkv, const float* lse, int B, int T, int C,
+  template <int HSP, class Out, class In>
+  void attention_backward_hsp(float* dqkv, const float* dout, const Out* out, const In* qkv, const float* lse, int B,
+                              int T, int C,
                               int NH);
 
   cudaStream_t stream_;

@@ -205,8 +205,8 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // Attention branch; dout is not read below, so dinp may alias it.
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
   ops.zero(buf_b, 3 * BTC);
-  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH);
-  else ops.attention_backward(buf_b, buf_a, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH);
+  else ops.attention_backward(buf_b, buf_a, a.atty, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
   backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);
   ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);

@@ -243,8 +243,8 @@ ZOE_SIMD_CLONES void head_backward(float* dqkv, const float* dout, int64_t ldo, 
 }  // namespace
 
 // Each (b, h) task writes only its own head's q, k, v channels of dqkv: no two tasks collide.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
-                        int T, int C, int NH) {
+void attention_backward(float* dqkv, const float* dout, const float* /*out*/, const float* qkv, const float* lse,
+                        int B, int T, int C, int NH) {
   const HeadDims h(T, C, NH);
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(bwd_floats(h));

@@ -239,8 +239,8 @@ void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int 
 }
 
 // Each (b, h) task writes only its own head's q, k, v channels of dqkv: no two tasks collide.
-void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv, const float* lse, int B, int T,
-                             int C, int NH) {
+void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* /*out*/, const uint16_t* qkv,
+                             const float* lse, int B, int T, int C, int NH) {
   const Head h = head_of(T, C, NH);
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);
