@@ -715,12 +715,14 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
     t.cpu().matmul_forward_bf16(out16.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
     t.gpu().matmul_forward_bf16(d_out16.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
     t.sync();
-    // Exactly the GPU's own fp32 product rounded; against the CPU's, one bf16 rounding and the fp32
-    // tolerance, relative to the tensor's scale (an element near 0 that sums cancel to may differ
-    // in many bf16 steps: the two GEMMs add in different orders).
+    // The GPU's own fp32 product rounded, to one bf16 step (the epilogue rounds a product of its
+    // own, whose algorithm may add in another order); against the CPU's, one bf16 rounding and the
+    // fp32 tolerance, relative to the tensor's scale (an element near 0 that sums cancel to may
+    // differ in many bf16 steps: the two GEMMs add in different orders).
     const std::vector<uint16_t> got16 = d_out16.download();
     const Vf gpu_out = d_out.download();
-    for (size_t i = 0; i < got16.size(); i++) ASSERT_EQ(got16[i], f32_to_bf16(gpu_out[i])) << "out16 " << i;
+    for (size_t i = 0; i < got16.size(); i++)
+      ASSERT_LE(std::abs(int(got16[i]) - int(f32_to_bf16(gpu_out[i]))), 1) << "out16 " << i;
     Vf got_w(got16.size()), want_w(out16.size());
     for (size_t i = 0; i < got16.size(); i++) got_w[i] = bf16_to_f32(got16[i]), want_w[i] = bf16_to_f32(out16[i]);
     EXPECT_LT(rel_err(got_w, want_w), 1.0 / 256 + kFwdTol) << "out16 against the CPU's";
@@ -743,6 +745,33 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
   EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
   if (!head) {
     EXPECT_LT(rel_err(d_db.download(), db, &db0), kBwdTol) << "dbias";
+  }
+}
+
+// A bf16 output with its bias comes out of the product's epilogue: no fp32 scratch, no pass. An
+// unaligned bias (cuBLASLt's epilogue reads it 16 bytes at a time) takes the scratch and the
+// rounding pass instead; both within one bf16 rounding (and fp32's tolerance) of the CPU's.
+TEST_F(CudaModelOpsTest, Bf16OutputIsRoundedInTheProductsEpilogue) {
+  const int N = 33, C = 16, OC = 64;
+  const auto W = bf16_weights(int64_t{C} * OC, 97), inp16 = bf16_weights(int64_t{N} * C, 98);
+  const Vf bias = rnd(OC, 99);
+  std::vector<uint16_t> want(int64_t{N} * OC);
+  cpu().matmul_forward_bf16(want.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
+  auto& ops = static_cast<gpu::CudaModelOps&>(gpu());
+  DevH d_W(W), d_inp(inp16);
+  for (size_t offset : {0, 1}) {
+    SCOPED_TRACE("bias offset " + std::to_string(offset));
+    DevF d_bias(bias, offset);
+    DevH d_out(want.size());
+    const size_t held = ops.workspace_bytes();
+    ops.matmul_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
+    sync();
+    if (offset == 0) EXPECT_EQ(ops.workspace_bytes(), held) << "the epilogue path took scratch";
+    else EXPECT_GT(ops.workspace_bytes(), held) << "an unaligned bias went to the epilogue";
+    const std::vector<uint16_t> got = d_out.download();
+    Vf got_w(got.size()), want_w(want.size());
+    for (size_t i = 0; i < got.size(); i++) got_w[i] = bf16_to_f32(got[i]), want_w[i] = bf16_to_f32(want[i]);
+    EXPECT_LT(rel_err(got_w, want_w), 1.0 / 256 + kFwdTol);
   }
 }
 

@@ -60,19 +60,24 @@ std::string shape_text(const char* what, std::initializer_list<int64_t> dims) {
 // choice depends on the shapes and the pointers' alignments, so those are the key; the same key
 // always runs the same algorithm, which keeps results bitwise reproducible.
 struct GemmKey {
-  bool ta, tb, bf16;  // bf16: A and B are bf16 (D stays fp32)
+  bool ta, tb, bf16;  // bf16: A and B are bf16
   int64_t m, n, k, lda, ldb, ldd;
   uint32_t align_a, align_b, align_d;
+  bool bias = false;    // cuBLASLt's BIAS epilogue: an fp32 vector added to each column of D
+  bool d_bf16 = false;  // D rounded to bf16 by the epilogue (beta 0)
   bool operator==(const GemmKey&) const = default;
 };
 
+struct GemmPlan {
+  GemmKey key;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool supported = true;  // false: cuBLASLt has no algorithm for it (kept, not asked again)
+};
+
 struct CudaModelOps::Gemm {
-  struct Plan {
-    GemmKey key;
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-  };
+  using Plan = GemmPlan;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -194,66 +199,111 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
     if (beta == 0.f) check(cudaMemsetAsync(D, 0, sizeof(float) * m * n, stream_), what);
     return;
   }
-  if (!gemm_->handle) {
-    fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
+  const GemmKey key{ta, tb, bf16, m, n, kk, lda, ldb, ldd, alignment_of(A), alignment_of(B), alignment_of(D)};
+  Gemm::Plan* plan = plan_for(key, what);
+  if (!plan) return;
+  if (!plan->supported) {
+    fail(Status::Unsupported(shape_text(what, {m, n, kk, lda, ldb, ldd}) + ": cuBLASLt has no algorithm for this GEMM"));
     return;
   }
-  const GemmKey key{ta, tb, bf16, m, n, kk, lda, ldb, ldd, alignment_of(A), alignment_of(B), alignment_of(D)};
-  Gemm::Plan* plan = nullptr;
-  for (Gemm::Plan& p : gemm_->plans)
-    if (p.key == key) plan = &p;
-  if (!plan) {
-    Gemm::Plan p;
-    p.key = key;
-    // Plain fp32 unless TF32 was asked for: CUBLAS_COMPUTE_32F never uses tensor cores on fp32
-    // operands. bf16 operands accumulate in fp32 (on tensor cores).
-    const cublasComputeType_t compute =
-        allow_tf32_ && !bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const uint64_t ws = gemm_->workspace_bytes;
-    cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t s = cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    // Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed.
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatrixLayoutCreate(&p.a, ab, ta ? kk : m, ta ? m : kk, lda);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatrixLayoutCreate(&p.b, ab, tb ? n : kk, tb ? kk : n, ldb);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
-    for (const auto& [attr, value] : aligns)
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(gemm_->handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-      Gemm::destroy(p);
-      const std::string shape = shape_text(what, {m, n, kk, lda, ldb, ldd});
-      fail(s != CUBLAS_STATUS_SUCCESS ? Status::Runtime(cublas_text(shape.c_str(), s))
-                                      : Status::Unsupported(shape + ": cuBLASLt has no algorithm for this GEMM"));
-      return;
-    }
-    p.algo = result.algo;
-    gemm_->plans.push_back(p);
-    plan = &gemm_->plans.back();
+  run(*plan, A, B, beta, D, nullptr, what);
+}
+
+bool CudaModelOps::gemm_fused(bool bf16, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda, const void* B,
+                              int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what) {
+  if (m <= 0 || n <= 0) return true;
+  // An empty sum, or a bias cuBLASLt may not take (its epilogue reads it 16 bytes at a time): the
+  // caller's own passes.
+  if (kk <= 0 || (bias && alignment_of(bias) < 16)) return false;
+  GemmKey key{false, false, bf16, m, n, kk, lda, ldb, m, alignment_of(A), alignment_of(B), alignment_of(D)};
+  key.bias = bias != nullptr;
+  key.d_bf16 = d_bf16;
+  Gemm::Plan* plan = plan_for(key, what);
+  if (!plan) return true;  // the error is recorded
+  if (!plan->supported) return false;
+  run(*plan, A, B, 0.f, D, bias, what);
+  return true;
+}
+
+// The cached plan for key, made on first use: nullptr on an error (recorded); a plan with
+// supported false where cuBLASLt's heuristic offers no algorithm.
+GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
+  if (!gemm_->handle) {
+    fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
+    return nullptr;
   }
+  for (Gemm::Plan& p : gemm_->plans)
+    if (p.key == key) return &p;
+  Gemm::Plan p;
+  p.key = key;
+  // Plain fp32 unless TF32 was asked for: CUBLAS_COMPUTE_32F never uses tensor cores on fp32
+  // operands. bf16 operands accumulate in fp32 (on tensor cores).
+  const cublasComputeType_t compute = allow_tf32_ && !key.bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t ab = key.bf16 ? CUDA_R_16BF : CUDA_R_32F, dt = key.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasOperation_t opa = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const uint64_t ws = gemm_->workspace_bytes;
+  const int64_t m = key.m, n = key.n, kk = key.k;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t s = cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  if (key.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+  }
+  // Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed.
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.a, ab, key.ta ? kk : m, key.ta ? m : kk, key.lda);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.b, ab, key.tb ? n : kk, key.tb ? kk : n, key.ldb);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.d, dt, m, n, key.ldd);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  for (const auto& [attr, value] : aligns)
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(gemm_->handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  // No algorithm: none found, or (an epilogue or bf16 D, which not every GPU and cuBLASLt has)
+  // the heuristic's NOT_SUPPORTED. A plain product's NOT_SUPPORTED is an error, as any other.
+  const bool fused = key.bias || key.d_bf16;
+  const bool none = (s == CUBLAS_STATUS_SUCCESS && (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)) ||
+                    (fused && s == CUBLAS_STATUS_NOT_SUPPORTED);
+  if (s != CUBLAS_STATUS_SUCCESS && !none) {
+    Gemm::destroy(p);
+    fail(Status::Runtime(cublas_text(shape_text(what, {m, n, kk, key.lda, key.ldb, key.ldd}).c_str(), s)));
+    return nullptr;
+  }
+  if (none) {
+    Gemm::destroy(p);
+    p.key = key;
+    p.supported = false;
+  } else {
+    p.algo = result.algo;
+  }
+  gemm_->plans.push_back(p);
+  return &gemm_->plans.back();
+}
+
+void CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const float* bias,
+                       const char* what) {
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (plan.key.bias)  // the plan's descriptor carries the vector: set per call, before the call
+    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
   const float alpha = 1.f;
-  const cublasStatus_t s = cublasLtMatmul(gemm_->handle, plan->desc, &alpha, A, plan->a, B, plan->b, &beta, D,
-                                          plan->d, D, plan->d, &plan->algo, gemm_->workspace,
-                                          gemm_->workspace_bytes, stream_);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmul(gemm_->handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d, &plan.algo,
+                       gemm_->workspace, gemm_->workspace_bytes, stream_);
   if (s != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, s)));
 }
 
@@ -276,8 +326,9 @@ void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, 
     return;
   }
   if (N == 0 || OC == 0) return;
-  // The bias seeds out and the GEMM adds onto it (beta = 1), as the CPU does: one code path for
-  // any alignment of the bias (cuBLASLt's bias epilogue wants 16-byte aligned vectors).
+  // The bias in the product's epilogue; else (no such algorithm, an unaligned bias) it seeds out
+  // and the GEMM adds onto it (beta = 1), as the CPU does.
+  if (bias && gemm_fused(false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward")) return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -350,6 +401,7 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
     return;
   }
   if (N == 0 || OC == 0) return;
+  if (bias && gemm_fused(true, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward_bf16")) return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -366,6 +418,8 @@ void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const
     return;
   }
   if (N == 0 || OC == 0) return;
+  // Rounded by the product's epilogue, the bias with it; else through an fp32 scratch and a pass.
+  if (gemm_fused(true, OC, N, C, W, OC, inp, C, out, true, bias, "matmul_forward_bf16")) return;
   auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * OC));
   if (!f) return;
   matmul_forward_bf16(f, inp, W, bias, N, C, OC);

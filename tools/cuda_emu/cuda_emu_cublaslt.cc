@@ -1,7 +1,8 @@
 // cuBLASLt behind the same calls: a column-major GEMM (fp32, TF32-rounded fp32, or bf16 widened
-// exactly, into fp32; the product by OpenBLAS) that checks that the layouts make a product and that
-// the pointers keep the alignments promised to the heuristic; a matmul is queued on its stream like
-// a kernel.
+// exactly, into fp32 or, bf16 operands, rounded to bf16; the product by OpenBLAS) with the BIAS
+// epilogue (an fp32 vector added to each column of D, read 16-byte aligned), that checks that the
+// layouts make a product and that the pointers keep the alignments promised to the heuristic; a
+// matmul is queued on its stream like a kernel.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
 #include <cblas.h>
@@ -18,6 +19,9 @@ struct DescData {
   cublasComputeType_t compute;
   cudaDataType_t scale;
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  int32_t bias_type = -1;  // -1: D's type, as cuBLASLt's default
+  const void* bias = nullptr;
 };
 struct LayoutData {
   cudaDataType_t type;
@@ -57,6 +61,14 @@ size_t span_bytes(const LayoutData& l) {
 
 // x rounded to TF32 (8 exponent bits, 10 mantissa bits), to nearest with ties to even, as the
 // tensor cores read fp32 operands under CUBLAS_COMPUTE_32F_FAST_TF32 (NaN and infinity kept).
+// x rounded to bf16, to nearest with ties to even (NaN quieted), as the epilogue writes a bf16 D.
+uint16_t emu_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 float to_tf32(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
@@ -81,7 +93,7 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     return tf32 ? to_tf32(f) : f;
   };
   const auto* Cf = static_cast<const float*>(Cp);
-  auto* Df = static_cast<float*>(Dp);
+  const auto* bias = static_cast<const float*>(o.epilogue == CUBLASLT_EPILOGUE_BIAS ? o.bias : nullptr);
   const int64_t m = Dl.rows, n = Dl.cols;
   const int64_t k = o.ta == CUBLAS_OP_N ? A.cols : A.rows;
   // op(A) and op(B) as dense column-major fp32 (widened, TF32-rounded), then one OpenBLAS sgemm:
@@ -96,9 +108,14 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, a.data(), static_cast<blasint>(m), b.data(), static_cast<blasint>(k),
                 0.f, d.data(), static_cast<blasint>(m));
+  // beta C (fp32 only: a bf16 D is written with beta 0), then the bias, then D's rounding.
   for (int64_t j = 0; j < n; j++)
-    for (int64_t i = 0; i < m; i++)
-      Df[j * Dl.ld + i] = d[j * m + i] + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
+    for (int64_t i = 0; i < m; i++) {
+      float v = d[j * m + i] + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
+      if (bias) v += bias[i];
+      if (Dl.type == CUDA_R_16BF) static_cast<uint16_t*>(Dp)[j * Dl.ld + i] = emu_bf16(v);
+      else static_cast<float*>(Dp)[j * Dl.ld + i] = v;
+    }
 }
 
 }  // namespace
@@ -143,7 +160,22 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     std::memcpy(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &x->ta : &x->tb, buf, size);
     return CUBLAS_STATUS_SUCCESS;
   }
-  return CUBLAS_STATUS_NOT_SUPPORTED;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&x->epilogue, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&x->bias_type, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (size != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&x->bias, buf, size);
+      return CUBLAS_STATUS_SUCCESS;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
 }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
                                           int64_t ld) {
@@ -202,11 +234,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   const uint64_t m = Dl->rows, n = Dl->cols;
   const uint64_t am = o->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = o->ta == CUBLAS_OP_N ? A->cols : A->rows;
   const uint64_t bk = o->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = o->tb == CUBLAS_OP_N ? B->cols : B->rows;
-  // The products zoe asks for: fp32 x fp32 or bf16 x bf16, into fp32 (as cuBLASLt's tables allow).
+  // The products zoe asks for: fp32 x fp32 or bf16 x bf16, into fp32 (or bf16 from bf16), C of
+  // D's type (as cuBLASLt's tables allow); no epilogue but BIAS, whose vector is fp32.
   const bool types_ok = A->type == B->type && (A->type == CUDA_R_32F || A->type == CUDA_R_16BF) &&
-                        Cl->type == CUDA_R_32F && Dl->type == CUDA_R_32F &&
+                        Cl->type == Dl->type && (Dl->type == CUDA_R_32F || (Dl->type == CUDA_R_16BF && A->type == CUDA_R_16BF)) &&
                         (A->type == CUDA_R_32F || o->compute == CUBLAS_COMPUTE_32F);
-  if (!types_ok) {
+  const int32_t bias_type = o->bias_type == -1 ? static_cast<int32_t>(Dl->type) : o->bias_type;
+  const bool epilogue_ok = o->epilogue == CUBLASLT_EPILOGUE_DEFAULT ||
+                           (o->epilogue == CUBLASLT_EPILOGUE_BIAS && bias_type == CUDA_R_32F);
+  if (!types_ok || !epilogue_ok) {
     *found = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -237,12 +273,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                    alignment(ptrs[i]), al[i]);
       return CUBLAS_STATUS_INVALID_VALUE;
     }
-  // The scalars are read now (host pointer mode), the matrices when the matmul runs.
+  // The scalars are read now (host pointer mode), the matrices and the bias (the pointer the
+  // descriptor holds at the call) when the matmul runs.
   const float alpha = *static_cast<const float*>(alpha_p), beta = *static_cast<const float*>(beta_p);
   std::vector<emu::Range> uses = {{static_cast<const char*>(Ap), span_bytes(A), false},
                                   {static_cast<const char*>(Bp), span_bytes(B), false},
                                   {static_cast<const char*>(Dp), span_bytes(Dl), true}};
   if (beta != 0.f) uses.push_back({static_cast<const char*>(Cp), span_bytes(Cl), false});
+  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    if (o.bias == nullptr || alignment(o.bias) < 16) {
+      std::fprintf(stderr, "cuda_emu: the bias epilogue's vector %p is not 16-byte aligned\n", o.bias);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    uses.push_back({static_cast<const char*>(o.bias), Dl.rows * sizeof(float), false});
+  }
   emu::enqueue(stream, "cublasLtMatmul", std::move(uses),
                [=] { gemm(o, A, B, Cl, Dl, alpha, beta, Ap, Bp, Cp, Dp); });
   return CUBLAS_STATUS_SUCCESS;
