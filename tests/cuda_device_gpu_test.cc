@@ -25,6 +25,8 @@
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/gpu_info.h"
+#include "sched/stage3/chunk_load.h"
+#include "sched/state_array.h"
 
 namespace zoe {
 namespace {
@@ -341,6 +343,42 @@ TEST_F(CudaDeviceTest, UploadAndDownloadWaitForTheComputeStream) {
 
 #ifdef ZOE_CUDA_EMU
 extern "C" unsigned long long cuda_emu_pageable_copies(void);
+extern "C" unsigned long long cuda_emu_calls(const char* kind);
+
+// A fetch of a chunk held in host memory (the parameters offloaded to the CPU) leaves the host
+// free: finish_for_compute() has the compute stream wait for the upload, with no host wait on an
+// event or a stream, and kernels queued after it read the chunk (the emulation's stream check
+// would name a kernel reading it before the copy ran). The chunk queued behind busy kernels on
+// the compute stream, whose end the upload waits for.
+TEST_F(CudaDeviceTest, AFetchFromHostMemoryHasTheComputeStreamWaitNotTheHost) {
+  const int64_t n = kOrderingElems;
+  StateArray a;
+  ASSERT_TRUE(a.allocate(*dev_, {Tier::kHost, 1.0, nullptr, ""}, n, 4, Kind::kParam).ok());
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000) * 0.5f;
+  ASSERT_FALSE(a.on_nvme(0));
+  ASSERT_TRUE(dev_->synchronize().ok());  // the allocation's zero fill has run
+  std::memcpy(a.buffer_of(0).as<char>() + a.buffer_offset(0), v.data(), n * 4);  // host memory
+  Buffer dst = buffer(n * 4), other = buffer(n * 4), sum = buffer(n * 4);
+  ASSERT_TRUE(dst && other && sum);
+  ASSERT_TRUE(dev_->zero(dst.data, n * 4).ok());
+  ASSERT_TRUE(dev_->zero(sum.data, n * 4).ok());
+  busy(*dev_, other.as<float>(), sum.as<float>(), n, 10);  // the upload waits for these
+  const unsigned long long host_waits =
+      cuda_emu_calls("cudaEventSynchronize") + cuda_emu_calls("cudaStreamSynchronize");
+  {
+    ChunkLoad load(*dev_, nullptr, a, 0, n, dst, 0, n);
+    ASSERT_TRUE(load.start().ok());
+    ASSERT_TRUE(load.finish_for_compute().ok());
+  }  // and its end does not wait either
+  EXPECT_EQ(cuda_emu_calls("cudaEventSynchronize") + cuda_emu_calls("cudaStreamSynchronize"), host_waits);
+  ASSERT_TRUE(dev_->accumulate(sum.data, DType::kF32, dst.data, DType::kF32, n, false).ok());  // reads dst
+  const std::vector<uint8_t> got = fetch(sum.data, n * 4);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = v[i];
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0);
+  a.release(*dev_);
+}
 
 // The emulation treats an async copy from pageable memory as CUDA does (it has finished when the
 // call returns) and counts it; one from pinned memory stays asynchronous and is not counted.

@@ -208,4 +208,7 @@ extern "C" {
 void cuda_emu_note_block(const void* p, size_t bytes, int in_use);
 // Async copies so far that involved pageable host memory (synchronous, as on CUDA, and slow there).
 unsigned long long cuda_emu_pageable_copies(void);
+// Calls so far of one kind that the emulation can fail (cuda_emu_faults.cc: cudaEventSynchronize,
+// launch, ...; "any" for all).
+unsigned long long cuda_emu_calls(const char* kind);
 }

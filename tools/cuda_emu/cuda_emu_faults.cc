@@ -3,8 +3,9 @@
 // launch error for cudaGetLastError), without doing its work. <call> is the function's name
 // (cudaMalloc, cublasLtMatmul, ncclAllGather, ...), "launch" for kernel launches, or "any" for
 // the n-th of every call that can fail here; <call>@<text> counts only the calls whose detail
-// holds <text> (launch@gelu_forward:1 fails the first launch of a kernel named so). CUDA_EMU_COUNT=1 prints each kind's count at exit,
-// so that a sweep knows how many calls a run makes. An injected failure is said on stderr
+// holds <text> (launch@gelu_forward:1 fails the first launch of a kernel named so). Every call is
+// counted (cuda_emu_calls); CUDA_EMU_COUNT=1 prints each kind's count at exit, so that a sweep
+// knows how many calls a run makes. An injected failure is said on stderr
 // ("cuda_emu: injected a failure into ...") so that a test can tell it happened.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
@@ -64,7 +65,6 @@ namespace emu {
 
 bool injected(const char* call, const char* detail) {
   Faults& f = faults();
-  if (f.fail_at.empty() && !f.report) return false;
   std::lock_guard<std::mutex> lock(f.mu);
   const unsigned long long mine = ++f.count[call], all = ++f.count["any"];
   bool fail = false;
@@ -84,3 +84,10 @@ bool injected(const char* call, const char* detail) {
 }
 
 }  // namespace emu
+
+unsigned long long cuda_emu_calls(const char* kind) {
+  Faults& f = faults();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.count.find(kind);
+  return it == f.count.end() ? 0 : it->second;
+}

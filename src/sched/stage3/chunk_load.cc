@@ -127,6 +127,16 @@ Status ChunkLoad::wait_read(const NvmePiece& p) {
   return a_.wait(p.read);
 }
 
+Status ChunkLoad::finish_for_compute() {
+  if (!nvme_.empty() || finished_) return finish();
+  if (!started_) ZOE_RETURN_IF_ERROR(start());
+  std::lock_guard l(mu_);
+  finished_ = true;
+  if (!copy_issued_) return Status::Ok();
+  copy_issued_ = false;
+  return dev_.wait_on(Stream::kCompute, copied_);
+}
+
 Status ChunkLoad::finish() {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
   Status st = dst_ ? order_after_compute() : Status::Ok();

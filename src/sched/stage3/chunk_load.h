@@ -35,6 +35,9 @@ class ChunkLoad final : public UnitLoad {
   Status start() override;
   // After it the elements are in dst (the h2d stream's copy is waited for).
   Status finish() override;
+  // A load whose parts are all in memory (no pinned windows to give back) has the compute stream
+  // wait for its copies, not the host; one with NVMe parts finishes as finish() does.
+  Status finish_for_compute() override;
 
   // Parts in device or host memory: their copy needs the destination at start().
   bool has_memory_parts() const override { return !memory_.empty(); }

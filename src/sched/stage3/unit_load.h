@@ -13,6 +13,10 @@ class UnitLoad {
   virtual Status start() = 0;
   // After it the chunk is in the destination (start() if it never ran).
   virtual Status finish() = 0;
+  // The same for work queued on the compute stream after it: where the load allows, that stream
+  // waits for the copies and the host does not (a fetch that blocked the host until its upload
+  // landed left a GPU idle while the host woke and queued the next kernels).
+  virtual Status finish_for_compute() { return finish(); }
   // Parts in device or host memory, which need the destination at start() (cannot be staged).
   virtual bool has_memory_parts() const = 0;
   // Whether start() issued any read / every read (finish() then waits for no pinned window).

@@ -71,7 +71,7 @@ Status UnitScheduler::gather(int u) {
     if (g.load) g.load->set_destination(g.buf);  // staged: its reads are on their way
     else g.load = mover_.load(u, g.buf);
   }
-  Status st = g.load ? g.load->finish() : Status::Ok();
+  Status st = g.load ? g.load->finish_for_compute() : Status::Ok();
   g.load.reset();
   if (st.ok()) st = mover_.gather(u, g.buf);
   if (!st.ok()) {
