@@ -5,6 +5,7 @@
 // CUDA_EMU_DELAY), so the host's write lands before the copy runs. Modes:
 //   --source-early       write the pinned source of a host-to-device copy before it ran (aborts)
 //   --destination-early  write the pinned destination of a device-to-host copy before it ran (aborts)
+//   --memset-early       write pinned memory that a queued cudaMemsetAsync zeroes before it ran (aborts)
 //   --after-wait         the same writes after cudaStreamSynchronize (runs through)
 // Run by ctest (tests/CMakeLists.txt), which checks what each prints.
 #include <cuda_runtime.h>
@@ -42,9 +43,10 @@ int run(const std::string& mode) {
   for (int round = 0; round < 2; round++) {  // --after-wait: an upload and a download
     const bool up = mode == "--after-wait" ? round == 0 : upload;
     if (!keep_busy(s, scratch, kBytes)) return 1;
-    cudaError_t e = up ? cudaMemcpyAsync(dev, pinned, kBytes, cudaMemcpyHostToDevice, s)
-                       : cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, s);
-    if (!ok(e, "cudaMemcpyAsync")) return 1;
+    cudaError_t e = mode == "--memset-early" ? cudaMemsetAsync(pinned, 0, kBytes, s)
+                    : up ? cudaMemcpyAsync(dev, pinned, kBytes, cudaMemcpyHostToDevice, s)
+                         : cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, s);
+    if (!ok(e, "the queued operation")) return 1;
     if (mode == "--after-wait" && !ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return 1;
     pinned[100] = 7;  // the bug (unless waited for): the buffer is refilled while the copy is queued
     if (!ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return 1;
@@ -58,7 +60,7 @@ int run(const std::string& mode) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "--source-early" && mode != "--destination-early" && mode != "--after-wait")
-    return std::fprintf(stderr, "usage: pinned_guard_emu --source-early|--destination-early|--after-wait\n"), 2;
+  if (mode != "--source-early" && mode != "--destination-early" && mode != "--memset-early" && mode != "--after-wait")
+    return std::fprintf(stderr, "usage: pinned_guard_emu --source-early|--destination-early|--memset-early|--after-wait\n"), 2;
   return run(mode);
 }

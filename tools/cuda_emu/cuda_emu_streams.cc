@@ -345,11 +345,11 @@ const char* kind_name(cudaMemcpyKind k) {
 // its own pinned staging memory before the call returns), else the copy reads it when it runs.
 enum class Source { kAtRun, kStaged };
 
-// Pinned host memory a queued copy reads or writes must not change before the copy runs: CUDA
-// reads and writes it then, not at the call, so a host write (or an NVMe read landing) in between
-// is a race the streams' check cannot see (host code is no stream). The bytes are kept at the call
-// and compared when the copy runs. Not where queued work that the host has not synchronized with
-// writes them: that work may legitimately change them first.
+// Pinned host memory a queued copy (or memset) reads or writes must not change before it runs:
+// CUDA reads and writes it then, not at the call, so a host write (or an NVMe read landing) in
+// between is a race the streams' check cannot see (host code is no stream). The bytes are kept at
+// the call and compared when the operation runs. Not where queued work that the host has not
+// synchronized with writes them: that work may legitimately change them first.
 struct PinnedGuard {
   const char* p = nullptr;
   std::vector<char> was;
@@ -359,21 +359,22 @@ std::vector<PinnedGuard> guard_pinned(const void* dst, const void* src, size_t b
   std::vector<PinnedGuard> guards;
   for (const auto& [p, destination] : {std::pair{static_cast<const char*>(src), false},
                                        std::pair{static_cast<const char*>(dst), true}}) {
-    if (bytes == 0 || emu::where(p) != emu::Where::kPinned || emu::queued_writer(p, bytes)) continue;
+    if (bytes == 0 || !p || emu::where(p) != emu::Where::kPinned || emu::queued_writer(p, bytes)) continue;
     guards.push_back({p, std::vector<char>(p, p + bytes), destination});
   }
   return guards;
 }
-void check_pinned(const std::vector<PinnedGuard>& guards, const std::string& what) {
+// op: what the queued operation is ("copy", "memset").
+void check_pinned(const std::vector<PinnedGuard>& guards, const std::string& what, const char* op = "copy") {
   for (const PinnedGuard& g : guards) {
     if (std::memcmp(g.p, g.was.data(), g.was.size()) == 0) continue;
     size_t at = 0;
     while (g.p[at] == g.was[at]) at++;
     emu::die("pinned host memory changed between the call and the run of " + what + ": " + emu::describe(g.p + at) +
-             ", which the copy " + (g.destination ? "writes" : "reads") +
-             ", was written by host code (or an NVMe read) before the copy ran: a missing wait for the copy, "
-             "or its buffer handed to new work before the copy finished (CUDA " +
-             (g.destination ? "writes" : "reads") + " pinned memory when the copy runs, not at the call)");
+             ", which the " + op + " " + (g.destination ? "writes" : "reads") +
+             ", was written by host code (or an NVMe read) before the " + op + " ran: a missing wait for the " + op +
+             ", or its buffer handed to new work before the " + op + " finished (CUDA " +
+             (g.destination ? "writes" : "reads") + " pinned memory when the " + op + " runs, not at the call)");
   }
 }
 
@@ -488,8 +489,13 @@ cudaError_t cudaMemset(void* dst, int v, size_t bytes) {
 }
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t bytes, cudaStream_t s) {
   if (emu::injected("cudaMemsetAsync")) return emu::fail(cudaErrorInvalidValue);
+  // A memset of pinned host memory: host code must not write it before the memset runs (the
+  // memset would undo that write on a GPU, whenever it happens to run).
+  auto guards = std::make_shared<const std::vector<PinnedGuard>>(guard_pinned(dst, nullptr, bytes));
+  const std::string what = "cudaMemsetAsync of " + std::to_string(bytes) + " bytes";
   emu::enqueue(s, "cudaMemsetAsync", {{static_cast<const char*>(dst), bytes, true}},
                [=] {
+                 check_pinned(*guards, what, "memset");
                  if (bytes) std::memset(dst, v, bytes);
                });
   return cudaSuccess;
