@@ -282,7 +282,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   if (beta != 0.f) uses.push_back({static_cast<const char*>(Cp), span_bytes(Cl), false});
   if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
     if (o.bias == nullptr || alignment(o.bias) < 16) {
-      std::fprintf(stderr, "cuda_emu: the bias epilogue's vector %p is not 16-byte aligned\n", o.bias);
+      if (o.bias) std::fprintf(stderr, "cuda_emu: the bias epilogue's vector %p is not 16-byte aligned\n", o.bias);
+      else std::fprintf(stderr, "cuda_emu: the bias epilogue has no vector (CUBLASLT_MATMUL_DESC_BIAS_POINTER unset)\n");
       return CUBLAS_STATUS_INVALID_VALUE;
     }
     uses.push_back({static_cast<const char*>(o.bias), Dl.rows * sizeof(float), false});

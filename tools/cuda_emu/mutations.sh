@@ -6,7 +6,7 @@
 # one). A mutation whose text is no longer in its file stops the script with exit 1, naming it.
 # Files are put back after each (and on exit), then the build is rebuilt.
 #   tools/cuda_emu/mutations.sh      (BUILD_DIR: default build, a build with ZOE_CUDA_EMU)
-# tools/test.sh runs it; about 10 minutes on 2 cores (a rebuild of the mutated target each).
+# tools/test.sh runs it; about 3 minutes on 2 cores (a rebuild of the mutated target each).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -147,6 +147,22 @@ check "a failed launch not recorded by the ops (check_launch)" train_gpu_test_em
 mutate src/model/gpt2_model.cc "  const Status s = dev_->ops().status();" "  const Status s = Status::Ok();"
 check "the ops' error dropped before the step goes on (Gpt2Model::ops_ok)" train_gpu_test_emu \
   "Failure" tests/train_gpu_test_emu --gtest_filter='GpuFaults.AFailedGemm*'
+
+# --- the paths made since the last GPU lease (issue 47, 48) ---
+mutate src/gpu/cuda_attention.cuh "    Dg[i] = acc;" "    Dg[i] = 0.f;"
+check "the attention backward's row term D left out (attention_rowdot_kernel)" cuda_model_ops_gpu_test_emu \
+  "Failure" $(ops_test '*.Attention')
+
+mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);" \
+  "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the bias pointer never given"
+check "the bias epilogue run without its vector (CudaModelOps::run)" cuda_model_ops_gpu_test_emu \
+  "the bias epilogue has no vector" $(ops_test '*.Matmul')
+
+mutate src/sched/stage3/chunk_load.cc "  return dev_.wait_on(Stream::kCompute, copied_);
+}" "  return Status::Ok();  // mutation: the compute stream does not wait for the upload
+}"
+check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
+  cuda_device_gpu_test_emu "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*AFetchFromHostMemory*'
 
 echo "mutations.sh: $caught caught, $missed missed"
 [[ $missed -eq 0 ]]
