@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <random>
@@ -25,7 +26,10 @@
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/gpu_info.h"
+#include "nvme/nvme_store.h"
+#include "nvme/pinned_pool.h"
 #include "sched/stage3/chunk_load.h"
+#include "sched/stage3/window_retirement.h"
 #include "sched/state_array.h"
 
 namespace zoe {
@@ -378,6 +382,61 @@ TEST_F(CudaDeviceTest, AFetchFromHostMemoryHasTheComputeStreamWaitNotTheHost) {
   for (int64_t i = 0; i < n; ++i) want[i] = v[i];
   EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0);
   a.release(*dev_);
+}
+
+// A fetch of a chunk on NVMe, three pinned windows: the host does not wait for their uploads; the
+// windows go to the retirement, the compute stream waits for the copies (a kernel after the fetch
+// reads the chunk), and the windows come back to the pool once the copies ran (the pool asks the
+// retirement when it runs short). The emulation's pinned guard would name a window reused early.
+TEST_F(CudaDeviceTest, AFetchFromNvmeRetiresItsWindowsInsteadOfWaiting) {
+  const std::string dir = test::make_temp_dir("fetch-retire");
+  auto pool = PinnedPool::create({1 << 20, /*pin=*/false, &dev_->ledger()});
+  ASSERT_TRUE(pool.ok()) << pool.status().message();
+  PinnedPool& p = **pool;
+  ASSERT_TRUE(dev_->register_host(p.base(), p.capacity()).ok());
+  NvmeStoreOptions o;
+  o.nvme_path = dir;
+  o.job = "retire";
+  o.block_size = 4096;
+  o.ledger = &dev_->ledger();
+  o.pool = &p;
+  auto opened = NvmeStore::open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  std::unique_ptr<NvmeStore> store = std::move(opened).value();
+  const int64_t n = 5000;
+  StateArray a;
+  const std::vector<int64_t> units = {0};
+  ASSERT_TRUE(a.allocate(*dev_, {Tier::kNvme, 1.0, store.get(), "param"}, n, 4, Kind::kParam, units).ok());
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 977) - 300.f;
+  ASSERT_TRUE(a.wait(a.write_async(0, n, v.data())).ok());
+  WindowRetirement retirement(*dev_);
+  p.set_reclaimer([&](bool block) { return retirement.reclaim(block); });
+  const uint64_t free_before = p.available();
+  Buffer dst = buffer(n * 4), other = buffer(n * 4), sum = buffer(n * 4);
+  ASSERT_TRUE(dst && other && sum);
+  ASSERT_TRUE(dev_->zero(sum.data, n * 4).ok());
+  busy(*dev_, other.as<float>(), sum.as<float>(), n, 10);  // the uploads wait for these
+  const unsigned long long host_waits =
+      cuda_emu_calls("cudaEventSynchronize") + cuda_emu_calls("cudaStreamSynchronize");
+  {
+    ChunkLoad load(*dev_, &p, a, 0, n, dst, 0, 2048, &retirement);
+    ASSERT_TRUE(load.start().ok());
+    ASSERT_TRUE(load.finish_for_compute().ok());
+  }
+  EXPECT_EQ(cuda_emu_calls("cudaEventSynchronize") + cuda_emu_calls("cudaStreamSynchronize"), host_waits);
+  EXPECT_EQ(retirement.held(), 1u);
+  ASSERT_TRUE(dev_->accumulate(sum.data, DType::kF32, dst.data, DType::kF32, n, false).ok());  // reads dst
+  const std::vector<uint8_t> got = fetch(sum.data, n * 4);
+  EXPECT_EQ(std::memcmp(got.data(), v.data(), n * 4), 0);
+  p.reclaim_ready();  // the copies ran (the download above waited for the compute stream)
+  EXPECT_EQ(retirement.held(), 0u);
+  EXPECT_EQ(p.available(), free_before);
+  p.set_reclaimer(nullptr);
+  a.release(*dev_);
+  ASSERT_TRUE(store->close().ok());
+  dev_->unregister_host(p.base());
+  std::filesystem::remove_all(dir);
 }
 
 // The emulation treats an async copy from pageable memory as CUDA does (it has finished when the

@@ -91,6 +91,9 @@ class Device {
 
   virtual Event record(Stream stream) = 0;
   virtual Status wait(Event e) = 0;                  // the host waits
+  // Whether the work up to e has run, without waiting (false after an error too: wait reports it).
+  // The default waits: a device that can ask without waiting says so.
+  virtual bool done(Event e) { return wait(e).ok(); }
   virtual Status wait_on(Stream waiter, Event e) = 0;  // later work on `waiter` waits for e
   virtual Status synchronize() = 0;                  // every stream drained
   // Later work on every stream of this device waits for what `stream` (a native stream of this

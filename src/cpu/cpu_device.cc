@@ -207,6 +207,13 @@ Event CpuDevice::record(Stream stream) {
   return Event{stream, q.submitted};
 }
 
+bool CpuDevice::done(Event e) {
+  if (!asynchronous(e.stream)) return true;
+  Queue& q = *queues_[static_cast<int>(e.stream)];
+  std::lock_guard<std::mutex> l(q.mu);
+  return q.done >= e.seq;
+}
+
 Status CpuDevice::wait(Event e) {
   if (!asynchronous(e.stream)) return Status::Ok();
   Queue& q = *queues_[static_cast<int>(e.stream)];

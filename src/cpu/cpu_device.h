@@ -40,6 +40,7 @@ class CpuDevice final : public Device {
   Status download(void* host_dst, const void* src, size_t bytes) override;
   Status zero(void* dst, size_t bytes, Stream stream = Stream::kCompute) override;
   Event record(Stream stream) override;
+  bool done(Event e) override;
   Status wait(Event e) override;
   Status wait_on(Stream waiter, Event e) override;
   Status synchronize() override;

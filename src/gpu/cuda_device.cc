@@ -282,6 +282,15 @@ Status CudaDevice::wait(Event e) {
   return check(cudaEventSynchronize(ev), "cudaEventSynchronize");
 }
 
+bool CudaDevice::done(Event e) {
+  if (e.seq == 0) return true;
+  auto ev = event_of(e);
+  if (!ev.ok() || !make_current().ok()) return false;
+  const cudaError_t r = cudaEventQuery(*ev);
+  if (r == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: the work is still queued
+  return r == cudaSuccess;
+}
+
 Status CudaDevice::wait_on(Stream waiter, Event e) {
   if (!valid_stream(waiter)) return Status::Invalid("wait_on: unknown stream");
   if (e.seq == 0) return Status::Ok();

@@ -66,6 +66,7 @@ class CudaDevice final : public Device {
   Status zero(void* dst, size_t bytes, Stream stream = Stream::kCompute) override;
 
   Event record(Stream stream) override;
+  bool done(Event e) override;
   Status wait(Event e) override;
   Status wait_on(Stream waiter, Event e) override;
   Status wait_external(void* stream) override;

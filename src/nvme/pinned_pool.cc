@@ -1,5 +1,7 @@
 #include "nvme/pinned_pool.h"
 
+#include <chrono>
+
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -114,6 +116,20 @@ bool PinnedPool::take_locked(uint64_t bytes, uint64_t* offset) {
   return false;
 }
 
+void PinnedPool::set_reclaimer(Reclaimer r) {
+  std::lock_guard l(mu_);
+  reclaimer_ = std::move(r);
+}
+
+void PinnedPool::reclaim_ready() {
+  Reclaimer r;
+  {
+    std::lock_guard l(mu_);
+    r = reclaimer_;
+  }
+  if (r) (void)r(/*block=*/false);
+}
+
 Result<PinnedPool::Lease> PinnedPool::acquire(size_t bytes) { return take(bytes, /*wait=*/true); }
 
 Result<PinnedPool::Lease> PinnedPool::try_acquire(size_t bytes) { return take(bytes, /*wait=*/false); }
@@ -126,10 +142,19 @@ Result<PinnedPool::Lease> PinnedPool::take(size_t bytes, bool wait) {
   uint64_t off = 0;
   Lease lease;
   std::unique_lock l(mu_);
-  if (wait)
-    returned_.wait(l, [&] { return take_locked(want, &off); });
-  else if (!take_locked(want, &off))
-    return lease;  // empty: would block
+  // Not free: what the reclaimer hands back may make it so (it runs without the lock).
+  while (!take_locked(want, &off)) {
+    if (reclaimer_) {
+      Reclaimer r = reclaimer_;
+      l.unlock();
+      const bool gave = r(wait);
+      l.lock();
+      if (gave) continue;
+    }
+    if (!wait) return lease;  // empty: would block
+    // Leases come back from their holders, or become reclaimable (checked again a moment later).
+    returned_.wait_for(l, std::chrono::milliseconds(reclaimer_ ? 1 : 1000));
+  }
   lease.pool_ = this;
   lease.data_ = base_ + off;
   lease.size_ = bytes;

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <condition_variable>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -71,6 +72,15 @@ class PinnedPool {
   // Never waits: an empty lease when the bytes are not free now (the caller retries later).
   Result<Lease> try_acquire(size_t bytes);
 
+  // Leases whose holder only waits for queued device work to be done with them (a copy reading a
+  // window) may be handed back on demand: when the bytes asked for are not free, take asks the
+  // reclaimer first (with `block` for acquire: it may wait for the oldest such work), and tries
+  // again if it gave any back. It is called without the pool's lock and must not acquire.
+  using Reclaimer = std::function<bool(bool block)>;
+  void set_reclaimer(Reclaimer r);
+  // Hands back what the reclaimer can now without waiting (before reading available()).
+  void reclaim_ready();
+
   uint64_t capacity() const { return bytes_; }
   uint8_t* base() const { return base_; }
   uint64_t available() const;
@@ -96,6 +106,7 @@ class PinnedPool {
   std::condition_variable returned_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
   uint64_t free_bytes_ = 0;
+  Reclaimer reclaimer_;
 };
 
 }  // namespace zoe

@@ -15,6 +15,10 @@ RankState::RankState(const EngineOptions& c, Device& d, const ShardLayout& layou
       gdtype_(c.grad_dtype), gsize_(dtype_size(gdtype_)) {}
 
 RankState::~RankState() {
+  if (retirement_) {  // the uploads still reading pinned windows run first
+    retirement_->drain();
+    pool_->set_reclaimer(nullptr);
+  }
   dev_.free(grad_);
   for (StateArray* a : {&param_, &master_, &exp_avg_, &exp_avg_sq_}) a->release(dev_);
   for (auto& st : stores_) (void)st->close();
@@ -57,6 +61,8 @@ Status RankState::open_offload(const std::string& job, int64_t opt_elems, int64_
   // Adam and the copies read the windows in place: the device must reach the pool.
   ZOE_RETURN_IF_ERROR(dev_.register_host(pool_->base(), pool_->capacity()));
   pool_registered_ = true;  // (a failed registration leaves nothing to unregister)
+  retirement_ = std::make_unique<WindowRetirement>(dev_);
+  pool_->set_reclaimer([r = retirement_.get()](bool block) { return r->reclaim(block); });
   for (const std::string& path : paths) {
     NvmeStoreOptions o;
     o.nvme_path = path;
@@ -220,7 +226,7 @@ Status RankState::get_f32(const StateArray& a, DType dt, int64_t e, int64_t n, f
 std::unique_ptr<ChunkLoad> RankState::chunk_load(int u, const Buffer& dst) {
   const UnitSlot& s = layout_.slot(u);
   return std::make_unique<ChunkLoad>(dev_, pool_.get(), param_, s.shard_offset, s.chunk, dst, rank_ * s.chunk * wsize_,
-                                     group_elems_);
+                                     group_elems_, retirement_.get());
 }
 
 }  // namespace zoe

@@ -20,6 +20,7 @@
 #include "sched/engine_options.h"
 #include "nvme/nvme_store.h"
 #include "nvme/pinned_pool.h"
+#include "sched/stage3/window_retirement.h"
 #include "sched/stage3/chunk_load.h"
 #include "sched/shard_layout.h"
 #include "sched/stage_plan.h"
@@ -103,6 +104,8 @@ class RankState {
   size_t gsize_;
   std::unique_ptr<PinnedPool> pool_;  // declared first: the stores lease from it
   bool pool_registered_ = false;      // pool_ is registered with the device
+  // The parameter loads' windows whose uploads may still run (the pool's reclaimer).
+  std::unique_ptr<WindowRetirement> retirement_;
   std::vector<std::unique_ptr<NvmeStore>> stores_;
   std::vector<std::string> store_paths_;  // the nvme_path of each store
   int64_t group_elems_ = 0;

@@ -577,6 +577,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (s) emu::wait_for(s, count, vc);  // never recorded: nothing to wait for, as on CUDA
   return cudaSuccess;
 }
+// Not a failable call: a query that is not ready is no error (and sets none).
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  if (!e->stream) return cudaSuccess;  // never recorded
+  if (e->stream->done < e->count) return cudaErrorNotReady;
+  emu::host_knows(e->vc);  // the host learns that the work ran, as after a wait
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!e) return emu::fail(cudaErrorInvalidResourceHandle);
   if (emu::injected("cudaStreamWaitEvent")) return emu::fail(cudaErrorLaunchFailure);

@@ -123,6 +123,7 @@ Status OptimizerWindows::run(const SubGroups& groups, std::span<const std::pair<
 // forward and backward. They take what the pool has beyond what the next pass itself needs.
 void OptimizerWindows::read_ahead_next(const SubGroups& groups, const WindowLayout& wl, int64_t largest) {
   const uint64_t keep = wl.pool_keep_per_elem * largest + (uint64_t{1} << 20);
+  pool_.reclaim_ready();  // parameter loads' windows whose uploads have run
   for (auto [a, b] : groups) {
     const uint64_t bytes = (b - a) * wl.per_elem;
     if (pool_.available() < keep + bytes) return;

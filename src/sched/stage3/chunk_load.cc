@@ -7,8 +7,8 @@
 namespace zoe {
 
 ChunkLoad::ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t e, int64_t n, const Buffer& dst,
-                     size_t dst_off, int64_t window_elems)
-    : dev_(dev), pool_(pool), a_(a), dst_(dst) {
+                     size_t dst_off, int64_t window_elems, WindowRetirement* retirement)
+    : dev_(dev), pool_(pool), retirement_(retirement), a_(a), dst_(dst) {
   // Cut [e, e + n) at part boundaries; NVMe parts further into windows.
   while (n > 0) {
     int64_t k = std::min(n, a.part_end(e) - e);
@@ -127,14 +127,45 @@ Status ChunkLoad::wait_read(const NvmePiece& p) {
   return a_.wait(p.read);
 }
 
+void ChunkLoad::retire_copied_locked() {
+  std::vector<PinnedPool::Lease> windows;
+  for (NvmePiece& p : nvme_)
+    if (p.copied && p.window) windows.push_back(std::move(p.window));
+  retirement_->retire(copied_, std::move(windows));
+}
+
+// As finish(), every read lands and has its copy queued; then the compute stream waits for the
+// copies, and the windows they read go to the retirement instead of the host waiting for them.
 Status ChunkLoad::finish_for_compute() {
-  if (!nvme_.empty() || finished_) return finish();
+  if (finished_ || (!nvme_.empty() && (!retirement_ || !dst_))) return finish();
   if (!started_) ZOE_RETURN_IF_ERROR(start());
+  Status st = order_after_compute();
+  for (NvmePiece& p : nvme_) {
+    if (!st.ok()) break;
+    if (!p.read.valid()) {  // a window for it may be one this load's copies hold: those retire first
+      {
+        std::lock_guard l(mu_);
+        retire_copied_locked();
+      }
+      st = read_piece(p, true);
+      if (!st.ok()) break;
+    }
+    st = wait_read(p);  // once landed, a piece read with a destination has its copy queued
+    std::lock_guard l(mu_);
+    if (st.ok() && !p.copied) st = copy_piece_locked(p);  // read while staged
+    if (st.ok()) st = copy_error_;
+  }
+  if (!st.ok()) {
+    (void)drain();  // later pieces' reads may still land and copy
+    return st;
+  }
   std::lock_guard l(mu_);
   finished_ = true;
   if (!copy_issued_) return Status::Ok();
   copy_issued_ = false;
-  return dev_.wait_on(Stream::kCompute, copied_);
+  st = dev_.wait_on(Stream::kCompute, copied_);
+  if (!nvme_.empty()) retire_copied_locked();
+  return st;
 }
 
 Status ChunkLoad::finish() {

@@ -19,6 +19,7 @@
 #include "nvme/pinned_pool.h"
 #include "sched/state_array.h"
 #include "sched/stage3/unit_load.h"
+#include "sched/stage3/window_retirement.h"
 #include "zoe/device.h"
 
 namespace zoe {
@@ -26,8 +27,10 @@ namespace zoe {
 class ChunkLoad final : public UnitLoad {
  public:
   // window_elems: the most elements one pinned window holds.
+  // retirement: where finish_for_compute leaves the windows its copies still read (null: it
+  // waits for them on the host, as finish() does).
   ChunkLoad(Device& dev, PinnedPool* pool, const StateArray& a, int64_t e, int64_t n, const Buffer& dst,
-            size_t dst_off, int64_t window_elems);
+            size_t dst_off, int64_t window_elems, WindowRetirement* retirement = nullptr);
   ChunkLoad(const ChunkLoad&) = delete;
   ChunkLoad& operator=(const ChunkLoad&) = delete;
   ~ChunkLoad() override;
@@ -35,8 +38,8 @@ class ChunkLoad final : public UnitLoad {
   Status start() override;
   // After it the elements are in dst (the h2d stream's copy is waited for).
   Status finish() override;
-  // A load whose parts are all in memory (no pinned windows to give back) has the compute stream
-  // wait for its copies, not the host; one with NVMe parts finishes as finish() does.
+  // The compute stream waits for the copies, not the host; the windows of NVMe parts go to the
+  // retirement, back to the pool once their copies have run (without one: finish()).
   Status finish_for_compute() override;
 
   // Parts in device or host memory: their copy needs the destination at start().
@@ -64,10 +67,13 @@ class ChunkLoad final : public UnitLoad {
   Status wait_read(const NvmePiece& p);
   // Waits for the copies issued and gives their windows back.
   Status settle_copies();
+  // The windows of the pieces copied so far, to the retirement with the last copy's event.
+  void retire_copied_locked();  // mu_ held
   Status drain();
 
   Device& dev_;
   PinnedPool* pool_;
+  WindowRetirement* retirement_;
   const StateArray& a_;
   Buffer dst_;
   std::vector<NvmePiece> nvme_;
