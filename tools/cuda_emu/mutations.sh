@@ -66,13 +66,13 @@ mutate src/sched/stage3/chunk_load.cc "  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream
 check "a gather buffer reused by the next unit's load before its last reader ran (ChunkLoad)" zero_test_emu \
   "cuda_emu: race on" tests/zero_test_emu --gtest_filter='*AQuarterOfTheFootprint*'
 
-mutate src/sched/stage3/chunk_load.cc "  if (copy_issued_) st = dev_.wait(copied_);
-  copy_issued_ = false;" "  copy_issued_ = false;"
+mutate src/sched/stage3/window_retirement.cc "      if (dev_.done(it->read_by)) {" \
+  "      if (true) {  // mutation: the windows go back before their copies ran"
 # (The streams' check sees it first where the load's gather buffer is reused before its copy ran;
 # tests/pinned_guard_emu.cc checks the pinned guard alone.)
-check "pinned NVMe windows handed to new reads before their queued copies ran (ChunkLoad::settle_copies)" \
-  zero_test_emu "cuda_emu: race on|pinned host memory changed between" tests/zero_test_emu \
-  --gtest_filter='*StateOnNvmeTrainsBitwiseAsInMemory*'
+check "pinned NVMe windows handed to new reads before their queued copies ran (WindowRetirement::reclaim)" \
+  cuda_device_gpu_test_emu "cuda_emu: race on|pinned host memory changed between" tests/cuda_device_gpu_test_emu \
+  --gtest_filter='*AFetchFromNvmeRetiresItsWindowsInsteadOfWaiting*'
 # --- host code and copies ---
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(make_current());
   return gpu::accumulate_cuda(" "  ZOE_RETURN_IF_ERROR(make_current());
@@ -158,9 +158,8 @@ mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.de
 check "the bias epilogue run without its vector (CudaModelOps::run)" cuda_model_ops_gpu_test_emu \
   "the bias epilogue has no vector" $(ops_test '*.Matmul')
 
-mutate src/sched/stage3/chunk_load.cc "  return dev_.wait_on(Stream::kCompute, copied_);
-}" "  return Status::Ok();  // mutation: the compute stream does not wait for the upload
-}"
+mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, copied_);" \
+  "  st = Status::Ok();  // mutation: the compute stream does not wait for the upload"
 check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
   cuda_device_gpu_test_emu "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*AFetchFromHostMemory*'
 
