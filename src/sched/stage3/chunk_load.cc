@@ -131,7 +131,8 @@ void ChunkLoad::retire_copied_locked() {
   std::vector<PinnedPool::Lease> windows;
   for (NvmePiece& p : nvme_)
     if (p.copied && p.window) windows.push_back(std::move(p.window));
-  retirement_->retire(copied_, std::move(windows));
+  // Copies that ran already (a device whose compute waits on the host, as the CPU's): back now.
+  if (!windows.empty() && !dev_.done(copied_)) retirement_->retire(copied_, std::move(windows));
 }
 
 // As finish(), every read lands and has its copy queued; then the compute stream waits for the
