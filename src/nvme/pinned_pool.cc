@@ -1,11 +1,10 @@
 #include "nvme/pinned_pool.h"
 
-#include <chrono>
-
 #include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/round_up.h"

@@ -46,6 +46,14 @@ D* data(O* o) {
 }
 int g_handle;
 
+// An attribute's value into its field, whose size the value must have.
+template <class T>
+cublasStatus_t set(T* field, const void* buf, size_t size) {
+  if (size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, size);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 uint32_t alignment(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   uint32_t al = 256;
@@ -155,26 +163,13 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t size) {
   auto* x = data<DescData>(d);
-  if (attr == CUBLASLT_MATMUL_DESC_TRANSA || attr == CUBLASLT_MATMUL_DESC_TRANSB) {
-    if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
-    std::memcpy(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &x->ta : &x->tb, buf, size);
-    return CUBLAS_STATUS_SUCCESS;
-  }
   switch (attr) {
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
-      std::memcpy(&x->epilogue, buf, size);
-      return CUBLAS_STATUS_SUCCESS;
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
-      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
-      std::memcpy(&x->bias_type, buf, size);
-      return CUBLAS_STATUS_SUCCESS;
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-      if (size != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
-      std::memcpy(&x->bias, buf, size);
-      return CUBLAS_STATUS_SUCCESS;
-    default:
-      return CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_DESC_TRANSA: return set(&x->ta, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return set(&x->tb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return set(&x->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set(&x->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set(&x->bias, buf, size);
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
@@ -202,17 +197,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     size_t size) {
   auto* x = data<PrefData>(p);
   switch (attr) {
-    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
-      if (size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
-      std::memcpy(&x->workspace, buf, size);
-      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set(&x->workspace, buf, size);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
-      if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
-      std::memcpy(&x->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
-      return CUBLAS_STATUS_SUCCESS;
+      return set(&x->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;
   }

@@ -135,20 +135,21 @@ void ChunkLoad::retire_copied_locked() {
   if (!windows.empty() && !dev_.done(copied_)) retirement_->retire(copied_, std::move(windows));
 }
 
-// As finish(), every read lands and has its copy queued; then the compute stream waits for the
-// copies, and the windows they read go to the retirement instead of the host waiting for them.
-Status ChunkLoad::finish_for_compute() {
-  if (finished_ || (!nvme_.empty() && (!retirement_ || !dst_))) return finish();
+// Every piece read and its copy queued. A piece still to be read may need a window this load's
+// copies hold: those are given back first, waited for on the host (host_waits) or retired.
+Status ChunkLoad::land_pieces(bool host_waits) {
   if (!started_) ZOE_RETURN_IF_ERROR(start());
-  Status st = order_after_compute();
+  Status st = dst_ ? order_after_compute() : Status::Ok();
   for (NvmePiece& p : nvme_) {
     if (!st.ok()) break;
-    if (!p.read.valid()) {  // a window for it may be one this load's copies hold: those retire first
-      {
+    if (!p.read.valid()) {
+      if (host_waits) {
+        st = settle_copies();
+      } else {
         std::lock_guard l(mu_);
         retire_copied_locked();
       }
-      st = read_piece(p, true);
+      if (st.ok()) st = read_piece(p, true);
       if (!st.ok()) break;
     }
     st = wait_read(p);  // once landed, a piece read with a destination has its copy queued
@@ -156,6 +157,14 @@ Status ChunkLoad::finish_for_compute() {
     if (st.ok() && !p.copied) st = copy_piece_locked(p);  // read while staged
     if (st.ok()) st = copy_error_;
   }
+  return st;
+}
+
+// As finish(), then the compute stream waits for the copies, and the windows they read go to the
+// retirement instead of the host waiting for them.
+Status ChunkLoad::finish_for_compute() {
+  if (finished_ || (!nvme_.empty() && (!retirement_ || !dst_))) return finish();
+  Status st = land_pieces(/*host_waits=*/false);
   if (!st.ok()) {
     (void)drain();  // later pieces' reads may still land and copy
     return st;
@@ -170,21 +179,7 @@ Status ChunkLoad::finish_for_compute() {
 }
 
 Status ChunkLoad::finish() {
-  if (!started_) ZOE_RETURN_IF_ERROR(start());
-  Status st = dst_ ? order_after_compute() : Status::Ok();
-  for (NvmePiece& p : nvme_) {
-    if (!st.ok()) break;
-    // A piece still to be read may need a window this load's copies hold.
-    if (!p.read.valid()) {
-      st = settle_copies();
-      if (st.ok()) st = read_piece(p, true);
-      if (!st.ok()) break;
-    }
-    st = wait_read(p);  // once landed, a piece read with a destination has its copy queued
-    std::lock_guard l(mu_);
-    if (st.ok() && !p.copied) st = copy_piece_locked(p);  // read while staged
-    if (st.ok()) st = copy_error_;
-  }
+  Status st = land_pieces(/*host_waits=*/true);
   Status c = drain();  // after an error too: later pieces' reads may still land and copy
   return st.ok() ? c : st;
 }

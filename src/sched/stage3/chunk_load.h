@@ -65,6 +65,7 @@ class ChunkLoad final : public UnitLoad {
   void landed(NvmePiece& p);             // on the I/O thread
   Status copy_piece_locked(NvmePiece& p);  // mu_ held
   Status wait_read(const NvmePiece& p);
+  Status land_pieces(bool host_waits);
   // Waits for the copies issued and gives their windows back.
   Status settle_copies();
   // The windows of the pieces copied so far, to the retirement with the last copy's event.
