@@ -11,7 +11,8 @@
 // pinned pool) or through a bounce buffer with read-modify-write, is BlockPlan's (block_plan.h).
 // Requests touching the same bytes run in submission order; otherwise foreground reads go first
 // and writes fill the slots they leave (transfer_order.h), and background transfers fill in when
-// no foreground block is waiting. With checksums every write records the xxh3-64 of
+// no foreground block is waiting, in batches the block layer can merge. Each request is submitted
+// alone, as fio does (batched, the kernel merged them into fewer, larger ones: ~8 in flight, not 32). With checksums every write records the xxh3-64 of
 // its whole block and every read of a written block verifies it.
 //
 // A read whose every byte a write still pending here holds is served from those writes' memory

@@ -7,7 +7,10 @@
 // the step, unit by unit, so the sums are the same calls in the same order.
 //
 // A sharded hand-over is reduced once the ranks agree (Agreement, which also reduces, with zeros
-// here, what other ranks hand over while this one calls something else).
+// here, what other ranks hand over while this one calls something else). With the optimizer
+// offloaded the owned gradient chunk lives in pinned host memory and the same job copies (or
+// adds) the reduced chunk there. At one rank a step's first reduction is the conversion straight
+// into the owned chunk, which also makes the unit's share of the norm (convert_sum_squares).
 //
 // Threads: the caller's only; jobs it submits run on the CommWorker, which it waits for.
 #pragma once
