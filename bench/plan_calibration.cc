@@ -237,15 +237,14 @@ Result<PlanRates> PlanCalibration::rates() {
       std::filesystem::create_directories(path);
       ZOE_RETURN_IF_ERROR(together());
       // Plain reads and writes on a file of an eighth of the state, 512 MiB to 1 GiB.
-      gpt2::Gpt2Shape shape{job_.n_layer, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions};
-      const uint64_t file = std::clamp<uint64_t>(uint64_t(gpt2::total_numel(shape)) * 16 / 8 / ranks(),
+      const uint64_t file = std::clamp<uint64_t>(uint64_t(model_elems()) * 16 / 8 / ranks(),
                                                  uint64_t{512} << 20, uint64_t{1} << 30) >> 20 << 20;
       ZOE_ASSIGN_OR_RETURN(m["nvme"][canon], measure_nvme(path, file));
       m["nvme"][canon]["file_bytes"] = file;
       // The pass itself at both depths (reads and write-backs at once, as a disk moves them more
       // slowly than apart): the faster depth is the plan's.
       // The job's own state up to 128 M elements: a small state moves as fast as its size lets it.
-      const int64_t elems = std::clamp<int64_t>(gpt2::total_numel(shape) / ranks(), 1 << 20, 128 << 20);
+      const int64_t elems = std::clamp<int64_t>(model_elems() / ranks(), 1 << 20, 128 << 20);
       nlohmann::json& n = m["nvme"][canon];
       for (unsigned depth : {8u, 32u}) {
         ZOE_RETURN_IF_ERROR(together());
@@ -299,6 +298,11 @@ Result<PlanRates> PlanCalibration::rates() {
 // whole against 6.0 in two (+16 %; +18 % at 2, within 3 % from 4 on), and the plan's steps at
 // 1 x 8 read 1.24x their prediction (bench/history.md, issue 50). A large model's blocks are
 // cold either way, and two keep its calibration in seconds.
+int64_t PlanCalibration::model_elems() const {
+  return o_.model_elems ? o_.model_elems
+                        : gpt2::total_numel({job_.n_layer, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions});
+}
+
 int PlanCalibration::measured_layers() const {
   constexpr int64_t kWholeModelMost = 64'000'000;  // parameters
   return gpt2::total_numel({job_.n_layer, job_.n_head, job_.n_embd, job_.vocab_size, job_.n_positions}) <= kWholeModelMost

@@ -26,6 +26,9 @@ struct PlanCalibrationOptions {
   // The job's ranks (null: one). Every rank measures at the same time, as they will train (the
   // cores and the disk shared), and the collectives' rates; rank 0 alone writes the cache.
   Comm* comm = nullptr;
+  // The model's parameters when it is not the config's GPT-2 (a described model): the NVMe
+  // measurements are sized by it. 0: the config's GPT-2.
+  int64_t model_elems = 0;
 };
 
 class PlanCalibration {
@@ -54,6 +57,7 @@ class PlanCalibration {
   Status together() const;  // a barrier: the ranks start a measurement at once
   std::string model_key(int b, bool checkpointing) const;
   int measured_layers() const;  // blocks of the model the micro-steps are measured on
+  int64_t model_elems() const;  // the job's parameters
 
   Config job_;
   PlanCalibrationOptions o_;

@@ -10,10 +10,13 @@ and whether the plan's choice is no slower than the grid's best, with the grid's
 
   bench/plan_check.py --zoe build/zoe --out out/plan-check [--config C.json] [--set k=v]... \
       [--grid-micro ends] [--steps 6]
+  bench/plan_check.py ... --config job.json --model-work work.json \
+      --runner "python3 bench/wrapped_model.py train --layers 6"     (a model trained through zoe.torch.wrap)
 """
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -46,10 +49,16 @@ def ranks_prefix(a):
 
 
 def run_steps(a, sets, report):
-    cmd = ranks_prefix(a) + [a.zoe, "train", "--quiet", "--report", report]
-    if a.config:
-        cmd += ["--config", a.config]
-    for s in a.set + sets + [f"zoe.steps={a.steps}", "zoe.checkpoint.dir=\"\"", "zoe.eval_every=0"]:
+    if a.runner:  # a wrapped model: the runner trains it with the config and the knobs' --sets
+        cmd = ranks_prefix(a) + shlex.split(a.runner) + ["--config", a.config, "--report", report, "--steps",
+                                                         str(a.steps)]
+        extra = []
+    else:
+        cmd = ranks_prefix(a) + [a.zoe, "train", "--quiet", "--report", report]
+        if a.config:
+            cmd += ["--config", a.config]
+        extra = [f"zoe.steps={a.steps}", "zoe.checkpoint.dir=\"\"", "zoe.eval_every=0"]
+    for s in a.set + sets + extra:
         cmd += ["--set", s]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -77,12 +86,18 @@ def main():
     ap.add_argument("--rematch", type=int, default=3,
                     help="runs each of the plan's choice and the grid's best, taking turns, when they differ")
     ap.add_argument("--nvme-path", default="", help="the swap path the job's plans use (default: the config's)")
+    ap.add_argument("--model-work", default="",
+                    help="a described model (zoe.torch.describe's file) for zoe plan, in place of the config's GPT-2")
+    ap.add_argument("--runner", default="",
+                    help="with --model-work: the command that trains that model (bench/wrapped_model.py train ...)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     cmd = ranks_prefix(a) + [a.zoe, "plan", "--json", "--top", "100000", "--out", f"{a.out}/plan.json", "--cache",
            f"{a.out}/calibration.json"]
     if a.config:
         cmd += ["--config", a.config]
+    if a.model_work:
+        cmd += ["--model-work", a.model_work]
     for s in a.set:
         cmd += ["--set", s]
     t0 = time.time()
@@ -100,6 +115,7 @@ def main():
     # checkpointing; the other knobs at zoe's defaults. Each point's prediction is the plan's own
     # row for it; points the plan refuses are counted, not run.
     mbs = sorted({p["micro_batch"] for p in plans})
+    ckpts = sorted({p["activation_checkpointing"] for p in plans})  # a described model may offer one
     ratios = [float(r) for r in a.grid_ratios.split(",")]
     default = lambda p: p["sub_group_size"] == 1_000_000_000 and p["prefetch_bucket_size"] == 50_000_000 and \
         p["max_reuse_distance"] == 1_000_000_000
@@ -110,7 +126,7 @@ def main():
                 for par in (("-", "cpu", "nvme") if stage == 3 else ("-",)):
                     for prat in ratios if par != "-" else (1,):
                         for b in (mbs[0], mbs[-1]) if a.grid_micro == "ends" else mbs:
-                            for ck in (False, True):
+                            for ck in ckpts:
                                 wanted.add((stage, opt, orat, par, prat, b, ck))
     grid = [plans[0]]
     for p in plans[1:] if not a.no_grid else []:

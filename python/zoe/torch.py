@@ -50,7 +50,7 @@ import types
 import torch
 from torch.utils import dlpack as _dlpack
 
-__all__ = ["wrap", "gathered", "register_external_parameter"]
+__all__ = ["wrap", "gathered", "register_external_parameter", "describe"]
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -248,6 +248,7 @@ class _Wrapper:
         self.callback_queued = False
         self.saved_views = 0  # saved tensors that autograd kept as descriptors of a unit's buffer
         self.on_demand_fetches = 0
+        self.fetch_trace = None  # zoe.torch.describe's callback(unit, in backward) at each fetch
         _refuse_wrapped_parameters(module)
         # Parameters left out (frozen), by id, held so that no later tensor takes their id.
         self.frozen = {id(p): p for p in module.parameters() if not p.requires_grad}
@@ -308,6 +309,8 @@ class _Wrapper:
     def acquire(self, u):
         unit = self.units[u]
         if unit.refs == 0:
+            if self.fetch_trace is not None:
+                self.fetch_trace(u, self.callback_queued)
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
             _live[_storage_ptr(unit.flat)] = unit
             for ps in unit.params:
@@ -606,3 +609,6 @@ _BeforeBackward = _identity_calling("before_backward", "fetches a module's units
 # On a module's inputs: their gradients leave once the module's backward (and its parameters'
 # gradient accumulation, which autograd runs first) is done.
 _AfterBackward = _identity_calling("after_backward", "hands gradients over as a module's backward ends")
+
+
+from .describe import describe  # noqa: E402  (it reads the wrapper above)

@@ -36,6 +36,7 @@ struct PlanArgs {
   std::vector<std::string> sets;
   std::string out = "out/plan/plan.json";         // the best configuration, as a config file
   std::string cache = "out/plan/calibration.json";
+  std::string model_work;  // a described model (zoe.torch.describe's file); empty: the config's GPT-2
   int top = 5;
   bool recalibrate = false;
   bool json = false;

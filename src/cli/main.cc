@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   plan->add_option("--set", pa.sets, "override one key: key.path=JSON value (repeatable)");
   plan->add_option("--out", pa.out, "write the best configuration here (default out/plan/plan.json)");
   plan->add_option("--cache", pa.cache, "the calibration cache (default out/plan/calibration.json)");
+  plan->add_option("--model-work", pa.model_work,
+                   "plan the model zoe.torch.describe measured into this file (its units and micro-steps) "
+                   "instead of the config's GPT-2");
   plan->add_option("--top", pa.top, "configurations to print (default 5)")->check(CLI::Range(1, 1 << 20));
   plan->add_flag("--recalibrate", pa.recalibrate, "measure again even where the cache has the figures");
   plan->add_flag("--json", pa.json, "machine-readable output");

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "common/config.h"
 #include "model/gpt2_model.h"
 #include "nvme/nvme_store.h"
+#include "plan/described_model.h"
 #include "plan/plan_search.h"
 #include "plan_calibration.h"
 
@@ -134,17 +136,27 @@ struct PlanRun {
 
 // Every rank measures (at once, sharing the machine as in training); the search runs on each
 // rank's own figures, and a caller that needs one choice takes rank 0's.
-Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human, Comm& comm) {
-  if (c.model_type != "gpt2")
-    return Status::Invalid("zoe plan plans the built-in GPT-2 (zoe.model.type \"gpt2\"); this job is \"" +
-                           c.model_type + "\"");
+// `model_work`: a described model's file (zoe.torch.describe), planned in place of the config's
+// GPT-2: its units and measured micro-steps; the machine's rates are measured as for GPT-2.
+Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human, Comm& comm,
+                         const std::string& model_work = {}) {
   if (c.device != "cpu" && c.device != "cpu-strict")
     return Status::Unsupported("zoe plan measures the CPU device only so far (zoe.device \"" + c.device + "\")");
-  gpt2::Gpt2Shape shape{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
-  if (Status s = gpt2::validate_shape(shape); !s.ok()) return Status::Invalid("config key 'zoe.model': " + s.message());
   PlanRun run;
   PlanJob& job = run.job;
-  for (const UnitSpec& u : Gpt2Model(shape, false).units()) job.unit_elems.push_back(u.numel);
+  std::optional<DescribedModel> described;
+  gpt2::Gpt2Shape shape{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  if (!model_work.empty()) {
+    ZOE_ASSIGN_OR_RETURN(DescribedModel d, read_described_model(model_work));
+    described = std::move(d);
+    job.unit_elems = described->unit_elems;
+  } else {
+    if (c.model_type != "gpt2")
+      return Status::Invalid("zoe plan plans the built-in GPT-2 (zoe.model.type \"gpt2\") or a model described by "
+                             "zoe.torch.describe (--model-work); this job is \"" + c.model_type + "\"");
+    if (Status s = gpt2::validate_shape(shape); !s.ok()) return Status::Invalid("config key 'zoe.model': " + s.message());
+    for (const UnitSpec& u : Gpt2Model(shape, false).units()) job.unit_elems.push_back(u.numel);
+  }
   job.ranks = comm.size();
   job.dtype = c.dtype;
   job.device_budget = c.device_memory_budget;
@@ -155,17 +167,34 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
     Result<uint64_t> left = NvmeStore::dead_jobs_bytes(run.nvme_path);
     job.nvme_free = free_bytes(run.nvme_path) + (left.ok() ? *left : 0);
   }
-  if (human)
-    fmt::print(human, "zoe plan: GPT-2 L{} C{} V{} T{}, {:.1f} M parameters, {} sequences a step per rank, {} rank{}\n"
-               "measured on {}:\n", c.n_layer, c.n_embd, c.vocab_size, c.seq_len, gpt2::total_numel(shape) / 1e6,
-               c.micro_batch * c.grad_accum, job.ranks, job.ranks > 1 ? "s" : "", PlanCalibration::machine_key(job.ranks));
-  PlanCalibration cal(c, {cache, recalibrate, human, &comm});
-  ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
+  const int sequences = c.micro_batch * c.grad_accum;
+  if (human) {
+    const std::string what =
+        described ? fmt::format("the model described by {} ({} units)", model_work, job.unit_elems.size())
+                  : fmt::format("GPT-2 L{} C{} V{} T{}", c.n_layer, c.n_embd, c.vocab_size, c.seq_len);
+    fmt::print(human, "zoe plan: {}, {:.1f} M parameters, {} sequences a step per rank, {} rank{}\nmeasured on {}:\n",
+               what, (described ? described->total_elems() : gpt2::total_numel(shape)) / 1e6, sequences, job.ranks,
+               job.ranks > 1 ? "s" : "", PlanCalibration::machine_key(job.ranks));
+  }
   PlanSpace space;
-  space.sequences_per_rank = c.micro_batch * c.grad_accum;
+  space.sequences_per_rank = sequences;
+  if (described) {
+    std::string offered;
+    for (const DescribedStep& s : described->steps) {
+      offered += fmt::format("{}{}{}", offered.empty() ? "" : ", ", s.micro_batch, s.checkpointing ? " checkpointed" : "");
+      if (sequences % s.micro_batch == 0) space.micro_steps.emplace_back(s.micro_batch, s.checkpointing);
+    }
+    if (space.micro_steps.empty())
+      return Status::Invalid(fmt::format(
+          "the model description {} has micro-steps at micro-batch {}; none divides this job's {} sequences a step "
+          "per rank (train_micro_batch_size_per_gpu x gradient_accumulation_steps): describe one that does",
+          model_work, offered, sequences));
+  }
+  PlanCalibration cal(c, {cache, recalibrate, human, &comm, described ? described->total_elems() : 0});
+  ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
   space.nvme = !run.nvme_path.empty();
   space.aio_queue_depth = rates.aio_queue_depth;
-  const MicroStepFor work = [&](int b, bool ck) { return cal.micro_step(b, ck); };
+  const MicroStepFor work = [&](int b, bool ck) { return described ? described->step(b, ck) : cal.micro_step(b, ck); };
   ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, work, rates));
   ZOE_RETURN_IF_ERROR(cal.save());
   const PlanResult& r = run.result;
@@ -233,7 +262,7 @@ namespace {
 
 int plan_ranks(const PlanArgs& a, const Config& cfg, Comm& comm) {
   const bool root = comm.rank() == 0;
-  auto run = run_plan(cfg, a.cache, a.recalibrate, a.json || !root ? nullptr : stdout, comm);
+  auto run = run_plan(cfg, a.cache, a.recalibrate, a.json || !root ? nullptr : stdout, comm, a.model_work);
   if (!root) return run.ok() ? 0 : exit_code(run.status());
   if (!run.ok()) return report_error(run.status());
   const PlanResult& r = run->result;

@@ -25,9 +25,13 @@ std::vector<double> ratios_for(OffloadDevice d, const PlanSpace& s) {
 
 std::vector<PlanKnobs> plan_grid(const PlanSpace& space) {
   std::vector<PlanKnobs> out;
-  std::vector<int> micro;
+  std::vector<std::pair<int, bool>> micro_steps;
   for (int b = 1; b <= std::min(space.sequences_per_rank, space.most_micro_batch); ++b)
-    if (space.sequences_per_rank % b == 0) micro.push_back(b);
+    if (space.sequences_per_rank % b == 0)
+      for (bool ckpt : space.checkpointing)
+        if (space.micro_steps.empty() || std::find(space.micro_steps.begin(), space.micro_steps.end(),
+                                                   std::make_pair(b, ckpt)) != space.micro_steps.end())
+          micro_steps.emplace_back(b, ckpt);
   for (int stage : space.stages)
     for (OffloadDevice opt : homes(space.nvme))
       for (double orat : ratios_for(opt, space))
@@ -36,23 +40,22 @@ std::vector<PlanKnobs> plan_grid(const PlanSpace& space) {
             for (int64_t sub : opt == OffloadDevice::kNone ? std::vector<int64_t>{space.sub_group_sizes.back()}
                                                            : space.sub_group_sizes)
               for (size_t pf = 0; pf < (stage >= 3 ? space.prefetch.size() : 1); ++pf)
-                for (int b : micro)
-                  for (bool ckpt : space.checkpointing) {
-                    PlanKnobs k;
-                    k.stage = stage;
-                    k.optimizer = opt;
-                    k.optimizer_ratio = orat;
-                    k.param = par;
-                    k.param_ratio = prat;
-                    k.sub_group_size = sub;
-                    k.prefetch = space.prefetch[pf];
-                    k.micro_batch = b;
-                    k.accumulation = space.sequences_per_rank / b;
-                    k.activation_checkpointing = ckpt;
-                    k.aio_block_size = space.aio_block_size;
-                    k.aio_queue_depth = space.aio_queue_depth;
-                    out.push_back(k);
-                  }
+                for (auto [b, ckpt] : micro_steps) {
+                  PlanKnobs k;
+                  k.stage = stage;
+                  k.optimizer = opt;
+                  k.optimizer_ratio = orat;
+                  k.param = par;
+                  k.param_ratio = prat;
+                  k.sub_group_size = sub;
+                  k.prefetch = space.prefetch[pf];
+                  k.micro_batch = b;
+                  k.accumulation = space.sequences_per_rank / b;
+                  k.activation_checkpointing = ckpt;
+                  k.aio_block_size = space.aio_block_size;
+                  k.aio_queue_depth = space.aio_queue_depth;
+                  out.push_back(k);
+                }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // reason, the rest ranked by predicted step time.
 #pragma once
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "plan/step_model.h"
@@ -14,6 +15,10 @@ namespace zoe {
 struct PlanSpace {
   int sequences_per_rank = 1;             // micro-batch x accumulation: the global batch / ranks
   int most_micro_batch = 64;              // micro-batches above this are not tried
+  // The (micro-batch, checkpointing) pairs to try, of those micro-batches that divide
+  // sequences_per_rank; empty: every divisor with each of `checkpointing`. A described model
+  // (plan/described_model.h) offers the pairs it was measured at.
+  std::vector<std::pair<int, bool>> micro_steps;
   bool nvme = false;                      // an NVMe path is given: its tier may be used
   std::vector<int> stages = {0, 1, 2, 3};
   std::vector<double> ratios = {1.0, 0.5};  // offloaded fraction of a home that is not the device
