@@ -113,6 +113,9 @@ ZOE_INLINE v16f load16(const float* p) {
   return v;
 }
 ZOE_INLINE void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+ZOE_INLINE v16f exp16(v16f x) { return exp_lanes<v16f, v16i>(x); }
+ZOE_INLINE v8f lo8(v16f x) { return __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7); }
+ZOE_INLINE v8f hi8(v16f x) { return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15); }
 
 // max of x[0, n), n >= 1.
 ZOE_INLINE float max_of(const float* x, int64_t n) {
