@@ -127,6 +127,21 @@ std::string change_text(const PlanChange& ch, const PlanJob& job) {
                      k.activation_checkpointing ? " checkpointed" : "");
 }
 
+// A described model's (micro-batch, checkpointing) pairs that divide the job's sequences a step
+// per rank, into space; none is an error naming what the file offers.
+Status offer_described(const DescribedModel& d, const std::string& file, int sequences, PlanSpace* space) {
+  std::string offered;
+  for (const DescribedStep& s : d.steps) {
+    offered += fmt::format("{}{}{}", offered.empty() ? "" : ", ", s.micro_batch, s.checkpointing ? " checkpointed" : "");
+    if (sequences % s.micro_batch == 0) space->micro_steps.emplace_back(s.micro_batch, s.checkpointing);
+  }
+  if (!space->micro_steps.empty()) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "the model description {} has micro-steps at micro-batch {}; none divides this job's {} sequences a step per "
+      "rank (train_micro_batch_size_per_gpu x gradient_accumulation_steps): describe one that does",
+      file, offered, sequences));
+}
+
 // The job's plan: its units, the measured rates and the ranked configurations.
 struct PlanRun {
   PlanJob job;
@@ -145,7 +160,9 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   PlanRun run;
   PlanJob& job = run.job;
   std::optional<DescribedModel> described;
+  // A described model too: the stage-3 fetch's cost is measured on two blocks of this shape.
   gpt2::Gpt2Shape shape{c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  if (Status s = gpt2::validate_shape(shape); !s.ok()) return Status::Invalid("config key 'zoe.model': " + s.message());
   if (!model_work.empty()) {
     ZOE_ASSIGN_OR_RETURN(DescribedModel d, read_described_model(model_work));
     described = std::move(d);
@@ -154,7 +171,6 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
     if (c.model_type != "gpt2")
       return Status::Invalid("zoe plan plans the built-in GPT-2 (zoe.model.type \"gpt2\") or a model described by "
                              "zoe.torch.describe (--model-work); this job is \"" + c.model_type + "\"");
-    if (Status s = gpt2::validate_shape(shape); !s.ok()) return Status::Invalid("config key 'zoe.model': " + s.message());
     for (const UnitSpec& u : Gpt2Model(shape, false).units()) job.unit_elems.push_back(u.numel);
   }
   job.ranks = comm.size();
@@ -178,18 +194,7 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   }
   PlanSpace space;
   space.sequences_per_rank = sequences;
-  if (described) {
-    std::string offered;
-    for (const DescribedStep& s : described->steps) {
-      offered += fmt::format("{}{}{}", offered.empty() ? "" : ", ", s.micro_batch, s.checkpointing ? " checkpointed" : "");
-      if (sequences % s.micro_batch == 0) space.micro_steps.emplace_back(s.micro_batch, s.checkpointing);
-    }
-    if (space.micro_steps.empty())
-      return Status::Invalid(fmt::format(
-          "the model description {} has micro-steps at micro-batch {}; none divides this job's {} sequences a step "
-          "per rank (train_micro_batch_size_per_gpu x gradient_accumulation_steps): describe one that does",
-          model_work, offered, sequences));
-  }
+  if (described) ZOE_RETURN_IF_ERROR(offer_described(*described, model_work, sequences, &space));
   PlanCalibration cal(c, {cache, recalibrate, human, &comm, described ? described->total_elems() : 0});
   ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
   space.nvme = !run.nvme_path.empty();

@@ -108,6 +108,9 @@ def main():
     job["train_micro_batch_size_per_gpu"], job["gradient_accumulation_steps"] = 3, 1
     r = plan(a, job, work)
     assert r.returncode != 0 and "micro-batch" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    # The config's GPT-2 shape is still read (a stage-3 fetch's cost is measured on it): a bad one is named.
+    r = plan(a, job, work, "--set", "zoe.model.n_embd=64", "--set", "zoe.model.n_head=5")
+    assert r.returncode == 2 and "zoe.model" in r.stderr, (r.returncode, r.stdout, r.stderr)
     # A file that is not a description.
     bad = os.path.join(a.out, "bad.json")
     with open(bad, "w") as f:
