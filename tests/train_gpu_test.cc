@@ -105,6 +105,17 @@ int calls_of(const Outcome& o, const std::string& kind) {
   return std::regex_search(o.out, m, std::regex("calls " + kind + " ([0-9]+)")) ? std::stoi(m[1]) : 0;
 }
 
+// zoe.allow_tf32: the fp32 products round their inputs to TF32, as the emulated cuBLASLt does under
+// CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores): step 1's loss moves off the exact one, by no more
+// than TF32's precision; without the key it is the exact one (TwentyStepsOnTheGpu... above).
+TEST(GpuTf32, AllowTf32ReachesTheProductsAndStaysNearTheExactLoss) {
+  const Outcome exact = one_step(""), tf32 = one_step("", " --set zoe.allow_tf32=true");
+  ASSERT_EQ(exact.rc, 0) << exact.out;
+  ASSERT_EQ(tf32.rc, 0) << tf32.out;
+  EXPECT_NE(tf32.loss, exact.loss) << "zoe.allow_tf32 did not reach the products";
+  EXPECT_LE(std::abs(tf32.loss - exact.loss), 1e-2 * std::abs(exact.loss)) << exact.loss << " " << tf32.loss;
+}
+
 // What every run with an injected failure must end in: exit 1 or 2 with zoe's line, or (a
 // documented retry, such as the caching allocator's after freeing its cache) a finished step
 // with the loss of the run without the failure. Never a signal, a hang, or another loss.

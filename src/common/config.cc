@@ -49,6 +49,7 @@ const std::vector<std::string> kKeys = {
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
     "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "zoe.compute_dtype", "zoe.update_in_backward",
+    "zoe.allow_tf32",
     "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -279,6 +280,7 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.activation_checkpointing", c.activation_checkpointing));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checksums", c.checksums));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.update_in_backward", c.update_in_backward));
+  ZOE_RETURN_IF_ERROR(r.boolean("zoe.allow_tf32", c.allow_tf32));
   // A unit's update begins before the last unit's gradient exists: nothing may depend on all of them.
   if (c.update_in_backward && c.grad_clip > 0)
     return Status::Invalid("config key 'zoe.update_in_backward': updates begin before the global gradient norm is "
@@ -420,7 +422,8 @@ json config_to_json(const Config& c) {
               {"checkpoint", {{"dir", c.checkpoint_dir}, {"every", c.checkpoint_every}, {"keep", c.checkpoint_keep},
                               {"verify", c.checkpoint_verify}}},
               {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums},
-              {"compute_dtype", c.compute_dtype}, {"update_in_backward", c.update_in_backward}};
+              {"compute_dtype", c.compute_dtype}, {"update_in_backward", c.update_in_backward},
+              {"allow_tf32", c.allow_tf32}};
   return j;
 }
 

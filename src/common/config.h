@@ -74,6 +74,10 @@ struct Config {
   // Adam steps each unit as soon as its gradient is final, during the backward (needs no
   // clipping and no fp16); the trainer announces the lr first (Engine::update_during_backward).
   bool update_in_backward = false;
+  // fp32 products on a GPU may round their inputs to TF32 on tensor cores (PyTorch's
+  // allow_tf32): faster, no longer fp32-exact. Off, as PyTorch's matmul default; no effect on the
+  // CPU device or on bf16 compute.
+  bool allow_tf32 = false;
   // The products' dtype (GPT-2): "fp32" converts each fetched unit to fp32 and multiplies in fp32;
   // "bf16" (bf16 training only) multiplies the bf16 units in place, activations rounded to bf16,
   // fp32 accumulation (as torch's autocast); "auto" is bf16 in bf16 training where the CPU has

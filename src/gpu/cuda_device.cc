@@ -58,7 +58,8 @@ bool valid_stream(Stream s) { return stream_index(s) >= 0 && stream_index(s) < k
 
 }  // namespace
 
-CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget) : gpu_(gpu) {
+CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget, bool allow_tf32)
+    : gpu_(gpu), allow_tf32_(allow_tf32) {
   gpu::RawMemory device_raw{
       [](size_t n) -> Result<void*> {
         void* p = nullptr;
@@ -100,8 +101,9 @@ CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget) : gpu_
                                                       "pinned host memory", "zoe.host_memory_budget");
 }
 
-Result<std::unique_ptr<CudaDevice>> CudaDevice::create(int gpu_index, size_t device_budget, size_t host_budget) {
-  std::unique_ptr<CudaDevice> d(new CudaDevice(gpu_index, device_budget, host_budget));
+Result<std::unique_ptr<CudaDevice>> CudaDevice::create(int gpu_index, size_t device_budget, size_t host_budget,
+                                                        bool allow_tf32) {
+  std::unique_ptr<CudaDevice> d(new CudaDevice(gpu_index, device_budget, host_budget, allow_tf32));
   ZOE_RETURN_IF_ERROR(d->init());
   return Result<std::unique_ptr<CudaDevice>>(std::move(d));
 }
@@ -372,7 +374,7 @@ Status CudaDevice::adam(const AdamHyper& h, const AdamRange* ranges, size_t coun
 
 ModelOps& CudaDevice::ops() {
   std::call_once(ops_once_, [this] {
-    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute));
+    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute), allow_tf32_);
   });
   if (!ops_) fatal(fmt::format("no CUDA model ops for GPU {}: cudaSetDevice failed or make_cuda_model_ops returned none", gpu_));
   return *ops_;
@@ -380,7 +382,8 @@ ModelOps& CudaDevice::ops() {
 
 // --- factories -------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Device>> make_cuda_device(int gpu_index, size_t device_budget, size_t host_budget) {
+Result<std::unique_ptr<Device>> make_cuda_device(int gpu_index, size_t device_budget, size_t host_budget,
+                                                 bool allow_tf32) {
   auto needs_gpu = [](const std::string& why) {
     return Status::Invalid(fmt::format("config key 'zoe.device': \"cuda\" needs a GPU: {}", why));
   };
@@ -398,7 +401,7 @@ Result<std::unique_ptr<Device>> make_cuda_device(int gpu_index, size_t device_bu
     cudaGetLastError();
     return needs_gpu(fmt::format("GPU {} ({}) cannot run zoe's kernels: {}", gpu_index, gpus[gpu_index].name, why));
   }
-  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> d, CudaDevice::create(gpu_index, device_budget, host_budget));
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> d, CudaDevice::create(gpu_index, device_budget, host_budget, allow_tf32));
   return Result<std::unique_ptr<Device>>(std::unique_ptr<Device>(std::move(d)));
 }
 

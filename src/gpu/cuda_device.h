@@ -35,7 +35,8 @@ class CudaDevice final : public Device {
   static constexpr uint64_t kEventRing = 1024;
 
   // Use make_cuda_device (it checks the GPU first).
-  static Result<std::unique_ptr<CudaDevice>> create(int gpu_index, size_t device_budget, size_t host_budget);
+  static Result<std::unique_ptr<CudaDevice>> create(int gpu_index, size_t device_budget, size_t host_budget,
+                                                     bool allow_tf32 = false);
   ~CudaDevice() override;
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -83,7 +84,7 @@ class CudaDevice final : public Device {
   ModelOps& ops() override;
 
  private:
-  CudaDevice(int gpu, size_t device_budget, size_t host_budget);
+  CudaDevice(int gpu, size_t device_budget, size_t host_budget, bool allow_tf32);
   Status init();
   // The event of `e`, or an error when e was never recorded or its record failed.
   Result<cudaEvent_t> event_of(Event e);
@@ -114,11 +115,14 @@ class CudaDevice final : public Device {
 
   std::once_flag ops_once_;
   std::unique_ptr<ModelOps> ops_;
+  bool allow_tf32_ = false;  // zoe.allow_tf32: the ops' fp32 products on TF32 tensor cores
 };
 
 // The CUDA device on GPU `gpu_index`, after checking that a driver and that GPU are there and
 // run a kernel: else Status::Invalid("config key 'zoe.device': \"cuda\" needs a GPU: <why>").
-Result<std::unique_ptr<Device>> make_cuda_device(int gpu_index, size_t device_budget, size_t host_budget);
+// allow_tf32: its model ops' fp32 products may run on TF32 tensor cores (zoe.allow_tf32).
+Result<std::unique_ptr<Device>> make_cuda_device(int gpu_index, size_t device_budget, size_t host_budget,
+                                                 bool allow_tf32 = false);
 
 // The GPU of this process among those visible: the node-local MPI rank
 // (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID or SLURM_LOCALID; 0 outside mpirun) modulo

@@ -792,8 +792,8 @@ Status CudaModelOps::supports_attention(int B, int T, int C, int NH) const {
   return attention_shape(B, T, C, NH, &hsp);
 }
 
-std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream) {
-  return std::make_unique<CudaModelOps>(compute_stream, /*allow_tf32=*/false);
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32) {
+  return std::make_unique<CudaModelOps>(compute_stream, allow_tf32);
 }
 
 }  // namespace zoe::gpu

@@ -132,9 +132,10 @@ class CudaModelOps final : public ModelOps {
   const OpScope* op_ = nullptr;  // the public op that runs (null between ops)
 };
 
-// The factory CudaDevice calls: ops on `compute_stream` in exact fp32 (no TF32). Check
+// The factory CudaDevice calls: ops on `compute_stream`, fp32 products exact unless allow_tf32
+// (zoe.allow_tf32). Check
 // static_cast<CudaModelOps&>(*ops).status() after construction: without a usable GPU or cuBLASLt
 // it holds the reason, and GEMM calls fail.
-std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream);
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32 = false);
 
 }  // namespace zoe::gpu

@@ -61,7 +61,8 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
     return b;
   }
 #ifdef ZOE_HAVE_CUDA
-  ZOE_ASSIGN_OR_RETURN(b.device, make_cuda_device(local_gpu_index(), c.device_memory_budget, c.host_memory_budget));
+  ZOE_ASSIGN_OR_RETURN(b.device,
+                       make_cuda_device(local_gpu_index(), c.device_memory_budget, c.host_memory_budget, c.allow_tf32));
   if (control.size() > 1) {
     ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device)));
   }
