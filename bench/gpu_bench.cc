@@ -181,6 +181,17 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
     ZOE_ASSIGN_OR_RETURN(nlohmann::json t, time_torch_step(s, py, 1));
     results.push_back(row("gpt2 124M B8 T1024 fp32 tokens/s", tokens / resident.step_s,
                           tokens / t["step_s"].get<double>(), "tokens/s", "PyTorch on the same GPU"));
+    // fp32 training with TF32 products on both sides (zoe.allow_tf32; PyTorch's allow_tf32).
+    // Not yet run on a GPU when written: a failure is reported and the rows after it run.
+    StepBenchOptions t32 = s;
+    t32.allow_tf32 = true;
+    Result<StepTiming> zt = time_zoe_step(t32, 1);
+    Result<nlohmann::json> tt = zt.ok() ? time_torch_step(t32, py, 1, "eager_tf32") : Result<nlohmann::json>(zt.status());
+    if (tt.ok())
+      results.push_back(row("gpt2 124M B8 T1024 tf32 tokens/s", tokens / zt->step_s,
+                            tokens / (*tt)["step_s"].get<double>(), "tokens/s", "PyTorch eager with allow_tf32"));
+    else
+      std::fprintf(stderr, "zoe bench gpu: the TF32 GPT-2 row failed: %s\n", tt.status().message().c_str());
     // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
     // products, fp32 master and Adam) against PyTorch's autocast to bf16.
     // Not yet run on a GPU when written: a failure here is reported beside the table and the

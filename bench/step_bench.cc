@@ -44,6 +44,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   c.stage = o.stage;
   c.dtype = o.bf16 ? DType::kBF16 : DType::kF32;
   c.compute_dtype = o.bf16 ? "bf16" : "fp32";
+  c.allow_tf32 = o.allow_tf32;
   c.micro_batch = o.B;
   c.lr = kLr, c.beta1 = kBeta1, c.beta2 = kBeta2, c.eps = kEps, c.weight_decay = kWeightDecay;
   c.grad_clip = kClip;

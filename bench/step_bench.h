@@ -25,6 +25,7 @@ struct StepBenchOptions {
   int B = 4, T = 256;
   int stage = 0;
   bool bf16 = false;  // zoe: bf16 training with bf16 compute (zoe.compute_dtype bf16); else fp32
+  bool allow_tf32 = false;  // zoe.allow_tf32 (fp32 products on TF32 tensor cores, cuda device)
   std::vector<int> threads;  // one case per count; empty: all cores
   int warmup = 2, iters = 5;
   bool torch = true;         // false: no baseline (ratio null)

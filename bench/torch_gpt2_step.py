@@ -3,7 +3,8 @@
 --iters steps on the bytes of --data (llm.c order, as zoe reads them; random bytes without --data)
 and prints one JSON line with the best and the median step time and the mean forward / backward /
 optimizer seconds of the timed steps. --mode: eager (fp32), autocast_bf16 (CPU autocast to bf16,
-as PyTorch trains bf16 on a CPU), compile (torch.compile of eager), compile_autocast_bf16 (both); a
+as PyTorch trains bf16 on a CPU), compile (torch.compile of eager), compile_autocast_bf16 (both),
+eager_tf32 (eager with torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 on); a
 mode this torch lacks prints {"unsupported": why}. Where torch has them it uses its fastest pieces: scaled_dot_product_attention
 and the fused AdamW.
 
@@ -81,12 +82,16 @@ def main():
         ap.add_argument(f"--{k}", type=float, default=v)
     ap.add_argument("--data", default="", help="a file whose bytes are the tokens")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--mode", default="eager", choices=["eager", "autocast_bf16", "compile", "compile_autocast_bf16"])
+    ap.add_argument("--mode", default="eager", choices=["eager", "autocast_bf16", "compile", "compile_autocast_bf16",
+                                                          "eager_tf32"])
     a = ap.parse_args()
     if a.mode.startswith("compile") and not hasattr(torch, "compile"):
         print(json.dumps({"unsupported": f"torch {torch.__version__} has no torch.compile", "torch": torch.__version__}))
         return
     dev = torch.device(a.device)
+    if a.mode == "eager_tf32":  # PyTorch's own switch for TF32 products (and cuDNN's)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     # A GPU runs asynchronously: each timestamp waits for the work queued before it.
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.set_num_threads(a.threads)
