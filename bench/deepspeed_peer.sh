@@ -5,14 +5,15 @@
 #
 #   bench/deepspeed_peer.sh OUTDIR
 #
-# installs DeepSpeed offline into OUTDIR/ds (for the python3 that holds PyTorch), then for each placement (ZOE_PEER_PLACEMENTS,
-# "nvme cpu": parameters and optimizer state both there) runs DeepSpeed's step
-# (bench/deepspeed_peer.py) and then zoe's (`zoe train` on the cuda device) on GPT-2 124M, bf16,
-# ZeRO-3, micro-batch ZOE_PEER_BATCH (8) x 1024 tokens, ZOE_PEER_STEPS (8) steps, zoe's device
+# installs DeepSpeed offline into OUTDIR/ds (for the python3 that holds PyTorch), then for each
+# placement (ZOE_PEER_PLACEMENTS, "nvme cpu": parameters and optimizer state both there) runs
+# DeepSpeed's step (bench/deepspeed_peer.py), then zoe's (`zoe train`, cuda device) on GPT-2 124M, bf16,
+# ZeRO-3, micro-batch ZOE_PEER_BATCH (8) x 1024 tokens, ZOE_PEER_STEPS (6) steps, zoe's device
 # budget set to DeepSpeed's measured peak GPU memory. Writes OUTDIR/peer.json (one object per run)
 # and OUTDIR/peer.md (the table: tokens/s, zoe / DeepSpeed, GPU memory, losses first -> last).
 # Knobs: ZOE_BIN (build-gpu/zoe), ZOE_PEER_NVME (OUTDIR/nvme), ZOE_TORCH_PYTHON (python3),
-# ZOE_PEER_DEVICE (cuda; cpu with ZOE_PEER_SMALL=1: the smoke test a machine without a GPU runs).
+# ZOE_PEER_TIMEOUT_S (240, each run), ZOE_PEER_DEVICE (cuda; cpu with ZOE_PEER_SMALL=1: the smoke
+# test a machine without a GPU runs).
 set -uo pipefail
 
 REPO=$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")
@@ -21,7 +22,8 @@ mkdir -p "$OUT" && OUT=$(readlink -f "$OUT")
 ZOE=${ZOE_BIN:-$REPO/build-gpu/zoe}
 NVME=${ZOE_PEER_NVME:-$OUT/nvme}
 BATCH=${ZOE_PEER_BATCH:-8}
-STEPS=${ZOE_PEER_STEPS:-8}
+STEPS=${ZOE_PEER_STEPS:-6}
+LIMIT=${ZOE_PEER_TIMEOUT_S:-240}  # a run's limit, seconds: the four fit one 600 s device call with the builds
 DEVICE=${ZOE_PEER_DEVICE:-cuda}
 read -ra PLACEMENTS <<<"${ZOE_PEER_PLACEMENTS:-nvme cpu}"
 # GPT-2 124M; ZOE_PEER_SMALL=1: 2 layers of 64, 64 tokens (a smoke test on the CPU device)
@@ -65,7 +67,7 @@ status=0
 for placement in "${PLACEMENTS[@]}"; do
   mkdir -p "$NVME/ds" "$NVME/zoe"
   say "DeepSpeed, $placement"
-  if ! timeout 600 "$PY" "$REPO/bench/deepspeed_peer.py" --offload "$placement" --nvme-path "$NVME/ds" \
+  if ! timeout "$LIMIT" "$PY" "$REPO/bench/deepspeed_peer.py" --offload "$placement" --nvme-path "$NVME/ds" \
       --micro-batch "$BATCH" --steps "$STEPS" --layers "$LAYERS" --embd "$EMBD" --heads "$HEADS" --vocab "$VOCAB" \
       --positions "$SEQ" --seq "$SEQ" --json "$OUT/ds_$placement.json" >>"$LOG" 2>&1; then
     say "DeepSpeed $placement failed or its loss did not fall (see $LOG)"; status=1
@@ -75,7 +77,7 @@ for placement in "${PLACEMENTS[@]}"; do
   ((budget > 0)) || budget=$((8 << 30))
   zoe_config "$placement" "$budget" >"$OUT/zoe_$placement.config.json"
   say "zoe, $placement, device budget $budget bytes"
-  if ! timeout 600 "$ZOE" train --quiet --config "$OUT/zoe_$placement.config.json" \
+  if ! timeout "$LIMIT" "$ZOE" train --quiet --config "$OUT/zoe_$placement.config.json" \
       --report "$OUT/zoe_$placement.jsonl" >>"$LOG" 2>&1; then
     say "zoe $placement failed (see $LOG)"; status=1
   fi
