@@ -19,7 +19,8 @@ the micro-step's peak of torch's allocator beyond what it held before is the act
 own peak beside its state (a unit's gradient staged at its hand-over).
 
 Each call adds (or replaces) the micro-step of its micro_batch in the file: call it once per
-micro-batch size the plan may choose from. Measure on an engine of its own at stage 0 with
+micro-batch size the plan may choose from. A file that describes other units (another model) is
+replaced. Measure on an engine of its own at stage 0 with
 nothing offloaded: the micro-steps' gradients accumulate in it (it is not stepped), and at other
 stages the segments would hold zoe's loads, which zoe plan predicts itself.
 """
