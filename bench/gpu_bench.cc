@@ -163,6 +163,20 @@ Status bench_adam_gpu(CudaDevice& dev, const GpuBenchOptions& o, nlohmann::json&
   return st;
 }
 
+// One GPT-2 row: zoe with `o` against PyTorch in `torch_mode`. These rows were written before a
+// GPU ran them: a failure is reported beside the table and the rows after it still run.
+void peer_row(const StepBenchOptions& o, const std::string& py, const char* torch_mode, const char* what,
+              const char* baseline_is, nlohmann::json& results) {
+  const double tokens = double(o.B) * o.T;
+  Result<StepTiming> z = time_zoe_step(o, 1);
+  Result<nlohmann::json> t = z.ok() ? time_torch_step(o, py, 1, torch_mode) : Result<nlohmann::json>(z.status());
+  if (t.ok())
+    results.push_back(row(fmt::format("gpt2 124M B8 T1024 {} tokens/s", what), tokens / z->step_s,
+                          tokens / (*t)["step_s"].get<double>(), "tokens/s", baseline_is));
+  else
+    std::fprintf(stderr, "zoe bench gpu: the %s GPT-2 row failed: %s\n", what, t.status().message().c_str());
+}
+
 // GPT-2 124M at B 8, T 1024 in fp32: zoe resident against PyTorch, then zoe offloaded.
 Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
   StepBenchOptions s;
@@ -182,29 +196,14 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
     results.push_back(row("gpt2 124M B8 T1024 fp32 tokens/s", tokens / resident.step_s,
                           tokens / t["step_s"].get<double>(), "tokens/s", "PyTorch on the same GPU"));
     // fp32 training with TF32 products on both sides (zoe.allow_tf32; PyTorch's allow_tf32).
-    // Not yet run on a GPU when written: a failure is reported and the rows after it run.
     StepBenchOptions t32 = s;
     t32.allow_tf32 = true;
-    Result<StepTiming> zt = time_zoe_step(t32, 1);
-    Result<nlohmann::json> tt = zt.ok() ? time_torch_step(t32, py, 1, "eager_tf32") : Result<nlohmann::json>(zt.status());
-    if (tt.ok())
-      results.push_back(row("gpt2 124M B8 T1024 tf32 tokens/s", tokens / zt->step_s,
-                            tokens / (*tt)["step_s"].get<double>(), "tokens/s", "PyTorch eager with allow_tf32"));
-    else
-      std::fprintf(stderr, "zoe bench gpu: the TF32 GPT-2 row failed: %s\n", tt.status().message().c_str());
+    peer_row(t32, py, "eager_tf32", "tf32", "PyTorch eager with allow_tf32", results);
     // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
     // products, fp32 master and Adam) against PyTorch's autocast to bf16.
-    // Not yet run on a GPU when written: a failure here is reported beside the table and the
-    // rows after it still run.
     StepBenchOptions b = s;
     b.bf16 = true;
-    Result<StepTiming> zb = time_zoe_step(b, 1);
-    Result<nlohmann::json> tb = zb.ok() ? time_torch_step(b, py, 1, "autocast_bf16") : Result<nlohmann::json>(zb.status());
-    if (tb.ok())
-      results.push_back(row("gpt2 124M B8 T1024 bf16 tokens/s", tokens / zb->step_s,
-                            tokens / (*tb)["step_s"].get<double>(), "tokens/s", "PyTorch autocast bf16 on the same GPU"));
-    else
-      std::fprintf(stderr, "zoe bench gpu: the bf16 GPT-2 row failed: %s\n", tb.status().message().c_str());
+    peer_row(b, py, "autocast_bf16", "bf16", "PyTorch autocast bf16 on the same GPU", results);
   }
   // The offloaded step: what the resident run held as persistent state shrinks to a quarter; its
   // transient bytes (activations, staging) stay, plus stage 3's gather and reduction buffers of
