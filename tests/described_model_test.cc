@@ -80,6 +80,14 @@ TEST(DescribedModel, AFileThatCannotBeOpenedIsAnIoError) {
   EXPECT_EQ(m.status().code(), Code::kIo);
 }
 
+// A path that never ends is refused after a bounded read, not read until memory runs out.
+TEST(DescribedModel, AnEndlessFileIsRefusedAfterABoundedRead) {
+  auto m = read_described_model("/dev/zero");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kInvalidInput);
+  EXPECT_NE(m.status().message().find("larger than"), std::string::npos) << m.status().message();
+}
+
 // The search tries the (micro-batch, checkpointing) pairs a described model offers, and no other.
 TEST(PlanSearch, TheGridKeepsToTheOfferedMicroSteps) {
   PlanSpace s;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_depth.h"
+#include "common/read_at_most.h"
 
 namespace zoe {
 namespace {
@@ -369,15 +370,9 @@ Result<Config> parse_config(const std::string& text, const std::vector<std::stri
 Result<Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream f(path);
   if (!f) return Status::Invalid(fmt::format("config file '{}': cannot be opened", path));
-  // Bounded: a path such as /dev/zero must not be read until memory runs out. (A pipe is allowed:
-  // `zoe train <(...)`.)
-  // Read in pieces: a config is a few KiB, and a 16 MiB buffer zero-filled per load is waste.
-  constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+  constexpr size_t kMaxConfigBytes = size_t{16} << 20;  // a config is a few KiB
   std::string text;
-  char piece[1 << 16];
-  while (text.size() <= kMaxConfigBytes && f.read(piece, sizeof piece).gcount() > 0)
-    text.append(piece, static_cast<size_t>(f.gcount()));
-  if (text.size() > kMaxConfigBytes)
+  if (!read_at_most(f, kMaxConfigBytes, &text))
     return Status::Invalid(fmt::format("config file '{}': larger than {} bytes; not a zoe config", path, kMaxConfigBytes));
   return parse_config(text, overrides, path);
 }

@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/json_depth.h"
+#include "common/read_at_most.h"
 
 namespace zoe {
 
@@ -21,7 +21,7 @@ using nlohmann::json;
 
 constexpr const char* kFormat = "zoe model work 1";  // python/zoe/describe.py's FORMAT
 constexpr size_t kMostUnits = 1 << 20;
-constexpr size_t kMostFetches = 1 << 22;
+constexpr size_t kMostFetches = 1 << 21;
 
 Status bad(const std::string& origin, const std::string& what) {
   return Status::Invalid(fmt::format("model description {}: {}", origin, what));
@@ -116,10 +116,13 @@ Result<DescribedModel> parse_described_model(const std::string& text, const std:
 Result<DescribedModel> read_described_model(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::Io("cannot open the model description " + path + ": " + std::strerror(errno));
-  std::ostringstream text;
-  text << f.rdbuf();
+  // Bounded (a path such as /dev/zero): ~1.6 M fetches of JSON, a thousand units' micro-steps
+  // a thousand times over.
+  constexpr size_t kMaxBytes = size_t{64} << 20;
+  std::string text;
+  if (!read_at_most(f, kMaxBytes, &text)) return bad(path, fmt::format("larger than {} bytes", kMaxBytes));
   if (f.bad()) return Status::Io("cannot read the model description " + path);
-  return parse_described_model(text.str(), path);
+  return parse_described_model(text, path);
 }
 
 }  // namespace zoe
