@@ -14,12 +14,11 @@
 
 namespace zoe::test {
 
-bool comm_thread_for(const Comm& control) { return !(test_device_name() == "cuda" && control.size() > 1); }
 // Whether a step's reductions run on the communication thread: at one rank the first reduction of
 // a unit a step is the conversion into the owned chunk at the hand-over (GradReducer::reduce_alone),
 // so only later micro-steps' go there.
 static bool reductions_on_thread(const Comm& control, int grad_accum) {
-  return comm_thread_for(control) && (control.size() > 1 || grad_accum > 1);
+  return control.size() > 1 || grad_accum > 1;
 }
 
 Result<TestDevice> make_test_device(size_t device_budget, size_t host_budget, Comm& control) {
@@ -159,7 +158,7 @@ std::string check_nvme_matches_memory(Comm& comm) {
                                       st.loads_ahead, st.fetched_loading, st.fetched_kept);
           // Several ranks: loads from host memory are issued whole, so their gathers start one
           // fetch ahead on the communication thread.
-          if (stage == 3 && sched == "tight" && comm.size() > 1 && comm_thread_for(comm) &&
+          if (stage == 3 && sched == "tight" && comm.size() > 1 &&
               home.device == OffloadDevice::kCpu && st.gathered_ahead == 0)
             return what + ", scheduler tight: no all-gather started ahead of its fetch";
         }
@@ -273,7 +272,7 @@ std::string check_quarter_budget(Comm& comm) {
       return fmt::format("{}: device peak {} exceeds the budget {}", what, peak, q.device_memory_budget);
     if (run->params != mem->params) return what + ": weights differ from the run with everything on the device";
     // (On cuda at several ranks NCCL's staging takes device memory that keeping units needs.)
-    if (run->sched.loads_ahead == 0 || (run->sched.fetched_kept == 0 && comm_thread_for(comm)))
+    if (run->sched.loads_ahead == 0 || (run->sched.fetched_kept == 0 && !(cuda && comm.size() > 1)))
       return what + fmt::format(": the scheduler did nothing within the budget (test too tight): {} loads ahead, {} kept",
                                 run->sched.loads_ahead, run->sched.fetched_kept);
     if (run->sched.reductions_async == 0 && reductions_on_thread(comm, q.grad_accum))

@@ -34,10 +34,6 @@ struct TestDevice {
   std::unique_ptr<Comm> tensor_comm;
   Comm* comm = nullptr;
 };
-// Whether the engine has a communication thread beside `control`: not on cuda at several ranks,
-// where NCCL carries the tensors and an NcclComm cannot be duplicated (reductions and gathers
-// then run at the hand-over and the fetch).
-bool comm_thread_for(const Comm& control);
 Result<TestDevice> make_test_device(size_t device_budget, size_t host_budget, Comm& control);
 
 inline Config mlp_config(int stage, DType dtype, int layers = 5, int width = 36) {

@@ -4,10 +4,12 @@
 // rank on a GPU); skips otherwise, and where there is no CUDA build.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -33,18 +35,24 @@ std::vector<uint8_t> send_of(int r, int size, size_t count, DType t, uint64_t se
   return b;
 }
 
-TEST(NcclCommMpi, CollectivesAreMpiCommsBitForBit) {
-  Comm& mpi = *g_mpi;
+// Why the test cannot run here ("" if it can). Every rank takes the same decision: skip unless
+// every rank has a GPU of its own.
+std::string short_of_gpus(Comm& mpi) {
   std::string why;
   const size_t gpus = gpu::list_gpus(&why).size();
-  // Every rank takes the same decision: skip unless every rank has a GPU of its own.
-  double short_of_gpus = gpus < static_cast<size_t>(mpi.size()) ? 1 : 0;
+  double short_of = gpus < static_cast<size_t>(mpi.size()) ? 1 : 0;
 #ifdef ZOE_CUDA_EMU
-  short_of_gpus = gpus == 0;  // tools/cuda_emu: every process emulates a GPU of its own
+  short_of = gpus == 0;  // tools/cuda_emu: every process emulates a GPU of its own
 #endif
-  ASSERT_TRUE(mpi.all_reduce_sum(&short_of_gpus, 1).ok());
-  if (short_of_gpus > 0)
-    GTEST_SKIP() << mpi.size() << " ranks need as many GPUs, " << gpus << " visible" << (gpus ? "" : ": " + why);
+  if (!mpi.all_reduce_sum(&short_of, 1).ok()) return "the all-reduce failed";
+  if (short_of == 0) return "";
+  return std::to_string(mpi.size()) + " ranks need as many GPUs, " + std::to_string(gpus) + " visible" +
+         (gpus ? "" : ": " + why);
+}
+
+TEST(NcclCommMpi, CollectivesAreMpiCommsBitForBit) {
+  Comm& mpi = *g_mpi;
+  if (std::string why = short_of_gpus(mpi); !why.empty()) GTEST_SKIP() << why;
   mpi.reset_counters();
 
   auto d = make_cuda_device(local_gpu_index(), size_t{4} << 30, size_t{1} << 30);
@@ -113,6 +121,65 @@ TEST(NcclCommMpi, CollectivesAreMpiCommsBitForBit) {
   ASSERT_TRUE(dev.synchronize().ok());
   for (Buffer& b : held) dev.free(b);
   nccl.set_device(nullptr);
+  c.value().reset();
+}
+
+// The duplicate (the engine's communication thread's) runs on a stream of its own, ordered by
+// events only: rank 0's compute finishes while its reduce_scatter still waits for the other
+// ranks, who join only after rank 0 saw that. Its results are the original's.
+TEST(NcclCommMpi, ADuplicateRunsBesideComputeOrderedByEvents) {
+  Comm& mpi = *g_mpi;
+  if (std::string why = short_of_gpus(mpi); !why.empty()) GTEST_SKIP() << why;
+  mpi.reset_counters();
+  auto d = make_cuda_device(local_gpu_index(), size_t{1} << 30, size_t{1} << 28);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  auto& dev = static_cast<CudaDevice&>(*d.value());
+  auto c = make_nccl_comm(mpi, dev);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto made = c.value()->duplicate();
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  std::unique_ptr<Comm> dup = std::move(made.value());
+  EXPECT_EQ(c.value()->tensor_stream(), Stream::kCompute);
+  EXPECT_EQ(dup->tensor_stream(), Stream::kCommThread);
+  EXPECT_EQ(dup->duplicate().status().code(), Code::kUnsupported);
+  EXPECT_EQ(dup->rank(), mpi.rank());
+
+  const int rank = mpi.rank(), size = mpi.size();
+  const size_t count = 4099, chunk = count * 4;
+  std::vector<uint8_t> send = send_of(rank, size, count, DType::kF32, 77), expect(chunk);
+  ASSERT_TRUE(mpi.reduce_scatter(send.data(), expect.data(), count, DType::kF32).ok());
+  auto b_send = dev.alloc(send.size(), Tier::kDevice, Kind::kGather);
+  auto b_recv = dev.alloc(chunk, Tier::kDevice, Kind::kGather);
+  auto b_other = dev.alloc(chunk, Tier::kDevice, Kind::kGather);
+  ASSERT_TRUE(b_send.ok() && b_recv.ok() && b_other.ok());
+  ASSERT_TRUE(dev.upload(b_send->data, send.data(), send.size()).ok());
+  ASSERT_TRUE(dev.wait_on(Stream::kCommThread, dev.record(Stream::kCompute)).ok());
+  auto reduce = [&] { return dup->reduce_scatter(b_send->data, b_recv->data, count, DType::kF32); };
+  if (rank == 0) {
+    ASSERT_TRUE(reduce().ok());
+    const Event reduced = dev.record(Stream::kCommThread);
+    ASSERT_TRUE(dev.zero(b_other->data, chunk).ok());
+    const Event zeroed = dev.record(Stream::kCompute);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!dev.done(zeroed) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(dev.done(zeroed)) << "compute waited for the duplicate's collective";
+    EXPECT_FALSE(dev.done(reduced)) << "the reduce_scatter finished before the other ranks joined it";
+  }
+  ASSERT_TRUE(mpi.barrier().ok());
+  if (rank != 0) ASSERT_TRUE(reduce().ok());
+  // Readers wait for an event recorded on the duplicate's stream.
+  ASSERT_TRUE(dev.wait_on(Stream::kCompute, dev.record(Stream::kCommThread)).ok());
+  std::vector<uint8_t> got(chunk);
+  ASSERT_TRUE(dev.download(got.data(), b_recv->data, chunk).ok());
+  EXPECT_TRUE(got == expect) << "the duplicate's reduce_scatter";
+  EXPECT_EQ(dup->bytes_sent().reduce_scatter, mpi.bytes_sent().reduce_scatter);
+
+  ASSERT_TRUE(dev.synchronize().ok());
+  for (auto* b : {&b_send, &b_recv, &b_other}) dev.free(b->value());
+  dup->set_device(nullptr);
+  dup.reset();
+  c.value()->set_device(nullptr);
   c.value().reset();
 }
 

@@ -348,8 +348,9 @@ TEST(CommWorker, RunsJobsInOrderAndReturnsEachStatus) {
   std::vector<int> ran;
   std::vector<float> send(4, 1.5f), recv(4, 0.f);
   uint64_t a, b, c;
+  CpuDevice dev(1 << 20, 1 << 20);
   {
-    CommWorker w(std::move(*self->duplicate()));
+    CommWorker w(std::move(*self->duplicate()), dev);
     a = w.submit([&](Comm& cm) {
       ran.push_back(1);
       return cm.reduce_scatter(send.data(), recv.data(), 4, DType::kF32);
@@ -381,7 +382,8 @@ TEST(CommWorker, RunsJobsInOrderAndReturnsEachStatus) {
 // the thread's function and std::terminate ended the process (the other ranks hanging).
 TEST(CommWorker, AJobThatThrowsFailsItsTicketAndTheWorkerGoesOn) {
   auto self = make_self_comm();
-  CommWorker w(std::move(*self->duplicate()));
+  CpuDevice dev(1 << 20, 1 << 20);
+  CommWorker w(std::move(*self->duplicate()), dev);
   uint64_t a = w.submit([](Comm&) -> Status { throw std::runtime_error("boom"); });
   uint64_t b = w.submit([](Comm&) -> Status { throw std::bad_alloc(); });
   uint64_t c = w.submit([](Comm&) { return Status::Ok(); });

@@ -33,9 +33,11 @@ struct Buffer {
   template <typename T> T* as() const { return static_cast<T*>(data); }
 };
 
-// Streams order work: compute kernels, host->device copies, device->host copies, collectives.
-enum class Stream : uint8_t { kCompute = 0, kH2D = 1, kD2H = 2, kComm = 3 };
-inline constexpr int kNumStreams = 4;
+// Streams order work: compute kernels, host->device copies, device->host copies, collectives,
+// and the collectives of the engine's communication thread (a duplicate communicator's, ordered
+// against compute by events only: comm/comm.h).
+enum class Stream : uint8_t { kCompute = 0, kH2D = 1, kD2H = 2, kComm = 3, kCommThread = 4 };
+inline constexpr int kNumStreams = 5;
 
 struct Event {
   Stream stream = Stream::kCompute;
@@ -106,9 +108,10 @@ class Device {
   }
 
   // Kernels the engine itself runs, on the compute stream (the model's are in ops()).
-  // dst[i] = (accumulate ? dst[i] : 0) + src[i], summed in fp32, stored as dst_dtype.
+  // dst[i] = (accumulate ? dst[i] : 0) + src[i], summed in fp32, stored as dst_dtype; on `stream`
+  // (a communication thread's reductions land on theirs).
   virtual Status accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
-                            bool accumulate) = 0;
+                            bool accumulate, Stream stream = Stream::kCompute) = 0;
   // out[i] = sum over k = 0..n-1, in that order and in fp32, of chunk k's element i; the chunks
   // (`count` elements of dtype each) lie back to back. The reduction of every Comm.
   virtual Status sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) = 0;

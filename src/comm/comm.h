@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "zoe/device.h"
 #include "zoe/dtype.h"
 #include "zoe/ledger.h"
 #include "zoe/status.h"
@@ -84,6 +85,16 @@ class Comm {
   virtual Result<std::unique_ptr<Comm>> duplicate() {
     return Status::Unsupported("this communicator cannot be duplicated");
   }
+
+  // The stream of the paired device that orders this communicator's tensor traffic.
+  // Stream::kCompute (the default): as said at the top, each collective after the compute work
+  // enqueued before it and before the compute work enqueued after it. Another stream (NcclComm's
+  // duplicate: Stream::kCommThread) is ordered by events only, so that compute goes on while it
+  // runs: the caller makes it wait for what the inputs need (Device::wait_on(tensor_stream(), e))
+  // and makes the results' readers wait for an event recorded on it after the collective. The
+  // collectives of such a communicator must not run beside the original's (NCCL promises no
+  // progress to two communicators' kernels in flight on one GPU): its owner issues them all.
+  virtual Stream tensor_stream() const { return Stream::kCompute; }
 
   const CommBytes& bytes_sent() const { return bytes_; }
   void reset_counters() { bytes_ = {}; }

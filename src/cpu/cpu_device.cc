@@ -287,23 +287,25 @@ void accumulate_range(void* dst, DType t, const void* src, DType st, size_t a, s
 
 }  // namespace
 
-Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size_t n, bool accumulate) {
+Status CpuDevice::accumulate(void* dst, DType t, const void* src, DType st, size_t n, bool accumulate,
+                             Stream stream) {
   ZOE_RETURN_IF_ERROR(check_reachable(dst, n * dtype_size(t), "accumulate destination"));
   ZOE_RETURN_IF_ERROR(check_reachable(src, n * dtype_size(st), "accumulate source"));
-  MemoryFence::Open o(fence_.get());
-  if (!accumulate && t == st) {  // x to fp32 and back is x (NaNs aside): a copy
-    std::memcpy(dst, src, n * dtype_size(t));
-    return Status::Ok();
-  }
-  if (!accumulate && st == DType::kF32) {  // a gradient into its low-precision shard: the SIMD kernel
-    const Isa isa = best_isa();
+  run_on(stream, [=] {
+    if (!accumulate && t == st) {  // x to fp32 and back is x (NaNs aside): a copy
+      std::memcpy(dst, src, n * dtype_size(t));
+      return;
+    }
+    if (!accumulate && st == DType::kF32) {  // a gradient into its low-precision shard: the SIMD kernel
+      const Isa isa = best_isa();
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
+        convert_from_f32(t, dst, static_cast<const float*>(src), r.begin(), r.end(), isa);
+      });
+      return;
+    }
     tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-      convert_from_f32(t, dst, static_cast<const float*>(src), r.begin(), r.end(), isa);
+      accumulate_range(dst, t, src, st, r.begin(), r.end(), accumulate);
     });
-    return Status::Ok();
-  }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, n, kGrain), [&](const tbb::blocked_range<size_t>& r) {
-    accumulate_range(dst, t, src, st, r.begin(), r.end(), accumulate);
   });
   return Status::Ok();
 }

@@ -46,7 +46,7 @@ class CpuDevice final : public Device {
   Status synchronize() override;
 
   Status accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
-                    bool accumulate) override;
+                    bool accumulate, Stream stream = Stream::kCompute) override;
   Status sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) override;
   Status sum_squares(const ArrayView* spans, size_t count, double* out) override;
   Status convert_sum_squares(void* dst, DType dst_dtype, const float* src, size_t n, double* sumsq) override;

@@ -325,14 +325,21 @@ Status CudaDevice::synchronize() {
 
 // --- kernels ---------------------------------------------------------------------------------
 
-Status CudaDevice::accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, bool accumulate) {
+Status CudaDevice::accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, bool accumulate,
+                              Stream s) {
+  if (!valid_stream(s)) return Status::Invalid("accumulate: unknown stream");
   ZOE_RETURN_IF_ERROR(make_current());
-  return gpu::accumulate_cuda(dst, dst_dtype, src, src_dtype, n, accumulate, stream(Stream::kCompute), max_blocks_);
+  return gpu::accumulate_cuda(dst, dst_dtype, src, src_dtype, n, accumulate, stream(s), max_blocks_);
 }
 
 Status CudaDevice::sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) {
+  return sum_chunks_on(Stream::kCompute, out, chunks, n, count, dtype);
+}
+
+Status CudaDevice::sum_chunks_on(Stream s, void* out, const void* chunks, int n, size_t count, DType dtype) {
+  if (!valid_stream(s)) return Status::Invalid("sum_chunks: unknown stream");
   ZOE_RETURN_IF_ERROR(make_current());
-  return gpu::sum_chunks_cuda(out, chunks, n, count, dtype, stream(Stream::kCompute), max_blocks_);
+  return gpu::sum_chunks_cuda(out, chunks, n, count, dtype, stream(s), max_blocks_);
 }
 
 Status CudaDevice::sum_squares(const ArrayView* spans, size_t count, double* out) {

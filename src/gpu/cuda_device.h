@@ -1,4 +1,4 @@
-// The CUDA device: one GPU, four non-blocking streams (Stream::kCompute, kH2D, kD2H, kComm),
+// The CUDA device: one GPU, five non-blocking streams (Stream::kCompute, kH2D, kD2H, kComm, kCommThread),
 // device memory from a caching allocator within zoe.device_memory_budget, pinned host memory
 // (cudaHostAlloc, cached the same way) within zoe.host_memory_budget, and the engine's kernels
 // (device_kernels.h, adam_cuda.h) on the compute stream.
@@ -74,8 +74,10 @@ class CudaDevice final : public Device {
   Status synchronize() override;
 
   Status accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
-                    bool accumulate) override;
+                    bool accumulate, Stream stream = Stream::kCompute) override;
   Status sum_chunks(void* out, const void* chunks, int n, size_t count, DType dtype) override;
+  // sum_chunks on `stream` (NcclComm sums on its own stream).
+  Status sum_chunks_on(Stream stream, void* out, const void* chunks, int n, size_t count, DType dtype);
   Status sum_squares(const ArrayView* spans, size_t count, double* out) override;
   Status adam(const AdamHyper& h, const AdamRange* ranges, size_t count, uint64_t* nonfinite) override;
 

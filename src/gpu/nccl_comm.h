@@ -9,6 +9,12 @@
 //   device, and identical across ZeRO stages and bucket sizes;
 // - both run on the device's comm stream, after the work enqueued on the compute stream before
 //   them, and the compute stream waits for them (Device::wait_on): they return once enqueued;
+// - duplicate() makes a second NCCL communicator over the same ranks (bootstrapped through a
+//   duplicate of the MPI communicator, which then carries its control traffic) whose collectives
+//   run on Stream::kCommThread ordered by events only (Comm::tensor_stream): the engine's
+//   communication thread reduces unit k while unit k-1's backward computes. NCCL does not promise
+//   progress to two communicators' kernels in flight on one GPU, so while a duplicate lives its
+//   owner issues every tensor collective (the engine's CommWorker does);
 // - the staging buffer is device memory of the paired device (Kind::kComm, booked in its
 //   ledger), grown to the largest reduce_scatter and reused; set_device(nullptr) returns it, so
 //   call that before the device goes away (as comm.h asks);
@@ -31,8 +37,10 @@ class CudaDevice;
 
 class NcclComm final : public Comm {
  public:
-  // Use make_nccl_comm. Takes ownership of `comm`.
-  NcclComm(Comm& control, CudaDevice& dev, ncclComm_t comm);
+  // Use make_nccl_comm. Takes ownership of `comm` (and of `owned_control`, when given: then
+  // `control` is it). `stream`: kComm, ordered with compute; kCommThread, ordered by events.
+  NcclComm(Comm& control, CudaDevice& dev, ncclComm_t comm, Stream stream = Stream::kComm,
+           std::unique_ptr<Comm> owned_control = nullptr);
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -49,6 +57,9 @@ class NcclComm final : public Comm {
   Status gather_to_root(const void* send, void* recv, size_t bytes) override;
   Status all_gather_control(const void* send, void* recv, size_t bytes) override;
   bool barrier_within(double seconds) override;
+  // Collective. The original only: one communication thread, one stream of its own.
+  Result<std::unique_ptr<Comm>> duplicate() override;
+  Stream tensor_stream() const override { return by_events() ? stream_ : Stream::kCompute; }
 
   // Only the CudaDevice this communicator was made with (or nullptr) carries tensor traffic;
   // changing it returns the staging buffer to the device it came from.
@@ -57,15 +68,18 @@ class NcclComm final : public Comm {
   size_t staging_bytes() const { return staging_.bytes; }
 
  private:
-  Status begin(const char* what);  // the device check, then comm waits for compute
-  Status end();                    // compute waits for comm
+  bool by_events() const { return stream_ != Stream::kComm; }
+  Status begin(const char* what);  // the device check, then (ordered with compute) comm waits for compute
+  Status end();                    // (ordered with compute) compute waits for comm
   Status grow_staging(size_t bytes);
   void release_staging();
   Status check(ncclResult_t r, const char* what) const;
 
+  std::unique_ptr<Comm> owned_control_;  // a duplicate's MPI communicator
   Comm& control_;
   CudaDevice& cuda_;
   ncclComm_t comm_;
+  Stream stream_;
   int rank_ = 0, size_ = 1;
   Buffer staging_;
 };

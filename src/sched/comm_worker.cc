@@ -5,7 +5,11 @@
 
 namespace zoe {
 
-CommWorker::CommWorker(std::unique_ptr<Comm> comm) : comm_(std::move(comm)) {
+CommWorker::CommWorker(std::unique_ptr<Comm> comm, Device& dev)
+    : comm_(std::move(comm)),
+      dev_(dev),
+      stream_(comm_->tensor_stream()),
+      by_events_(stream_ != Stream::kCompute) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -16,25 +20,32 @@ CommWorker::~CommWorker() {
   }
   cv_.notify_all();
   thread_.join();
+  // Buffers the jobs used may be freed and reused by compute next.
+  if (by_events_) (void)dev_.wait_on(Stream::kCompute, last_);
 }
 
 uint64_t CommWorker::submit(Job job) {
+  const Event ready = by_events_ ? dev_.record(Stream::kCompute) : Event{};
   uint64_t t;
   {
     std::lock_guard<std::mutex> l(mu_);
     t = ++submitted_;
-    queue_.emplace_back(t, std::move(job));
+    queue_.push_back({t, std::move(job), ready});
   }
   cv_.notify_all();
   return t;
 }
 
 Status CommWorker::wait(uint64_t ticket) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return done_.count(ticket) > 0; });
-  Status st = std::move(done_[ticket]);
-  done_.erase(ticket);
-  return st;
+  Done d;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_.count(ticket) > 0; });
+    d = std::move(done_[ticket]);
+    done_.erase(ticket);
+  }
+  Status ordered = by_events_ ? dev_.wait_on(Stream::kCompute, d.finished) : Status::Ok();
+  return d.status.ok() ? ordered : d.status;
 }
 
 CommBytes CommWorker::take_bytes() {
@@ -53,15 +64,21 @@ void CommWorker::run() {
   for (;;) {
     cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;
-    auto [ticket, job] = std::move(queue_.front());
+    Queued q = std::move(queue_.front());
     queue_.pop_front();
     l.unlock();
-    Status st = status_of_call("communication thread", [&, &run = job] { return run(*comm_); });
+    // The job runs whatever happened before it: the other ranks are in its collectives.
+    const Status ordered = by_events_ ? dev_.wait_on(stream_, q.ready) : Status::Ok();
+    Done d;
+    d.status = status_of_call("communication thread", [&] { return q.job(*comm_); });
+    if (!ordered.ok()) d.status = ordered;
+    if (by_events_) d.finished = dev_.record(stream_);
     CommBytes b = comm_->bytes_sent();
     comm_->reset_counters();
     l.lock();
     bytes_ += b;
-    done_[ticket] = std::move(st);
+    if (by_events_) last_ = d.finished;
+    done_[q.ticket] = std::move(d);
     cv_.notify_all();
   }
 }

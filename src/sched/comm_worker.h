@@ -4,6 +4,11 @@
 // It owns a communicator of its own (Comm::duplicate, an MPI_Comm_dup), so its collectives never
 // interleave with the caller's on one communicator. Every rank submits the same collectives in the
 // same order (the engine submits only after an agreement), so they match across ranks.
+//
+// Ordered by events where the communicator is (Comm::tensor_stream, NCCL's duplicate): a job's
+// collectives start after the compute work enqueued before its submit(), and the compute work
+// enqueued after its wait() sees their results; compute enqueued in between runs beside them.
+// Such a communicator must be the only one issuing tensor collectives: `issues_all()`.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +20,7 @@
 #include <thread>
 
 #include "comm/comm.h"
+#include "zoe/device.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -23,15 +29,19 @@ class CommWorker {
  public:
   using Job = std::function<Status(Comm&)>;
 
-  explicit CommWorker(std::unique_ptr<Comm> comm);
-  ~CommWorker();  // runs what was submitted, then stops
+  // `dev`: the device whose streams order the jobs' tensor traffic (comm's paired device).
+  CommWorker(std::unique_ptr<Comm> comm, Device& dev);
+  ~CommWorker();  // runs what was submitted, then stops; later compute waits for it
   CommWorker(const CommWorker&) = delete;
   CommWorker& operator=(const CommWorker&) = delete;
 
   // Queues `job`; returns its ticket (1, 2, ...).
   uint64_t submit(Job job);
-  // Waits until job `ticket` has run and returns its Status (each ticket is waited for once).
+  // Waits until job `ticket` has run and returns its Status (each ticket is waited for once);
+  // compute enqueued after it is ordered after the job's collectives.
   Status wait(uint64_t ticket);
+  // Whether every tensor collective must go through this worker while it lives (see above).
+  bool issues_all() const { return by_events_; }
   // What the jobs run so far put on the wire (the worker's counters, reset here).
   CommBytes take_bytes();
   Comm& comm() { return *comm_; }
@@ -39,11 +49,25 @@ class CommWorker {
  private:
   void run();
 
+  struct Queued {
+    uint64_t ticket;
+    Job job;
+    Event ready;  // the compute stream at submit()
+  };
+  struct Done {
+    Status status;
+    Event finished;  // the tensor stream after the job
+  };
+
   std::unique_ptr<Comm> comm_;
+  Device& dev_;
+  const Stream stream_;  // comm_->tensor_stream()
+  const bool by_events_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, Job>> queue_;
-  std::map<uint64_t, Status> done_;  // results not yet waited for
+  std::deque<Queued> queue_;
+  std::map<uint64_t, Done> done_;  // results not yet waited for
+  Event last_;                     // the tensor stream after the last job run
   uint64_t submitted_ = 0;
   CommBytes bytes_;
   bool stop_ = false;

@@ -148,9 +148,11 @@ CommWorker::Job GradReducer::reduction_job(int u, const Buffer& buf, bool first)
   return [this, name = name(u), src = buf.data, dst, own, chunk = s.chunk, first, direct](Comm& c) {
     ZOE_SPAN("reduce_scatter " + name, "reduce_scatter", Bucket::kWaitComm);
     Status st = c.reduce_scatter(src, direct ? dst : own, chunk, s_.gdtype());
+    // On the collective's stream: in its order, whichever thread and stream that is.
+    const Stream after = c.tensor_stream();
     if (st.ok() && !direct)
-      st = first ? dev_.copy(dst, own, chunk * s_.gsize(), Stream::kCompute)
-                 : dev_.accumulate(dst, s_.gdtype(), own, s_.gdtype(), chunk, true);
+      st = first ? dev_.copy(dst, own, chunk * s_.gsize(), after)
+                 : dev_.accumulate(dst, s_.gdtype(), own, s_.gdtype(), chunk, true, after);
     return st;
   };
 }

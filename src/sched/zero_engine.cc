@@ -121,7 +121,7 @@ Status ZeroEngine::start_comm_worker() {
   if (std::count(all.begin(), all.end(), 1) != comm_.size()) return Status::Ok();
   auto dup = comm_.duplicate();
   if (!dup.ok()) return dup.status().code() == Code::kUnsupported ? Status::Ok() : dup.status();
-  comm_worker_ = std::make_unique<CommWorker>(std::move(*dup));
+  comm_worker_ = std::make_unique<CommWorker>(std::move(*dup), dev_);
   reducer_.set_worker(comm_worker_.get());
   mover_.set_worker(comm_worker_.get());
   units_.set_reserve(units_.reserve() + extra);

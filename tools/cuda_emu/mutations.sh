@@ -163,5 +163,22 @@ mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, cop
 check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
   cuda_device_gpu_test_emu "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*AFetchFromHostMemory*'
 
+# --- the communication thread's event order (CommWorker, NcclComm's duplicate) ---
+mutate src/sched/comm_worker.cc "  const Event ready = by_events_ ? dev_.record(Stream::kCompute) : Event{};" \
+  "  const Event ready{};  // mutation: a job does not wait for the compute that made its inputs"
+check "a reduction that starts before its gradient is in its buffer (CommWorker::submit)" zero_mpi_test_emu \
+  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
+
+mutate src/sched/comm_worker.cc "  Status ordered = by_events_ ? dev_.wait_on(Stream::kCompute, d.finished) : Status::Ok();" \
+  "  Status ordered = Status::Ok();  // mutation: compute after wait() does not wait for the job"
+check "a reduction buffer reused while the collective still reads it (CommWorker::wait)" zero_mpi_test_emu \
+  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
+
+mutate src/gpu/nccl_comm.cc "Status NcclComm::end() { return by_events() ? Status::Ok() : cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }" \
+  "Status NcclComm::end() { return cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }  // mutation"
+check "compute made to wait for the duplicate's collectives (NcclComm::end)" nccl_comm_mpi_test_emu \
+  "compute waited for the duplicate's collective" \
+  mpirun --oversubscribe -np 2 tests/nccl_comm_mpi_test_emu --gtest_filter='*ADuplicate*'
+
 echo "mutations.sh: $caught caught, $missed missed"
 [[ $missed -eq 0 ]]

@@ -4,7 +4,10 @@
 
 namespace zoe {
 
+// On the communication thread where it issues every tensor collective (NCCL's duplicate), after
+// the reductions queued before it: waited for at once.
 Status RankUnitMover::gather(int u, const Buffer& buf) {
+  if (worker_ && worker_->issues_all()) return worker_->wait(gather_ahead(u, nullptr, buf));
   ZOE_SPAN("all_gather " + name(u), "all_gather", Bucket::kWaitComm);
   size_t n = chunk_bytes(u);
   return comm_.all_gather(buf.as<char>() + comm_.rank() * n, buf.data, n);
