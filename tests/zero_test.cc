@@ -394,6 +394,34 @@ TEST(CommWorker, AJobThatThrowsFailsItsTicketAndTheWorkerGoesOn) {
   EXPECT_TRUE(w.wait(c).ok());
 }
 
+// A failed collective leaves the worker's communicator out of step with the other ranks: the
+// jobs after it are not run (a rank that went on would issue collectives nobody matches), and
+// their tickets say why. Other failures (a load's) leave the communicator in step.
+TEST(CommWorker, NothingRunsAfterAFailedCollective) {
+  auto self = make_self_comm();
+  CpuDevice dev(1 << 20, 1 << 20);
+  CommWorker w(std::move(*self->duplicate()), dev);
+  int ran = 0;
+  auto count = [&](Comm&) {
+    ++ran;
+    return Status::Ok();
+  };
+  const uint64_t io = w.submit([](Comm&) { return Status::Io("a load failed"); });
+  const uint64_t after_io = w.submit(count);
+  const uint64_t comm = w.submit([](Comm&) { return Status::CommError("NCCL ncclGroupEnd failed on rank 0"); });
+  const uint64_t after_comm = w.submit(count);
+  EXPECT_EQ(w.wait(io).code(), Code::kIo);
+  EXPECT_TRUE(w.wait(after_io).ok());
+  EXPECT_EQ(w.wait(comm).code(), Code::kComm);
+  const Status skipped = w.wait(after_comm);
+  EXPECT_EQ(skipped.code(), Code::kComm);
+  EXPECT_NE(skipped.message().find("not run: an earlier collective on the communication thread failed: NCCL "
+                                   "ncclGroupEnd"),
+            std::string::npos)
+      << skipped.message();
+  EXPECT_EQ(ran, 1);
+}
+
 // Writes every owned element of every kind: state never written reads as zeros without a request
 // (NvmeStore), so a test that needs the pass to read from the disk writes it first.
 void write_all_owned(Engine& e) {

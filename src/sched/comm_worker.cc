@@ -70,7 +70,13 @@ void CommWorker::run() {
     // The job runs whatever happened before it: the other ranks are in its collectives.
     const Status ordered = by_events_ ? dev_.wait_on(stream_, q.ready) : Status::Ok();
     Done d;
-    d.status = status_of_call("communication thread", [&] { return q.job(*comm_); });
+    if (broken_.ok()) {
+      d.status = status_of_call("communication thread", [&] { return q.job(*comm_); });
+      if (d.status.code() == Code::kComm) broken_ = d.status;
+    } else {
+      d.status = Status::CommError("not run: an earlier collective on the communication thread failed: " +
+                                   broken_.message());
+    }
     if (!ordered.ok()) d.status = ordered;
     if (by_events_) d.finished = dev_.record(stream_);
     CommBytes b = comm_->bytes_sent();

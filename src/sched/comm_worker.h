@@ -9,6 +9,10 @@
 // collectives start after the compute work enqueued before its submit(), and the compute work
 // enqueued after its wait() sees their results; compute enqueued in between runs beside them.
 // Such a communicator must be the only one issuing tensor collectives: `issues_all()`.
+//
+// A job whose collective failed (Code::kComm) leaves the communicator out of step with the other
+// ranks: the jobs after it are not run (their tickets return that error), so this rank issues no
+// collective the others never match, and its caller learns of the failure at its next wait().
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -68,6 +72,7 @@ class CommWorker {
   std::deque<Queued> queue_;
   std::map<uint64_t, Done> done_;  // results not yet waited for
   Event last_;                     // the tensor stream after the last job run
+  Status broken_;                  // the first collective that failed (worker thread only)
   uint64_t submitted_ = 0;
   CommBytes bytes_;
   bool stop_ = false;
