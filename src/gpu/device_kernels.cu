@@ -189,6 +189,10 @@ Status sum_chunks_cuda(void* out, const void* chunks, int n, size_t count, DType
   if (count == 0) return Status::Ok();
   if (!out || !chunks) return Status::Invalid("sum_chunks: null pointer");
   const unsigned grid = grid_for(count, max_blocks);
+  // Exactly the elements it touches, as launch_accumulate's: a reduction lands in one unit's slice
+  // of the gradient shard while the update reads another's (not the whole block, for the race check).
+  ZOE_KERNEL_SPAN(out, count * dtype_size(dtype), true);
+  ZOE_KERNEL_SPAN(chunks, n * count * dtype_size(dtype), false);
   switch (uint8_t(dtype)) {
     case kF32: ZOE_LAUNCH(grid, kThreads, 0, stream, sum_chunks_kernel<kF32>)(out, chunks, n, count); break;
     case kBF16: ZOE_LAUNCH(grid, kThreads, 0, stream, sum_chunks_kernel<kBF16>)(out, chunks, n, count); break;
