@@ -1,6 +1,7 @@
 // The CUDA Adam kernel against the CPU scalar path, bit for bit, over many ranges in one call:
 // every dtype pair, tails, unaligned pointers, non-finite gradients, more ranges than fit one
-// launch, several steps. Skips where there is no CUDA build or no GPU.
+// launch, several steps, each taken back and stepped again (AdamHyper::undo). Skips where there is
+// no CUDA build or no GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -113,6 +114,16 @@ struct Range {
   }
 };
 
+void expect_device_equals_host(std::vector<std::unique_ptr<Range>>& ranges) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Range& r = *ranges[i];
+    EXPECT_TRUE(ranges[i]->device_equals_host())
+        << "range " << i << " grad=" << dtype_name(r.grad_dtype)
+        << " copy=" << (r.has_copy ? std::string(dtype_name(r.param_dtype)) : std::string("none")) << " n=" << r.n
+        << " offset=" << r.offset;
+  }
+}
+
 TEST(AdamCuda, BitwiseEqualToCpuScalar) {
   std::string why;
   if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, CUDA Adam not tested: " << why;
@@ -164,13 +175,27 @@ TEST(AdamCuda, BitwiseEqualToCpuScalar) {
     unsigned long long gpu_bad = 0;
     ASSERT_EQ(cudaMemcpy(&gpu_bad, d_count.p, sizeof gpu_bad, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(gpu_bad, cpu_bad);
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      const Range& r = *ranges[i];
-      EXPECT_TRUE(ranges[i]->device_equals_host())
-          << "range " << i << " grad=" << dtype_name(r.grad_dtype)
-          << " copy=" << (r.has_copy ? std::string(dtype_name(r.param_dtype)) : std::string("none")) << " n=" << r.n
-          << " offset=" << r.offset;
+    expect_device_equals_host(ranges);
+    // The step taken back and redone at a quarter of its scale (zoe.update_in_backward under
+    // clipping); on the last step taken back only (a skipped step): the CPU's bits again.
+    AdamHyper again = h;
+    again.undo = true;
+    again.undo_grad_scale = h.grad_scale;
+    again.grad_scale = h.grad_scale / 4;
+    again.restore_only = step == 3;
+    cpu_bad = 0;
+    for (auto& r : ranges) cpu_bad += adam_step_range(again, r->host_range(), Isa::kScalar);
+    ASSERT_EQ(cudaMemset(d_count.p, 0, sizeof(unsigned long long)), cudaSuccess);
+    const Status redo = gpu::adam_step_cuda(again, device_ranges.data(), device_ranges.size(), nullptr,
+                                            static_cast<unsigned long long*>(d_count.p));
+    ASSERT_TRUE(redo.ok()) << redo.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&gpu_bad, d_count.p, sizeof gpu_bad, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (!again.restore_only) {
+      EXPECT_EQ(gpu_bad, cpu_bad);
     }
+    SCOPED_TRACE(again.restore_only ? "taken back" : "taken back and redone");
+    expect_device_equals_host(ranges);
   }
 }
 

@@ -338,6 +338,66 @@ TEST_P(AdamIsa, StreamedWeightCopyEqualsScalar) {
   }
 }
 
+// A speculative step taken back (AdamHyper::undo; zoe.update_in_backward when the global norm
+// clips or overflows): from the stepped state and the same gradient the master, m and v come back
+// within a few roundings (m and v exactly 0 after step 1), the lanes the step skipped keep their
+// state, every lane's weight copy is its master's; stepped again at another scale, the state lands
+// within roundings of stepping at that scale from the start.
+TEST_P(AdamIsa, UndoTakesBackASpeculativeStep) {
+  const Isa isa = GetParam();
+  constexpr size_t n = 1001, kInf = 7, kNan = 500;
+  for (bool decoupled : {true, false})
+    for (int64_t step : {1, 3})
+      for (DType gd : {DType::kBF16, DType::kF32}) {
+        SCOPED_TRACE(describe(isa, gd, DType::kBF16, decoupled, n) + " step " + std::to_string(step));
+        Tensor base(n, gd, DType::kBF16, 21);
+        if (step == 1) std::fill(base.m.begin(), base.m.end(), 0.f), std::fill(base.v.begin(), base.v.end(), 0.f);
+        base.fill_grads(22);
+        base.set_grad(kInf, std::numeric_limits<float>::infinity());
+        base.set_grad(kNan, std::numeric_limits<float>::quiet_NaN());
+        const AdamHyper made = hyper(decoupled, step);
+        Tensor stepped = base;
+        ASSERT_EQ(adam_step_range(made, stepped.range(), isa), 2u);
+
+        AdamHyper back = made;
+        back.undo = true;
+        back.undo_grad_scale = made.grad_scale;
+        back.restore_only = true;
+        Tensor restored = stepped;
+        EXPECT_EQ(adam_step_range(back, restored.range(), isa), 2u);
+        for (size_t i = 0; i < n; ++i) {
+          uint8_t copy[2];  // every lane's weight copy is its (restored) master's
+          store_from_f32(copy, DType::kBF16, 0, restored.master[i]);
+          ASSERT_EQ(std::memcmp(restored.out.data() + 2 * i, copy, 2), 0) << "weight copy " << i;
+          if (i == kInf || i == kNan) {
+            EXPECT_EQ(restored.master[i], base.master[i]);
+            EXPECT_EQ(restored.m[i], base.m[i]);
+            EXPECT_EQ(restored.v[i], base.v[i]);
+            continue;
+          }
+          ASSERT_TRUE(near_rel(restored.master[i], base.master[i], 1e-6, 1.0)) << "master " << i;
+          ASSERT_TRUE(near_rel(restored.m[i], base.m[i], 1e-5, 0.01)) << "m " << i;
+          ASSERT_TRUE(near_rel(restored.v[i], base.v[i], 1e-4, 1e-4)) << "v " << i;
+          ASSERT_GE(restored.v[i], 0.f);
+          if (step == 1) ASSERT_TRUE(restored.m[i] == 0.f && restored.v[i] == 0.f) << i;
+        }
+
+        AdamHyper again = back;
+        again.restore_only = false;
+        again.grad_scale = made.grad_scale / 4;
+        Tensor redone = stepped;
+        AdamHyper direct = made;
+        direct.grad_scale = again.grad_scale;
+        Tensor want = base;
+        EXPECT_EQ(adam_step_range(again, redone.range(), isa), adam_step_range(direct, want.range(), isa));
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(near_rel(redone.master[i], want.master[i], 1e-6, 1.0)) << "master " << i;
+          ASSERT_TRUE(near_rel(redone.m[i], want.m[i], 1e-5, 0.01)) << "m " << i;
+          ASSERT_TRUE(near_rel(redone.v[i], want.v[i], 1e-4, 1e-4)) << "v " << i;
+        }
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, AdamIsa, ::testing::ValuesIn(kAllIsas),
                          [](const ::testing::TestParamInfo<Isa>& p) { return std::string(isa_name(p.param)); });
 

@@ -78,6 +78,7 @@ Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model
       loss += l;
     }
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine.step(c.lr));
+    run.skipped += !r.applied;
     if (flush_each_step) ZOE_RETURN_IF_ERROR(engine.flush().status());
     run.losses.push_back(loss);
     run.grad_norms.push_back(r.grad_norm);
@@ -358,6 +359,70 @@ std::string check_update_in_backward(Comm& comm) {
           if (after->sched.units_updated_in_backward != 0) return what + ": released early without the key";
         }
       }
+  return "";
+}
+
+// Elementwise |a - b| <= rel * max(|b|, floor): "" or the worst element.
+static std::string within(const std::vector<float>& a, const std::vector<float>& b, double rel, double floor) {
+  if (a.size() != b.size()) return fmt::format("{} weights against {}", a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::fabs(double(a[i]) - b[i]) > rel * std::max(std::fabs(double(b[i])), floor))
+      return fmt::format("weight {}: {} against {} (bound {} relative)", i, a[i], b[i], rel);
+  return "";
+}
+
+std::string check_speculative_update(Comm& comm) {
+  std::string dir = make_temp_dir("speculative-update");
+  struct Case {
+    DType dt;
+    double clip;  // -1: 0.6 of the smallest unclipped norm (every step clipped, by at most 0.6)
+    double rel;   // the weights' bound where updates were taken back: a few of dt's roundings
+  };
+  // fp32 and bf16 with a clip that bites every step, fp16 whose first steps overflow at 2^20;
+  // then a clip that never bites. (Taken back, m and v lose ~1e-7 / coefficient^2 of their size:
+  // the step's own term cancels; a clip by 0.6 or less is what users' clipping does.)
+  const std::vector<Case> cases = {
+      {DType::kF32, -1, 1e-5}, {DType::kBF16, -1, 2e-2}, {DType::kF16, 0, 4e-3}, {DType::kBF16, 1e30, 0}};
+  for (int stage : {0, 3})
+    for (const Case& k : cases) {
+      Config c = mlp_config(stage, k.dt);
+      c.grad_clip = k.clip;
+      c.initial_scale_power = 20;  // fp16: the first two steps overflow
+      if (k.clip < 0) {
+        c.grad_clip = 0;
+        auto free = run_mlp(c, comm, 4);
+        if (!free.ok()) return "unclipped: " + free.status().message();
+        c.grad_clip = 0.6 * *std::min_element(free->grad_norms.begin(), free->grad_norms.end());
+      }
+      std::vector<std::pair<std::string, Config>> homes = {{"in memory", c}};
+      Config host = c;
+      host.offload_optimizer.device = OffloadDevice::kCpu;
+      homes.push_back({"in host memory", host});
+      if (stage == 3) homes.push_back({"on NVMe", with_nvme_offload(c, dir, 1.0)});
+      for (auto& [home, h] : homes) {
+        std::string what = fmt::format("stage {} {} clip {}, state {}", stage, dtype_name(k.dt), c.grad_clip, home);
+        auto after = run_mlp(h, comm, 4);
+        h.update_in_backward = true;
+        auto during = run_mlp(h, comm, 4);
+        if (!after.ok()) return what + ", update after the backward: " + after.status().message();
+        if (!during.ok()) return what + ", update during the backward: " + during.status().message();
+        const int64_t taken_back = during->sched.updates_taken_back;
+        if (during->skipped != after->skipped) return what + ": the steps skipped differ";
+        if (k.rel == 0) {  // nothing to take back: the speculation held
+          if (taken_back != 0) return what + fmt::format(": {} updates taken back with a clip that never bites", taken_back);
+          if (during->params != after->params || during->grad_norms != after->grad_norms)
+            return what + ": weights differ between the update during and after the backward";
+          continue;
+        }
+        int overruled = after->skipped;
+        for (double norm : after->grad_norms) overruled += h.grad_clip > 0 && norm > h.grad_clip;
+        if (overruled == 0) return what + ": no step clipped or overflowed (test too weak)";
+        if (stage == 3 && taken_back < overruled)
+          return what + fmt::format(": {} updates taken back, {} steps clipped or skipped", taken_back, overruled);
+        if (std::string d = within(during->params, after->params, k.rel, 1e-2); !d.empty()) return what + ": " + d;
+      }
+    }
+  std::filesystem::remove_all(dir);
   return "";
 }
 

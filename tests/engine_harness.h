@@ -23,6 +23,7 @@ struct MlpRun {
   int64_t padded = 0, shard = 0;
   int64_t host_stepped = 0;       // optimizer elements the CPU Adam stepped on the host, last step
   int64_t owned = 0;              // optimizer elements this rank owns (real, no padding)
+  int skipped = 0;                // steps not applied (overflow)
   ZeroEngine::SchedStats sched;   // what stage 3's scheduler did
 };
 
@@ -97,5 +98,11 @@ std::string check_overlapped_reductions(Comm& comm);
 // host memory and on NVMe; at stages 2-3 units are released to the update during the backward,
 // at 0-1 (gradients reduced at step()) none are. Returns "" or what differed.
 std::string check_update_in_backward(Comm& comm);
+// zoe.update_in_backward beside clipping and fp16's loss scaling, where the update begun in the
+// backward is speculative: a clip that never bites gives the update after the backward's weights
+// bit for bit, nothing taken back; one that bites every step (fp32, bf16) and overflowing fp16
+// steps are taken back and redone (or skipped), within roundings of the update after the backward.
+// Stages 0 and 3, state in device memory, host memory and (stage 3) on NVMe. "" or what differed.
+std::string check_speculative_update(Comm& comm);
 
 }  // namespace zoe::test

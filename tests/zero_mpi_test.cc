@@ -153,6 +153,10 @@ TEST(ZeroMpi, UpdateDuringTheBackwardIsBitwiseTheUpdateAfterIt) {
   EXPECT_EQ(check_update_in_backward(*g_comm), "");
 }
 
+TEST(ZeroMpi, UpdateDuringTheBackwardIsTakenBackWhereClippingOrOverflowOverrulesIt) {
+  EXPECT_EQ(check_speculative_update(*g_comm), "");
+}
+
 TEST(ZeroMpi, Gpt2StagesAreBitwiseIdenticalInFp32) {
   // The real model through the same unit API: embeddings fetched twice, tied head, blocks.
   gpt2::Gpt2Shape shape{2, 2, 16, 256, 16};

@@ -71,10 +71,11 @@ class Engine {
   // returns before the update is applied: it runs on, overlapped with the next forward, and each
   // fetch waits only for its own unit's update (results are those of the serial order).
   virtual Result<StepResult> step(double lr) = 0;
-  // With zoe.update_in_backward (no clipping, no loss scaling), called before a step's last
-  // micro-step: each unit's update begins as soon as its gradient is final, beside the rest of the
-  // backward, in lr; step() must then pass the same lr, and a step whose gradients are not finite
-  // is an error instead of a skip (its units are partly updated). Without the key: nothing.
+  // With zoe.update_in_backward, called before a step's last micro-step: each unit's update
+  // begins as soon as its gradient is final, beside the rest of the backward, in lr, assuming the
+  // step is neither clipped nor skipped; step() must then pass the same lr, and where the global
+  // norm clips or overflows it takes the update back and redoes or skips it (within roundings of
+  // the update after the backward). Without the key: nothing.
   virtual Status update_during_backward(double lr) = 0;
   // A unit's gradient handed over by some ranks only is reduced with zeros from the others (as
   // DDP's find_unused_parameters). With `on`, step() instead checks that every rank handed over

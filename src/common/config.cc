@@ -282,13 +282,6 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.checksums", c.checksums));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.update_in_backward", c.update_in_backward));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.allow_tf32", c.allow_tf32));
-  // A unit's update begins before the last unit's gradient exists: nothing may depend on all of them.
-  if (c.update_in_backward && c.grad_clip > 0)
-    return Status::Invalid("config key 'zoe.update_in_backward': updates begin before the global gradient norm is "
-                           "known, so they cannot be clipped: set gradient_clipping to 0");
-  if (c.update_in_backward && c.dtype == DType::kF16)
-    return Status::Invalid("config key 'zoe.update_in_backward': fp16's loss scaling skips steps whose gradients "
-                           "overflow, after updates began: use bf16 or fp32");
   ZOE_RETURN_IF_ERROR(r.string("zoe.compute_dtype", c.compute_dtype, {"auto", "fp32", "bf16"}));
   if (c.compute_dtype == "bf16" && c.dtype != DType::kBF16)
     return Status::Invalid(fmt::format("config key 'zoe.compute_dtype': \"bf16\" computes on bf16 weights, but the "

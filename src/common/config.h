@@ -71,8 +71,8 @@ struct Config {
   bool checkpoint_verify = true;
   bool activation_checkpointing = false;
   bool checksums = true;
-  // Adam steps each unit as soon as its gradient is final, during the backward (needs no
-  // clipping and no fp16); the trainer announces the lr first (Engine::update_during_backward).
+  // Adam steps each unit as soon as its gradient is final, during the backward (speculatively
+  // beside clipping or fp16); the trainer announces the lr first (Engine::update_during_backward).
   bool update_in_backward = false;
   // fp32 products on a GPU may round their inputs to TF32 on tensor cores (PyTorch's
   // allow_tf32): faster, no longer fp32-exact. Off, as PyTorch's matmul default; no effect on the

@@ -39,6 +39,8 @@ struct LaunchArgs {
   AdamConsts c;
   uint64_t total_tiles;
   int count;
+  uint8_t undo;        // take back the step c made (AdamHyper::undo) instead of stepping
+  uint8_t first_step;  // ... from Adam's zero state
   RangeArg r[kMaxRanges];
 };
 static_assert(sizeof(LaunchArgs) <= 4096, "kernel arguments are limited to 4 KiB");
@@ -55,6 +57,25 @@ __device__ __forceinline__ bool adam_element(const AdamConsts& c, float grad, fl
   master = __fmaf_rn(c.neg_step_size, __fdiv_rn(m_new, denom), p);
   m = m_new;
   v = v_new;
+  return true;
+}
+
+// kernels/adam_kernels.h's adam_undo_element, operation for operation.
+__device__ __forceinline__ bool undo_element(const AdamConsts& c, bool first_step, float grad, float& master, float& m,
+                                             float& v) {
+  float g = __fmul_rn(grad, c.grad_scale);
+  if (!isfinite(g)) return false;
+  const float denom = __fmaf_rn(__fsqrt_rn(v), c.inv_sqrt_bc2, c.eps);
+  const float p = __fmaf_rn(-c.neg_step_size, __fdiv_rn(m, denom), master);
+  master = __fdiv_rn(p, c.decay);
+  if (c.l2 != 0.0f) g = __fmaf_rn(c.l2, master, g);
+  if (first_step) {
+    m = 0.0f;
+    v = 0.0f;
+    return true;
+  }
+  m = __fdiv_rn(__fsub_rn(m, __fmul_rn(c.one_minus_beta1, g)), c.beta1);
+  v = fmaxf(0.0f, __fdiv_rn(__fsub_rn(v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g)), c.beta2));
   return true;
 }
 
@@ -146,6 +167,24 @@ __device__ __forceinline__ unsigned step_vec(const AdamConsts& c, const RangeArg
   return kN - __popc(finite_bits);
 }
 
+// Taking back a speculative step is rare (a clipped or overflowed step): one element a thread.
+template <uint8_t G, uint8_t P>
+__device__ unsigned undo_tile(const AdamConsts& c, bool first_step, const RangeArg& r, uint64_t begin, uint64_t end) {
+  unsigned skipped = 0;
+  for (uint64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float p = r.master[i], m = r.m[i], v = r.v[i];
+    if (undo_element(c, first_step, from_grad<G>(r.grad, i), p, m, v)) {
+      r.master[i] = p;
+      r.m[i] = m;
+      r.v[i] = v;
+    } else {
+      ++skipped;
+    }
+    if constexpr (P != kNoCopy) store_copy<P>(r.out, i, p);  // every lane's (AdamHyper::undo)
+  }
+  return skipped;
+}
+
 // Elements [begin, end) of one range by the whole block. begin is a multiple of kGroup.
 template <uint8_t G, uint8_t P>
 __device__ unsigned step_tile(const AdamConsts& c, const RangeArg& r, uint64_t begin, uint64_t end) {
@@ -164,13 +203,18 @@ __device__ unsigned step_tile(const AdamConsts& c, const RangeArg& r, uint64_t b
   return bad;
 }
 
+template <uint8_t G, uint8_t P>
+__device__ unsigned tile(const LaunchArgs& a, const RangeArg& r, uint64_t begin, uint64_t end) {
+  return a.undo ? undo_tile<G, P>(a.c, a.first_step, r, begin, end) : step_tile<G, P>(a.c, r, begin, end);
+}
+
 template <uint8_t G>
-__device__ unsigned step_tile_copy(const AdamConsts& c, const RangeArg& r, uint64_t begin, uint64_t end) {
+__device__ unsigned step_tile_copy(const LaunchArgs& a, const RangeArg& r, uint64_t begin, uint64_t end) {
   switch (r.out_dtype) {
-    case uint8_t(DType::kF32): return step_tile<G, uint8_t(DType::kF32)>(c, r, begin, end);
-    case uint8_t(DType::kBF16): return step_tile<G, uint8_t(DType::kBF16)>(c, r, begin, end);
-    case uint8_t(DType::kF16): return step_tile<G, uint8_t(DType::kF16)>(c, r, begin, end);
-    default: return step_tile<G, kNoCopy>(c, r, begin, end);
+    case uint8_t(DType::kF32): return tile<G, uint8_t(DType::kF32)>(a, r, begin, end);
+    case uint8_t(DType::kBF16): return tile<G, uint8_t(DType::kBF16)>(a, r, begin, end);
+    case uint8_t(DType::kF16): return tile<G, uint8_t(DType::kF16)>(a, r, begin, end);
+    default: return tile<G, kNoCopy>(a, r, begin, end);
   }
 }
 
@@ -184,9 +228,9 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(const __grid_constant__ 
     const uint64_t begin = (t - r.first_tile) * kTile;
     const uint64_t end = begin + kTile < r.n ? begin + kTile : r.n;
     switch (r.grad_dtype) {
-      case uint8_t(DType::kF32): bad += step_tile_copy<uint8_t(DType::kF32)>(a.c, r, begin, end); break;
-      case uint8_t(DType::kBF16): bad += step_tile_copy<uint8_t(DType::kBF16)>(a.c, r, begin, end); break;
-      default: bad += step_tile_copy<uint8_t(DType::kF16)>(a.c, r, begin, end); break;
+      case uint8_t(DType::kF32): bad += step_tile_copy<uint8_t(DType::kF32)>(a, r, begin, end); break;
+      case uint8_t(DType::kBF16): bad += step_tile_copy<uint8_t(DType::kBF16)>(a, r, begin, end); break;
+      default: bad += step_tile_copy<uint8_t(DType::kF16)>(a, r, begin, end); break;
     }
   }
   if (!nonfinite) return;
@@ -214,6 +258,9 @@ Status launch(const LaunchArgs& a, int max_blocks, cudaStream_t stream, unsigned
   return Status::Ok();
 }
 
+Status launch_all(const AdamHyper& h, const AdamRange* ranges, size_t count, cudaStream_t stream,
+                  unsigned long long* d_nonfinite, int max_blocks, bool undo);
+
 }  // namespace
 
 Status adam_step_cuda(const AdamHyper& h, const AdamRange* ranges, size_t count, cudaStream_t stream,
@@ -235,8 +282,25 @@ Status adam_step_cuda(const AdamHyper& h, const AdamRange* ranges, size_t count,
   if (e != cudaSuccess) return Status::Runtime(std::string("adam_step_cuda: ") + cudaGetErrorString(e));
   const int max_blocks = sms * (per_sm > 0 ? per_sm : 1);
 
+  if (h.undo) {  // the speculative step taken back first, in the same stream order
+    AdamHyper made = h;
+    made.grad_scale = h.undo_grad_scale;
+    made.undo = false;
+    ZOE_RETURN_IF_ERROR(launch_all(made, ranges, count, stream, nullptr, max_blocks, true));
+    if (h.restore_only) return Status::Ok();
+  }
+  return launch_all(h, ranges, count, stream, d_nonfinite, max_blocks, false);
+}
+
+namespace {
+
+// Every range of the call, kMaxRanges a launch.
+Status launch_all(const AdamHyper& h, const AdamRange* ranges, size_t count, cudaStream_t stream,
+                  unsigned long long* d_nonfinite, int max_blocks, bool undo) {
   LaunchArgs a{};
   a.c = adam_consts(h);
+  a.undo = undo;
+  a.first_step = h.step <= 1;
   for (size_t i = 0; i < count; ++i) {
     const AdamRange& r = ranges[i];
     if (r.n == 0) continue;
@@ -255,4 +319,5 @@ Status adam_step_cuda(const AdamHyper& h, const AdamRange* ranges, size_t count,
   return launch(a, max_blocks, stream, d_nonfinite);
 }
 
+}  // namespace
 }  // namespace zoe::gpu

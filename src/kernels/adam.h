@@ -27,6 +27,17 @@ struct AdamHyper {
   bool decoupled = true;        // true: AdamW, false: Adam with L2 added to the gradient
   int64_t step = 1;             // 1-based step count after this update (bias correction)
   float grad_scale = 1.0f;      // multiplies every gradient before use
+  // Taking back a speculative step first (zoe.update_in_backward beside clipping or loss scaling:
+  // the step began before the global norm said how to scale it). With `undo`, each lane is first
+  // restored from the step these same hyperparameters made with grad_scale `undo_grad_scale` and
+  // the same gradient (adam_undo_element), then stepped as above unless `restore_only`. Lanes that
+  // step skipped (gradient not finite) keep their state, and every lane's weight copy is written
+  // from its master (the skipped step left those lanes' copies unwritten: a staging buffer's or a
+  // write-only window's bytes). Not bitwise: the restored master, m and v are within a few float
+  // roundings of what they were (m and v exactly 0 at step 1).
+  bool undo = false;
+  float undo_grad_scale = 1.0f;
+  bool restore_only = false;
 };
 
 // Element i of each array belongs to the same parameter. `param_out` may be null (fp32 training,

@@ -27,6 +27,13 @@ namespace zoe {
 inline constexpr size_t kStreamCopyMinElems = 64 * 1024;
 
 size_t adam_range_scalar(const AdamConsts& c, const AdamRange& r);
+
+// Takes back, in place, the step that constants `c` made on one element, from its stepped master,
+// m and v and the same gradient: the operations above inverted in reverse order (the step's own
+// m / d, then master = (master - step) / decay, m and v solved for; v not below 0). first_step: the
+// state before was Adam's zeros. Returns false, touching nothing, where that step skipped the
+// lane. gpu/adam_cuda.cu runs the same operations.
+bool adam_undo_element(const AdamConsts& c, bool first_step, float grad, float& master, float& m, float& v);
 size_t adam_range_avx2(const AdamConsts& c, const AdamRange& r);
 // native_bf16: use AVX512-BF16's vcvtneps2bf16 for the weight copy (the CPU must have it).
 size_t adam_range_avx512(const AdamConsts& c, const AdamRange& r, bool native_bf16);

@@ -1,4 +1,5 @@
 // Reference scalar Adam path, the float64 reference, and the ISA / thread dispatch.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/adam.h"
@@ -38,6 +39,36 @@ size_t adam_range_scalar(const AdamConsts& c, const AdamRange& r) {
   return nonfinite;
 }
 
+bool adam_undo_element(const AdamConsts& c, bool first_step, float grad, float& master, float& m, float& v) {
+  float g = grad * c.grad_scale;
+  if (!std::isfinite(g)) return false;
+  // The step's own m / d, bit for bit: it came from the stepped m and v.
+  const float denom = std::fma(std::sqrt(v), c.inv_sqrt_bc2, c.eps);
+  const float p = std::fma(-c.neg_step_size, m / denom, master);  // master * decay before the step
+  master = p / c.decay;
+  if (c.l2 != 0.0f) g = std::fma(c.l2, master, g);
+  if (first_step) {
+    m = 0.0f;
+    v = 0.0f;
+    return true;
+  }
+  m = (m - c.one_minus_beta1 * g) / c.beta1;
+  v = std::max(0.0f, (v - (c.one_minus_beta2 * g) * g) / c.beta2);  // a square's average: never below 0
+  return true;
+}
+
+// The speculative step that h takes back (see AdamHyper::undo), over elements [0, n) of r;
+// returns the lanes that step skipped. Every lane's weight copy is written (see adam.h).
+static size_t undo_range(const AdamConsts& c, bool first_step, const AdamRange& r) {
+  size_t skipped = 0;
+  for (size_t i = 0; i < r.n; ++i) {
+    const float g = load_as_f32(r.grad, r.grad_dtype, i);
+    skipped += !adam_undo_element(c, first_step, g, r.master[i], r.exp_avg[i], r.exp_avg_sq[i]);
+    if (r.param_out) store_from_f32(r.param_out, r.param_dtype, i, r.master[i]);
+  }
+  return skipped;
+}
+
 void adam_reference_f64(const AdamHyper& h, double g, double& master, double& m, double& v) {
   g *= h.grad_scale;
   if (!std::isfinite(g)) return;
@@ -58,23 +89,48 @@ static Isa usable_isa(Isa isa) {
   return isa;
 }
 
-static size_t run_range(const AdamConsts& c, const AdamRange& r, Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512: return adam_range_avx512(c, r, isa_has_avx512bf16());
-    case Isa::kAvx2: return adam_range_avx2(c, r);
-    default: return adam_range_scalar(c, r);
-  }
-}
-
 // The constants of range r: weight decay only where the range takes it.
 static AdamConsts range_consts(AdamHyper h, const AdamRange& r) {
   if (!r.decay) h.weight_decay = 0.0;
   return adam_consts(h);
 }
 
+// What one call does to a range: the step, after taking back a speculative one (h.undo).
+struct RangeWork {
+  AdamConsts step;
+  AdamConsts undo;  // with h.undo
+  bool take_back, first_step, restore_only;
+};
+
+static RangeWork range_work(const AdamHyper& h, const AdamRange& r) {
+  RangeWork w;
+  w.step = range_consts(h, r);
+  w.take_back = h.undo;
+  w.first_step = h.step <= 1;
+  w.restore_only = h.undo && h.restore_only;
+  if (h.undo) {
+    AdamHyper made = h;
+    made.grad_scale = h.undo_grad_scale;
+    w.undo = range_consts(made, r);
+  }
+  return w;
+}
+
+static size_t run_range(const RangeWork& w, const AdamRange& r, Isa isa) {
+  if (w.take_back) {
+    const size_t skipped = undo_range(w.undo, w.first_step, r);
+    if (w.restore_only) return skipped;
+  }
+  switch (isa) {
+    case Isa::kAvx512: return adam_range_avx512(w.step, r, isa_has_avx512bf16());
+    case Isa::kAvx2: return adam_range_avx2(w.step, r);
+    default: return adam_range_scalar(w.step, r);
+  }
+}
+
 size_t adam_step_range(const AdamHyper& h, const AdamRange& r, Isa isa) {
   if (r.n == 0) return 0;
-  return run_range(range_consts(h, r), r, usable_isa(isa));
+  return run_range(range_work(h, r), r, usable_isa(isa));
 }
 
 AdamRange adam_sub_range(const AdamRange& r, size_t begin, size_t end) {
@@ -90,10 +146,10 @@ AdamRange adam_sub_range(const AdamRange& r, size_t begin, size_t end) {
 
 size_t adam_step(const AdamHyper& h, const AdamRange& r, Isa isa, int threads) {
   if (r.n == 0) return 0;
-  const AdamConsts c = range_consts(h, r);
+  const RangeWork w = range_work(h, r);
   const Isa use = usable_isa(isa);
   return parallel_chunks(r.n, threads, [&](size_t begin, size_t end) {
-    return run_range(c, adam_sub_range(r, begin, end), use);
+    return run_range(w, adam_sub_range(r, begin, end), use);
   });
 }
 

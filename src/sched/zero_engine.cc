@@ -77,6 +77,7 @@ ZeroEngine::SchedStats ZeroEngine::sched_stats() const {
   static_cast<UnitScheduler::Stats&>(s) = units_.stats();
   s.adam_hashed_blocks = pass_.hashed_blocks();
   s.units_updated_in_backward = pass_.opened_in_backward();
+  s.updates_taken_back = taken_back_;
   s.reductions_async = reducer_.async_reductions();
   s.norm_shares_at_hand_over = reducer_.units_summed_at_hand_over();
   NvmeStore::Traffic t = state_.nvme_traffic();
@@ -380,8 +381,9 @@ Result<StepResult> ZeroEngine::step(double lr) {
 }
 
 // zoe.update_in_backward: the pass starts at the next hand-over, gated; each unit's gate opens
-// when its owned gradient is final (GradReducer), the rest at step(). Nothing global is needed
-// before Adam: config validation rules out clipping and loss scaling.
+// when its owned gradient is final (GradReducer), the rest at step(). Adam needs nothing global
+// but the gradient's scale: the pass assumes the unclipped, finite step (SuperOffload's
+// speculation), which step() confirms from the global norm or takes back.
 Status ZeroEngine::update_during_backward(double lr) {
   if (!cfg_.update_in_backward) return Status::Ok();
   if (early_lr_) return Status::Invalid("update_during_backward: called twice before step()");
@@ -427,11 +429,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   bool overflow = !std::isfinite(sumsq);
   scaler_.update(overflow);
   res.step = steps_applied_;
-  if (overflow && early)
-    return Status::Runtime(fmt::format(
-        "step {}: the gradients are not finite, and with zoe.update_in_backward the units whose gradients were "
-        "final are already updated: the step cannot be skipped; resume from the last checkpoint",
-        steps_applied_ + 1));
+  if (overflow && early) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
   if (overflow) {
     res.grad_norm = sumsq;
     pending_ = res;
@@ -449,13 +447,16 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
     }
   }
   ++steps_applied_;
+  const float scale = static_cast<float>(inv * coef);
+  const bool confirmed = early && scale == early_scale_;  // the speculation held: bitwise this step
+  if (early && !confirmed) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, inv * coef, steps_applied_));
   if (!early) ZOE_RETURN_IF_ERROR(pass_.reset_counts());
   res.applied = true;
   res.step = steps_applied_;
   pending_ = res;
   pending_open_ = true;
-  if (early) pass_.open_all();  // coef is 1: no clipping (config validation)
-  else start_update(lr, inv * coef, steps_applied_, false);
+  if (confirmed) pass_.open_all();
+  else if (!early) start_update(lr, inv * coef, steps_applied_, false);
   if (plan_.shard_params) return res;  // each fetch waits for its own unit's update
   // Replicated parameters are all-gathered from their owners: every rank needs the whole update.
   ZOE_ASSIGN_OR_RETURN(res, flush());
@@ -467,7 +468,32 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
 // unscales them.
 double ZeroEngine::mean_unscaled() const { return 1.0 / (scaler_.scale() * comm_.size() * cfg_.grad_accum); }
 
-void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool in_backward) {
+// The update begun in the backward stepped with the scale it assumed; the norm overruled it
+// (clipped, or not finite). Where it has stepped nothing it just ends. Else it is finished as
+// begun (the units not yet stepped too), then a pass takes every sub-group back from it and,
+// unless the step is skipped, steps it with grad_scale: one more pass over the state, only on the
+// steps clipping or overflow touches.
+Status ZeroEngine::take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step) {
+  ZOE_SPAN("take back update", "adam", Bucket::kOptimizer);
+  if (pass_.opened_this_pass() == 0) {  // nothing stepped yet (stages 0-1 release nothing early)
+    pass_.cancel();
+    ZOE_RETURN_IF_ERROR(pass_.reset_counts());
+    if (grad_scale) start_update(lr, *grad_scale, step, false);
+    return Status::Ok();
+  }
+  pass_.open_all();
+  ZOE_RETURN_IF_ERROR(pass_.wait());
+  ZOE_RETURN_IF_ERROR(pass_.reset_counts());
+  ++taken_back_;
+  AdamHyper h = adam_hyper(lr, grad_scale.value_or(early_scale_), step);
+  h.undo = true;
+  h.undo_grad_scale = early_scale_;
+  h.restore_only = !grad_scale.has_value();
+  pass_.start(h);
+  return Status::Ok();
+}
+
+AdamHyper ZeroEngine::adam_hyper(double lr, double grad_scale, int64_t step) const {
   AdamHyper h;
   h.lr = lr;
   h.beta1 = cfg_.beta1;
@@ -477,8 +503,17 @@ void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool i
   h.decoupled = cfg_.adamw;
   h.step = step;
   h.grad_scale = static_cast<float>(grad_scale);
-  if (in_backward) pass_.start_in_backward(h);
-  else pass_.start(h);
+  return h;
+}
+
+void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool in_backward) {
+  const AdamHyper h = adam_hyper(lr, grad_scale, step);
+  if (in_backward) {
+    early_scale_ = h.grad_scale;
+    pass_.start_in_backward(h);
+  } else {
+    pass_.start(h);
+  }
 }
 
 Status ZeroEngine::wait_update() {

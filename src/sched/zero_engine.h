@@ -83,6 +83,7 @@ class ZeroEngine final : public Engine {
     int64_t norm_shares_at_hand_over = 0;  // units whose share of the norm their hand-over made
     int64_t adam_hashed_blocks = 0;  // NVMe blocks whose sums the host Adam made (window_sums.h)
     int64_t units_updated_in_backward = 0;  // released to the update before step() (update_in_backward)
+    int64_t updates_taken_back = 0;  // such updates the global norm overruled: taken back, redone or skipped
     uint64_t nvme_read_bytes = 0;    // what the NVMe stores' devices moved (NvmeStore::traffic)
     uint64_t nvme_written_bytes = 0;
     uint64_t nvme_hashed_bytes = 0;  // block sums the NVMe I/O threads made or checked (not Adam's)
@@ -96,6 +97,10 @@ class ZeroEngine final : public Engine {
 
  private:
   char* grad_ptr(int64_t elem) const { return state_.grad_ptr(elem); }
+  // Takes back the update begun in the backward with early_scale_; then steps again with
+  // grad_scale (no value: the step is skipped).
+  Status take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step);
+  AdamHyper adam_hyper(double lr, double grad_scale, int64_t step) const;
 
   struct OwnedPlace {
     StateArray* array;
@@ -143,6 +148,8 @@ class ZeroEngine final : public Engine {
   int64_t steps_applied_ = 0;
   uint64_t activation_bytes_ = 0;
   std::optional<double> early_lr_;  // update_during_backward's lr, until step()
+  float early_scale_ = 1.0f;         // the gradient scale the update begun in the backward assumed
+  int64_t taken_back_ = 0;
 };
 
 }  // namespace zoe

@@ -177,6 +177,7 @@ inline T atomicAdd(T* p, T v) {
 // IEEE round-to-nearest arithmetic: the host's (x86-64 SSE, no contraction under -std=c++20).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }

@@ -180,5 +180,10 @@ check "compute made to wait for the duplicate's collectives (NcclComm::end)" ncc
   "compute waited for the duplicate's collective" \
   mpirun --oversubscribe -np 2 tests/nccl_comm_mpi_test_emu --gtest_filter='*ADuplicate*'
 
+# --- Adam taken back (AdamHyper::undo) ---
+mutate src/gpu/adam_cuda.cu "  master = __fdiv_rn(p, c.decay);" "  master = p;  // mutation: AdamW's decay not undone"
+check "a speculative step taken back without undoing the decoupled decay (adam_cuda.cu)" adam_cuda_gpu_test_emu \
+  "gpu master/m/v" tests/adam_cuda_gpu_test_emu --gtest_filter='*BitwiseEqualToCpuScalar*'
+
 echo "mutations.sh: $caught caught, $missed missed"
 [[ $missed -eq 0 ]]

@@ -81,6 +81,7 @@ void OptimizerPass::begin(const AdamHyper& h, bool in_backward) {
   current_ = &plan(in_backward);
   in_backward_ = awaiting_step_ = in_backward;
   cancelled_ = false;
+  opened_this_pass_ = 0;
   gates_.reset(s_.layout().num_units());
   progress_.start();
   {

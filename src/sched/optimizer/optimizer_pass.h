@@ -5,10 +5,11 @@
 // ahead and writes back. The pass says how far it is (UpdateProgress) after each sub-group, so a
 // stage-3 fetch waits only for its own unit's part.
 //
-// A pass begun in the backward (zoe.update_in_backward: no clipping, no loss scaling) walks the
-// units in reverse, the backward's order, and steps each unit only once its gate (UnitGates) says
-// its gradient is final; its reads run ahead of the gates. Adam is elementwise and needs nothing
-// global then, so the result is bitwise the pass after the backward.
+// A pass begun in the backward (zoe.update_in_backward) walks the units in reverse, the backward's
+// order, and steps each unit only once its gate (UnitGates) says its gradient is final; its reads
+// run ahead of the gates. Adam is elementwise and needs nothing global but the gradient's scale,
+// which such a pass assumes (unclipped, finite); where the step confirms it the result is bitwise
+// the pass after the backward, else the engine takes it back (AdamHyper::undo) in the next pass.
 //
 // Threads: the caller (the engine) calls every method; the worker runs the pass and touches only
 // the RankState arrays of the optimizer range, the windows and the pass's own counters. The two
@@ -53,9 +54,12 @@ class OptimizerPass {
     if (!awaiting_step_ || gates_.is_open(u)) return;
     gates_.open(u);
     ++opened_in_backward_;
+    ++opened_this_pass_;
   }
   // Units whose gates open() opened, in all passes so far: stepped beside the backward.
   int64_t opened_in_backward() const { return opened_in_backward_; }
+  // ... in the pass begun last (0: a pass begun in the backward has stepped nothing yet).
+  int64_t opened_this_pass() const { return opened_this_pass_; }
   void open_all() {
     awaiting_step_ = false;
     gates_.open_all();
@@ -133,6 +137,7 @@ class OptimizerPass {
   bool awaiting_step_ = false;      // ... and some gates may still be closed
   bool cancelled_ = false;
   int64_t opened_in_backward_ = 0;
+  int64_t opened_this_pass_ = 0;
   UnitGates gates_;
   // The worker: waits for a pass to start, runs it, reports through progress_.
   std::mutex mu_;
