@@ -10,9 +10,10 @@
 # the ratio is to the mean of the two bounds. Steady steps are 3 on: step 2 holds the first update,
 # whose reads of exp_avg and exp_avg_sq are zeros the store makes without a request (never written)
 # and whose writes fill the files' fresh extents for the first time.
-# The update runs after the backward with clipping at 1.0; OOC_UPDATE_IN_BACKWARD=1 runs it during
-# the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and writes,
-# as soon as its gradient is final), without clipping.
+# The update runs after the backward with clipping at 1.0 (OOC_CLIP); OOC_UPDATE_IN_BACKWARD=1 runs
+# it during the backward instead (zoe.update_in_backward: each unit's Adam, with its NVMe reads and
+# writes, as soon as its gradient is final), speculatively: a step whose norm the clip bites is
+# taken back and redone, one more pass over the state (the report's grad_norm says which).
 # The learning rate warms up linearly from 2e-6 (WarmupLR, 1000 steps to 1e-4), so the three
 # losses fall; the script says whether they did. Wide deep models on 64 tokens a step rise under
 # a larger first lr, in PyTorch as in zoe (bench/history.md): 14 layers at width 2560 went
@@ -20,7 +21,7 @@
 # (11.31 -> 9.50 -> 7.89); this 40-layer model rose at 2e-5 and 5e-6.
 #
 #   bench/out_of_core.sh [DIR] [--set key=value ...]    (DIR default: out/ooc; build first: tools/build.sh)
-#   OOC_STEPS, OOC_LAYERS/EMBD/HEADS/VOCAB/SEQ, OOC_RATE_BYTES, OOC_ZOE (the binary, default build/zoe)
+#   OOC_STEPS, OOC_LAYERS/EMBD/HEADS/VOCAB/SEQ, OOC_RATE_BYTES, OOC_CLIP, OOC_ZOE (the binary, default build/zoe)
 #
 # Default shape (24 GiB machines): n_layer 40, n_embd 2560, n_head 32, vocab 50257: 3.28 B params,
 # 52.5 GB of state; 46 GB of it on NVMe (the bf16 gradient shard stays in memory: pinned host
@@ -34,8 +35,9 @@ shift || true
 steps=${OOC_STEPS:-4}
 L=${OOC_LAYERS:-40} D=${OOC_EMBD:-2560} H=${OOC_HEADS:-32} V=${OOC_VOCAB:-50257} T=${OOC_SEQ:-64}
 mkdir -p "$dir"
-if [ "${OOC_UPDATE_IN_BACKWARD:-0}" = 1 ]; then clip=0 in_backward=true; else clip=1.0 in_backward=false; fi
-echo "update: $([ $in_backward = true ] && echo "during the backward (zoe.update_in_backward), no clipping" || echo "after the backward, clipping at 1.0")"
+clip=${OOC_CLIP:-1.0}
+if [ "${OOC_UPDATE_IN_BACKWARD:-0}" = 1 ]; then in_backward=true; else in_backward=false; fi
+echo "update: $([ $in_backward = true ] && echo "during the backward (zoe.update_in_backward)" || echo "after the backward"), clipping at $clip"
 params=$(( V * D + 1024 * D + L * (12 * D * D + 13 * D) + 2 * D ))
 state=$(( 16 * params ))
 on_disk=$(( 14 * params ))  # bf16 params + fp32 master, exp_avg, exp_avg_sq

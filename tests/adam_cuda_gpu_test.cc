@@ -1,7 +1,7 @@
 // The CUDA Adam kernel against the CPU scalar path, bit for bit, over many ranges in one call:
 // every dtype pair, tails, unaligned pointers, non-finite gradients, more ranges than fit one
-// launch, several steps, each taken back and stepped again (AdamHyper::undo). Skips where there is
-// no CUDA build or no GPU.
+// launch, several steps, the later ones taken back and stepped again or only taken back
+// (AdamHyper::undo). Skips where there is no CUDA build or no GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -176,6 +176,7 @@ TEST(AdamCuda, BitwiseEqualToCpuScalar) {
     ASSERT_EQ(cudaMemcpy(&gpu_bad, d_count.p, sizeof gpu_bad, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(gpu_bad, cpu_bad);
     expect_device_equals_host(ranges);
+    if (step == 1) continue;
     // The step taken back and redone at a quarter of its scale (zoe.update_in_backward under
     // clipping); on the last step taken back only (a skipped step): the CPU's bits again.
     AdamHyper again = h;

@@ -379,7 +379,9 @@ TEST_P(AdamIsa, UndoTakesBackASpeculativeStep) {
           ASSERT_TRUE(near_rel(restored.m[i], base.m[i], 1e-5, 0.01)) << "m " << i;
           ASSERT_TRUE(near_rel(restored.v[i], base.v[i], 1e-4, 1e-4)) << "v " << i;
           ASSERT_GE(restored.v[i], 0.f);
-          if (step == 1) ASSERT_TRUE(restored.m[i] == 0.f && restored.v[i] == 0.f) << i;
+          if (step == 1) {
+            ASSERT_TRUE(restored.m[i] == 0.f && restored.v[i] == 0.f) << i;
+          }
         }
 
         AdamHyper again = back;

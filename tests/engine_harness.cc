@@ -381,10 +381,15 @@ std::string check_speculative_update(Comm& comm) {
   // fp32 and bf16 with a clip that bites every step, fp16 whose first steps overflow at 2^20;
   // then a clip that never bites. (Taken back, m and v lose ~1e-7 / coefficient^2 of their size:
   // the step's own term cancels; a clip by 0.6 or less is what users' clipping does.)
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {DType::kF32, -1, 1e-5}, {DType::kBF16, -1, 2e-2}, {DType::kF16, 0, 4e-3}, {DType::kBF16, 1e30, 0}};
+  // One rank on the CPU device runs every case; more ranks and the emulated GPU (whose kernels run
+  // on the CPU) the ones where the reductions meet the take-back: stage 3, fp32 clipped, fp16.
+  const bool brief = comm.size() > 1 || test_device_name() == "cuda";
+  if (brief) cases = {cases[0], cases[2]};
   for (int stage : {0, 3})
     for (const Case& k : cases) {
+      if (brief && stage == 0) continue;
       Config c = mlp_config(stage, k.dt);
       c.grad_clip = k.clip;
       c.initial_scale_power = 20;  // fp16: the first two steps overflow
@@ -397,7 +402,7 @@ std::string check_speculative_update(Comm& comm) {
       std::vector<std::pair<std::string, Config>> homes = {{"in memory", c}};
       Config host = c;
       host.offload_optimizer.device = OffloadDevice::kCpu;
-      homes.push_back({"in host memory", host});
+      if (!brief) homes.push_back({"in host memory", host});
       if (stage == 3) homes.push_back({"on NVMe", with_nvme_offload(c, dir, 1.0)});
       for (auto& [home, h] : homes) {
         std::string what = fmt::format("stage {} {} clip {}, state {}", stage, dtype_name(k.dt), c.grad_clip, home);

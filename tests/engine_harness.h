@@ -102,7 +102,8 @@ std::string check_update_in_backward(Comm& comm);
 // backward is speculative: a clip that never bites gives the update after the backward's weights
 // bit for bit, nothing taken back; one that bites every step (fp32, bf16) and overflowing fp16
 // steps are taken back and redone (or skipped), within roundings of the update after the backward.
-// Stages 0 and 3, state in device memory, host memory and (stage 3) on NVMe. "" or what differed.
+// Stages 0 and 3, state in device memory, host memory and (stage 3) on NVMe; on more ranks and on
+// cuda stage 3's fp32 and fp16 cases in memory and on NVMe. "" or what differed.
 std::string check_speculative_update(Comm& comm);
 
 }  // namespace zoe::test

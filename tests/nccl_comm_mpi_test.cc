@@ -167,7 +167,9 @@ TEST(NcclCommMpi, ADuplicateRunsBesideComputeOrderedByEvents) {
     EXPECT_FALSE(dev.done(reduced)) << "the reduce_scatter finished before the other ranks joined it";
   }
   ASSERT_TRUE(mpi.barrier().ok());
-  if (rank != 0) ASSERT_TRUE(reduce().ok());
+  if (rank != 0) {
+    ASSERT_TRUE(reduce().ok());
+  }
   // Readers wait for an event recorded on the duplicate's stream.
   ASSERT_TRUE(dev.wait_on(Stream::kCompute, dev.record(Stream::kCommThread)).ok());
   std::vector<uint8_t> got(chunk);

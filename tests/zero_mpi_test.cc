@@ -125,7 +125,9 @@ TEST(ZeroMpi, Fp32StagesAreBitwiseIdenticalAfterFiveSteps) {
     ASSERT_TRUE(run.ok()) << run.status().message();
     // Sharded gradients are reduced on the communication thread, on every device (on cuda by
     // NcclComm's duplicate, ordered by events).
-    if (stage >= 2 && g_comm->size() > 1) EXPECT_GT(run->sched.reductions_async, 0) << "stage " << stage;
+    if (stage >= 2 && g_comm->size() > 1) {
+      EXPECT_GT(run->sched.reductions_async, 0) << "stage " << stage;
+    }
     if (stage == 0) {
       ref = run->params;
       continue;

@@ -330,7 +330,9 @@ TEST(ZeroOneRank, UpdateDuringTheBackwardRefusesAnotherLrAndTakesBackNonFiniteGr
     // The next step runs whole (the first one's gradient is gone: it counted once).
     ASSERT_TRUE(t.e->update_during_backward(1e-3).ok());
     ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
-    ASSERT_TRUE(t.e->step(1e-3).ok());
+    Result<StepResult> whole = t.e->step(1e-3);
+    ASSERT_TRUE(whole.ok()) << whole.status().message();
+    EXPECT_FALSE(whole->update_taken_back);  // no clipping here: the speculation held
     ASSERT_TRUE(t.e->flush().ok());
     EXPECT_GE(t.e->sched_stats().units_updated_in_backward, 1);  // the second step released the unit early
     const std::vector<float> before = t.state();
@@ -340,6 +342,7 @@ TEST(ZeroOneRank, UpdateDuringTheBackwardRefusesAnotherLrAndTakesBackNonFiniteGr
     Result<StepResult> inf = t.e->step(1e-3);
     ASSERT_TRUE(inf.ok()) << inf.status().message();
     EXPECT_FALSE(inf->applied);
+    EXPECT_TRUE(inf->update_taken_back);
     ASSERT_TRUE(t.e->flush().ok());
     EXPECT_EQ(t.e->sched_stats().updates_taken_back, 1);
     const std::vector<float> after = t.state();  // master, m, v

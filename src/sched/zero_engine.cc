@@ -429,7 +429,10 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   bool overflow = !std::isfinite(sumsq);
   scaler_.update(overflow);
   res.step = steps_applied_;
-  if (overflow && early) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
+  if (overflow && early) {
+    res.update_taken_back = true;
+    ZOE_RETURN_IF_ERROR(take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
+  }
   if (overflow) {
     res.grad_norm = sumsq;
     pending_ = res;
@@ -449,7 +452,8 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   ++steps_applied_;
   const float scale = static_cast<float>(inv * coef);
   const bool confirmed = early && scale == early_scale_;  // the speculation held: bitwise this step
-  if (early && !confirmed) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, inv * coef, steps_applied_));
+  res.update_taken_back = early && !confirmed;
+  if (res.update_taken_back) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, inv * coef, steps_applied_));
   if (!early) ZOE_RETURN_IF_ERROR(pass_.reset_counts());
   res.applied = true;
   res.step = steps_applied_;

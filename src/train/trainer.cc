@@ -275,7 +275,7 @@ class TrainJob {
         {"step", s + 1}, {"loss", loss}, {"val_loss", val_loss}, {"lr", lr},
         {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
         {"loss_scale", c_.dtype == DType::kF16 ? nlohmann::json(r.loss_scale) : nlohmann::json()},
-        {"skipped", !r.applied}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
+        {"skipped", !r.applied}, {"update_taken_back", r.update_taken_back}, {"tokens", local[1]}, {"tokens_per_s", local[1] / secs}, {"step_s", secs},
         {"params", engine_->params()}, {"ranks", comm_.size()}, {"stage", c_.stage},
         {"ledger", ledger_json(facts)}, {"comm_bytes", comm_json(facts)}, {"nvme_bytes", nvme_json(facts)},
         {"time_s", {{"forward", times[0]}, {"backward", times[1]}, {"optimizer", times[2]},
