@@ -349,8 +349,21 @@ TEST(ZeroOneRank, UpdateDuringTheBackwardRefusesAnotherLrAndTakesBackNonFiniteGr
     ASSERT_EQ(after.size(), before.size());
     for (size_t i = 0; i < before.size(); ++i)
       EXPECT_NEAR(after[i], before[i], 1e-6 * std::max(1e-2f, std::fabs(before[i]))) << i;
-    // Without the announcement the step is the usual one.
+    // After a step taken back the next update waits for its norm (nothing released early); that
+    // norm would have confirmed it, so the one after begins in the backward again.
     g[3] = 1.0f;
+    for (int k = 0; k < 2; ++k) {
+      const int64_t released = t.e->sched_stats().units_updated_in_backward;
+      ASSERT_TRUE(t.e->update_during_backward(1e-3).ok());
+      ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
+      Result<StepResult> r = t.e->step(1e-3);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      EXPECT_TRUE(r->applied);
+      EXPECT_FALSE(r->update_taken_back);
+      ASSERT_TRUE(t.e->flush().ok());
+      EXPECT_EQ(t.e->sched_stats().units_updated_in_backward > released, k == 1) << "step " << k;
+    }
+    // Without the announcement the step is the usual one.
     ASSERT_TRUE(grads_from_host(*t.e, 0, g.data()).ok());
     EXPECT_TRUE(t.e->step(1e-3).ok());
     EXPECT_TRUE(t.e->flush().ok());

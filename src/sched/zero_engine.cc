@@ -339,7 +339,7 @@ Status ZeroEngine::grads_ready(int u, const float* grad) {
   if (grad == nullptr) return Status::Invalid(fmt::format("grads_ready: null gradient for unit '{}'", unit(u).name));
   // An announced update starts at the backward's first hand-over, not before the forward: its
   // windows would wait in the pinned pool for what the forward's loads hold.
-  if (early_lr_ && !pass_.in_backward())
+  if (early_lr_ && speculating_ && !pass_.in_backward())
     start_update(*early_lr_, mean_unscaled(), steps_applied_ + 1, true);
   return reducer_.hand_over(u, grad);
 }
@@ -383,10 +383,17 @@ Result<StepResult> ZeroEngine::step(double lr) {
 // zoe.update_in_backward: the pass starts at the next hand-over, gated; each unit's gate opens
 // when its owned gradient is final (GradReducer), the rest at step(). Adam needs nothing global
 // but the gradient's scale: the pass assumes the unclipped, finite step (SuperOffload's
-// speculation), which step() confirms from the global norm or takes back.
+// speculation), which step() confirms from the global norm or takes back. It speculates only
+// while that pays: after a step the norm clipped or skipped, the next one's update waits for its
+// norm (one more pass over the state a step would cost each time it were taken back).
 Status ZeroEngine::update_during_backward(double lr) {
   if (!cfg_.update_in_backward) return Status::Ok();
   if (early_lr_) return Status::Invalid("update_during_backward: called twice before step()");
+  speculating_ = speculate_next_;
+  if (!speculating_) {
+    early_lr_ = lr;  // announced: step() sees it, the update runs after the backward
+    return Status::Ok();
+  }
   {
     ZOE_SPAN("wait update", "adam", Bucket::kOptimizer);
     ZOE_RETURN_IF_ERROR(wait_update());  // the last step's
@@ -434,6 +441,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
     ZOE_RETURN_IF_ERROR(take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
   }
   if (overflow) {
+    speculate_next_ = false;
     res.grad_norm = sumsq;
     pending_ = res;
     pending_open_ = false;
@@ -442,6 +450,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   res.grad_norm = std::sqrt(sumsq) * inv;
   double coef = 1.0;
   if (cfg_.grad_clip > 0 && res.grad_norm > cfg_.grad_clip) coef = cfg_.grad_clip / (res.grad_norm + 1e-6);
+  speculate_next_ = coef == 1.0;
   if (!plan_.shard_optimizer) {  // the second half of the all-reduce: everyone needs every gradient
     ZOE_SPAN("all_gather grads", "all_gather", Bucket::kWaitComm);
     for (int u = 0; u < num_units(); ++u) {
@@ -521,7 +530,7 @@ void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool i
 }
 
 Status ZeroEngine::wait_update() {
-  if (early_lr_) return Status::Invalid("the update begun by update_during_backward() waits for step()");
+  if (early_lr_ && speculating_) return Status::Invalid("the update begun by update_during_backward() waits for step()");
   return pass_.wait();
 }
 

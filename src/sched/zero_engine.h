@@ -150,6 +150,10 @@ class ZeroEngine final : public Engine {
   std::optional<double> early_lr_;  // update_during_backward's lr, until step()
   float early_scale_ = 1.0f;         // the gradient scale the update begun in the backward assumed
   int64_t taken_back_ = 0;
+  // Whether the next step's update begins in the backward: while the last step's norm would have
+  // confirmed it (a step clipped or overflowed makes the next one wait for its norm).
+  bool speculate_next_ = true;
+  bool speculating_ = false;  // this step's
 };
 
 }  // namespace zoe
