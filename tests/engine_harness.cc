@@ -79,6 +79,7 @@ Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model
     }
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine.step(c.lr));
     run.skipped += !r.applied;
+    run.taken_back += r.update_taken_back;
     if (flush_each_step) ZOE_RETURN_IF_ERROR(engine.flush().status());
     run.losses.push_back(loss);
     run.grad_norms.push_back(r.grad_norm);
@@ -412,6 +413,8 @@ std::string check_speculative_update(Comm& comm) {
         if (!after.ok()) return what + ", update after the backward: " + after.status().message();
         if (!during.ok()) return what + ", update during the backward: " + during.status().message();
         const int64_t taken_back = during->sched.updates_taken_back;
+        if (during->taken_back != taken_back)
+          return what + fmt::format(": {} steps say their update was taken back, {} were", during->taken_back, taken_back);
         if (during->skipped != after->skipped) return what + ": the steps skipped differ";
         if (k.rel == 0) {  // nothing to take back: the speculation held
           if (taken_back != 0) return what + fmt::format(": {} updates taken back with a clip that never bites", taken_back);

@@ -24,6 +24,7 @@ struct MlpRun {
   int64_t host_stepped = 0;       // optimizer elements the CPU Adam stepped on the host, last step
   int64_t owned = 0;              // optimizer elements this rank owns (real, no padding)
   int skipped = 0;                // steps not applied (overflow)
+  int taken_back = 0;             // steps whose update in the backward was taken back (StepResult)
   ZeroEngine::SchedStats sched;   // what stage 3's scheduler did
 };
 

@@ -34,7 +34,7 @@ struct StepResult {
   double loss_scale = 1;     // the scale the step's gradients carried
   double lr = 0;
   int64_t step = 0;          // optimizer steps applied so far
-  bool update_taken_back = false;  // zoe.update_in_backward: clipping or overflow overruled it
+  bool update_taken_back = false;  // zoe.update_in_backward: clipping or overflow made it take back what it stepped
   // Known once the update is done (Engine::flush; step() fills them where it waited for it):
   uint64_t nonfinite = 0;    // non-finite gradient elements met by the kernel (0 when skipped early)
   int64_t host_stepped = 0;  // optimizer elements the CPU Adam stepped on the host (ZeRO-Offload)

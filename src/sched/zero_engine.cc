@@ -437,8 +437,7 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   scaler_.update(overflow);
   res.step = steps_applied_;
   if (overflow && early) {
-    res.update_taken_back = true;
-    ZOE_RETURN_IF_ERROR(take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
+    ZOE_ASSIGN_OR_RETURN(res.update_taken_back, take_back_early_update(lr, std::nullopt, steps_applied_ + 1));
   }
   if (overflow) {
     speculate_next_ = false;
@@ -461,8 +460,10 @@ Result<StepResult> ZeroEngine::apply_step(double lr, bool early) {
   ++steps_applied_;
   const float scale = static_cast<float>(inv * coef);
   const bool confirmed = early && scale == early_scale_;  // the speculation held: bitwise this step
-  res.update_taken_back = early && !confirmed;
-  if (res.update_taken_back) ZOE_RETURN_IF_ERROR(take_back_early_update(lr, inv * coef, steps_applied_));
+  if (early && !confirmed) {
+    ZOE_ASSIGN_OR_RETURN(res.update_taken_back,
+                         take_back_early_update(lr, inv * coef, steps_applied_));
+  }
   if (!early) ZOE_RETURN_IF_ERROR(pass_.reset_counts());
   res.applied = true;
   res.step = steps_applied_;
@@ -485,14 +486,14 @@ double ZeroEngine::mean_unscaled() const { return 1.0 / (scaler_.scale() * comm_
 // (clipped, or not finite). Where it has stepped nothing it just ends. Else it is finished as
 // begun (the units not yet stepped too), then a pass takes every sub-group back from it and,
 // unless the step is skipped, steps it with grad_scale: one more pass over the state, only on the
-// steps clipping or overflow touches.
-Status ZeroEngine::take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step) {
+// steps clipping or overflow touches. True where something was taken back.
+Result<bool> ZeroEngine::take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step) {
   ZOE_SPAN("take back update", "adam", Bucket::kOptimizer);
   if (pass_.opened_this_pass() == 0) {  // nothing stepped yet (stages 0-1 release nothing early)
     pass_.cancel();
     ZOE_RETURN_IF_ERROR(pass_.reset_counts());
     if (grad_scale) start_update(lr, *grad_scale, step, false);
-    return Status::Ok();
+    return false;
   }
   pass_.open_all();
   ZOE_RETURN_IF_ERROR(pass_.wait());
@@ -503,7 +504,7 @@ Status ZeroEngine::take_back_early_update(double lr, std::optional<double> grad_
   h.undo_grad_scale = early_scale_;
   h.restore_only = !grad_scale.has_value();
   pass_.start(h);
-  return Status::Ok();
+  return true;
 }
 
 AdamHyper ZeroEngine::adam_hyper(double lr, double grad_scale, int64_t step) const {
@@ -530,7 +531,8 @@ void ZeroEngine::start_update(double lr, double grad_scale, int64_t step, bool i
 }
 
 Status ZeroEngine::wait_update() {
-  if (early_lr_ && speculating_) return Status::Invalid("the update begun by update_during_backward() waits for step()");
+  if (early_lr_ && speculating_)
+    return Status::Invalid("the update begun by update_during_backward() waits for step()");
   return pass_.wait();
 }
 

@@ -98,8 +98,8 @@ class ZeroEngine final : public Engine {
  private:
   char* grad_ptr(int64_t elem) const { return state_.grad_ptr(elem); }
   // Takes back the update begun in the backward with early_scale_; then steps again with
-  // grad_scale (no value: the step is skipped).
-  Status take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step);
+  // grad_scale (no value: the step is skipped). False where it had stepped nothing (it just ends).
+  Result<bool> take_back_early_update(double lr, std::optional<double> grad_scale, int64_t step);
   AdamHyper adam_hyper(double lr, double grad_scale, int64_t step) const;
 
   struct OwnedPlace {
