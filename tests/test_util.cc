@@ -40,7 +40,9 @@ std::string slurp(const std::string& path) {
 }
 
 int run_command(const std::string& cmd, std::string* out) {
-  std::string full = cmd + " 2>&1";
+  std::string cwd = make_temp_dir("cwd");
+  if (cwd.empty()) return -1;
+  std::string full = "cd '" + cwd + "' && { " + cmd + "\n} 2>&1";
   FILE* f = popen(full.c_str(), "r");
   if (!f) return -1;
   std::array<char, 4096> buf;
@@ -48,6 +50,8 @@ int run_command(const std::string& cmd, std::string* out) {
   while ((n = fread(buf.data(), 1, buf.size(), f)) > 0)
     if (out) out->append(buf.data(), n);
   int st = pclose(f);
+  std::error_code ec;
+  std::filesystem::remove_all(cwd, ec);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

@@ -44,7 +44,10 @@ inline std::string limit_memory_kb(long kb) {
 // null device's numbers (1, 3), made with mknod (root only; "" where that is not allowed). Never
 // the system's /dev/null: a regression must not destroy the machine's.
 std::string make_device_node(const std::string& dir);
-// Runs a shell command, returns its exit status and captures stdout+stderr into *out.
+// Runs a shell command, returns its exit status and captures stdout+stderr into *out. It runs in
+// a working directory of its own, removed after it: ctest runs tests side by side, and a job left
+// to its relative defaults (out/checkpoints) would otherwise meet another test's lock or resume
+// from its checkpoints.
 int run_command(const std::string& cmd, std::string* out);
 
 }  // namespace zoe::test
