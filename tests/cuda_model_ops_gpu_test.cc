@@ -74,6 +74,15 @@ double rel_err(const Vf& got, const Vf& want, const Vf* base = nullptr) {
   }
   return num / den;
 }
+double max_abs_diff(const Vf& a, const Vf& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (!(d <= m)) m = d;  // NaN counts as the largest
+  }
+  return m;
+}
 bool bitwise_equal(const Vf& a, const Vf& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -461,6 +470,20 @@ TEST_F(CudaModelOpsTest, GeluAndResidual) {
 
 // ---- attention ----------------------------------------------------------------------------------
 
+Vf widened(const std::vector<uint16_t>& h) {
+  Vf v(h.size());
+  for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+
+// Part 0, 1 or 2 (q, k or v) of a [rows][3C] tensor.
+Vf qkv_part(const Vf& qkv, int part, int C) {
+  Vf v;
+  for (size_t r = 0; r < qkv.size() / (3 * size_t(C)); r++)
+    v.insert(v.end(), qkv.begin() + r * 3 * C + part * C, qkv.begin() + r * 3 * C + (part + 1) * C);
+  return v;
+}
+
 void check_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, float scale, uint64_t seed) {
   SCOPED_TRACE("attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                " NH=" + std::to_string(NH) + " scale=" + std::to_string(scale));
@@ -485,15 +508,8 @@ void check_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, float sca
   const Vf g_dqkv = d_dqkv.download();
   // q, k and v parts separately: each has its own scale.
   for (int part = 0; part < 3; part++) {
-    Vf g, w, b;
-    for (int64_t r = 0; r < BT; r++)
-      for (int c = 0; c < C; c++) {
-        const int64_t i = r * 3 * C + part * C + c;
-        g.push_back(g_dqkv[i]);
-        w.push_back(dqkv[i]);
-        b.push_back(dqkv0[i]);
-      }
-    EXPECT_LT(rel_err(g, w, &b), kBwdTol) << "d" << "qkv"[part];
+    const Vf b = qkv_part(dqkv0, part, C);
+    EXPECT_LT(rel_err(qkv_part(g_dqkv, part, C), qkv_part(dqkv, part, C), &b), kBwdTol) << "d" << "qkv"[part];
   }
   d_dqkv.upload(dqkv0);
   t.gpu().attention_backward(d_dqkv.get(), d_dout.get(), d_out.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
@@ -808,14 +824,11 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   DevH d_ln(NC), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16);
   gpu().layernorm_forward_bf16(d_ln.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
   gpu().gelu_forward_bf16(d_gelu.get(), d_g.get(), 4 * NC);
+  // The fp32 kernels on widened tiles (Bf16AttentionOnTensorCores holds the default path).
+  static_cast<gpu::CudaModelOps&>(gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kFp32);
   gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
   gpu().attention_backward_bf16(d_dqkv.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
   sync();
-  auto widened = [](const std::vector<uint16_t>& h) {
-    Vf v(h.size());
-    for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_f32(h[i]);
-    return v;
-  };
   EXPECT_LT(rel_err(widened(d_ln.download()), ln), kOneRounding) << "layernorm";
   EXPECT_LT(rel_err(d_mean.download(), mean), kFwdTol) << "layernorm mean";
   EXPECT_LT(rel_err(widened(d_gelu.download()), gelu), kOneRounding) << "gelu";
@@ -824,6 +837,72 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   // The backward's row term D = dout . out comes from the output as the bf16 forward stored it
   // (as FlashAttention's does): within one bf16 rounding of the fp32 attention, not fp32's tolerance.
   EXPECT_LT(rel_err(d_dqkv.download(), dqkv, &dqkv0), kOneRounding) << "attention dqkv";
+}
+
+// The bf16 attention on tensor cores (the default path) against the fp32 attention on the same q,
+// k, v: P, dout and dS are rounded to bf16 where the products take them (as FlashAttention
+// rounds them), so within kMmaTol, a few bf16 roundings, not fp32's tolerance; the log-sum-exp
+// (fp32 scores of exact bf16 products) within fp32's. Reruns are bitwise equal, and the fp32
+// kernels on the same input give other bits: the tensor-core path is the one that ran.
+void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint64_t seed) {
+  SCOPED_TRACE("bf16 attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " NH=" + std::to_string(NH));
+  constexpr double kMmaTol = 1.0 / 64;
+  const int64_t NC = int64_t{B} * T * C, rows = int64_t{B} * NH * T;
+  std::vector<uint16_t> qkv16(3 * NC);
+  gpt2::round_to_bf16(qkv16.data(), rnd(3 * NC, seed).data(), 3 * NC);
+  const Vf qkv = widened(qkv16), dout = rnd(NC, seed + 1), dqkv0 = rnd(3 * NC, seed + 2);
+  Vf att(NC), lse(rows), dqkv = dqkv0;
+  t.cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
+  t.cpu().attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), B, T, C, NH);
+  struct Run {
+    Vf out, lse, dqkv;
+  };
+  auto run = [&](gpu::CudaModelOps::AttentionKernels kernels) {
+    static_cast<gpu::CudaModelOps&>(t.gpu()).set_attention_kernels(kernels);
+    DevH d_att(NC), d_qkv(qkv16);
+    DevF d_lse(rows), d_dout(dout), d_dqkv(dqkv0);
+    t.gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+    t.gpu().attention_backward_bf16(d_dqkv.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
+    t.sync();
+    return Run{widened(d_att.download()), d_lse.download(), d_dqkv.download()};
+  };
+  const Run tc = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
+  const Run again = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
+  const Run fp32 = run(gpu::CudaModelOps::AttentionKernels::kFp32);
+  static_cast<gpu::CudaModelOps&>(t.gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kTensorCores);
+  const double out_err = rel_err(tc.out, att);
+  EXPECT_LT(out_err, kMmaTol) << "out";
+  EXPECT_LT(rel_err(tc.lse, lse), kFwdTol) << "lse";
+  // q, k and v separately, each against its own scale, or 1/100 of the largest part's where its
+  // gradient vanishes (one key: the softmax is constant, dq and dk are zero).
+  double scale[3], largest = 0;
+  for (int part = 0; part < 3; part++) {
+    scale[part] = max_abs_diff(qkv_part(dqkv, part, C), qkv_part(dqkv0, part, C));
+    largest = std::max(largest, scale[part]);
+  }
+  for (int part = 0; part < 3; part++) {
+    const double err = max_abs_diff(qkv_part(tc.dqkv, part, C), qkv_part(dqkv, part, C)) /
+                       std::max({scale[part], largest / 100, 1e-30});
+    EXPECT_LT(err, kMmaTol) << "d" << "qkv"[part];
+    std::printf("  bf16 attention B=%d T=%d C=%d NH=%d: d%c %.2e of its largest value (out %.2e)\n", B, T, C, NH,
+                "qkv"[part], err, out_err);
+  }
+  EXPECT_TRUE(bitwise_equal(tc.out, again.out) && bitwise_equal(tc.dqkv, again.dqkv)) << "a rerun differs";
+  EXPECT_FALSE(bitwise_equal(tc.dqkv, fp32.dqkv)) << "the tensor-core path gave the fp32 kernels' bits";
+}
+
+TEST_F(CudaModelOpsTest, Bf16AttentionOnTensorCores) {
+  check_bf16_attention(*this, 1, 1, 8, 2, 80);     // hs 4, one query
+  check_bf16_attention(*this, 2, 7, 64, 2, 81);    // hs 32
+  check_bf16_attention(*this, 1, 150, 64, 2, 82);  // hs 32, 3 tiles of 64, the last one short
+  check_bf16_attention(*this, 2, 65, 96, 2, 83);   // hs 48 (padded to 64), a tile and one row
+  check_bf16_attention(*this, 1, 130, 200, 2, 84);  // hs 100 (padded to 128)
+  if (!kFull) return;
+  check_bf16_attention(*this, 2, 200, 768, 12, 85);  // GPT-2's heads
+  check_bf16_attention(*this, 2, 256, 256, 2, 86);   // hs 128
+  if (kEmulated) return;
+  check_bf16_attention(*this, 2, 1024, 768, 12, 87);
 }
 
 TEST_F(CudaModelOpsTest, Bf16Encoder) {

@@ -197,16 +197,21 @@ __global__ void __launch_bounds__(kAttnThreads)
 // ---- backward: D, then dq -----------------------------------------------------------------------
 
 // D[bh, t] = sum over the head's channels of dout[b, t] * out[b, t] (out fp32, or bf16 as the
-// bf16 forward stored it), one thread per row, channels in order.
+// bf16 forward stored it), one thread per row, channels in order. With round_dout, dout as the
+// tensor-core kernels take it (rounded to bf16): D then matches their dP, and dS = P (dP - D)
+// sums to zero over a row as it should.
 template <class Out>
 __global__ void attention_rowdot_kernel(float* Dg, const float* dout, const Out* out, int B, int T, int C, int NH,
-                                        int hs) {
+                                        int hs, bool round_dout) {
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
   for (int64_t i = global_thread(); i < rows; i += grid_threads()) {
     const int64_t bh = i / T, t = i - bh * T, b = bh / NH, h = bh - b * NH;
     const int64_t at = (b * T + t) * C + h * hs;
     float acc = 0.f;
-    for (int d = 0; d < hs; d++) acc += dout[at + d] * widen(out[at + d]);
+    for (int d = 0; d < hs; d++) {
+      const float g = round_dout ? bits::bf16_to_f32(bits::f32_to_bf16(dout[at + d])) : dout[at + d];
+      acc += g * widen(out[at + d]);
+    }
     Dg[i] = acc;
   }
 }

@@ -1,5 +1,5 @@
-// CudaModelOps: launches of the kernels in cuda_model_kernels.cuh / cuda_attention.cuh and the
-// GEMMs through cuBLASLt. See cuda_model_ops.h for the contract.
+// CudaModelOps: launches of the kernels in cuda_model_kernels.cuh / cuda_attention.cuh /
+// cuda_attention_mma.cuh and the GEMMs through cuBLASLt. See cuda_model_ops.h for the contract.
 #include "gpu/cuda_model_ops.h"
 
 #include <cublasLt.h>
@@ -9,9 +9,11 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpu/cuda_attention.cuh"
+#include "gpu/cuda_attention_mma.cuh"
 #include "gpu/cuda_model_kernels.cuh"
 
 namespace zoe::gpu {
@@ -653,6 +655,17 @@ void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const In* qkv, in
   using G = k::AttnTile<HSP>;
   const int hs = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    if (attention_kernels_ == AttentionKernels::kTensorCores) {
+      const dim3 grid((T + k::kMmaRows - 1) / k::kMmaRows, B * NH);
+      const size_t smem = k::MmaSmem<HSP>::kForward;
+      if (!check(allow_smem(k::attention_forward_mma_kernel<HSP, Out>, smem), "attention_forward shared memory")) return;
+      ZOE_LAUNCH(grid, k::kMmaThreads, smem, stream_, k::attention_forward_mma_kernel<HSP, Out>)(out, lse, qkv, T, C,
+                                                                                               NH, hs, scale);
+      check_launch("attention_forward");
+      return;
+    }
+  }
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem = sizeof(float) * G::kForwardFloats;
   if (!check(allow_smem(k::attention_forward_kernel<HSP, Out, In>, smem), "attention_forward shared memory")) return;
@@ -670,9 +683,27 @@ void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const 
   const int64_t rows = int64_t{B} * NH * T;
   auto* D = static_cast<float*>(scratch(sizeof(float) * rows));
   if (!D) return;
+  const bool tensor_cores = std::is_same_v<In, uint16_t> && attention_kernels_ == AttentionKernels::kTensorCores;
   ZOE_LAUNCH(grid_for(rows, k::kThreads), k::kThreads, 0, stream_, k::attention_rowdot_kernel<Out>)(D, dout, out, B, T,
-                                                                                                  C, NH, hs);
+                                                                                                  C, NH, hs,
+                                                                                                  tensor_cores);
   if (!check_launch("attention_backward D")) return;
+  if constexpr (std::is_same_v<In, uint16_t>) {
+    if (tensor_cores) {
+      const dim3 grid((T + k::kMmaRows - 1) / k::kMmaRows, B * NH);
+      const size_t smem_dq = k::MmaSmem<HSP>::kDq, smem_dkv = k::MmaSmem<HSP>::kDkv;
+      if (!check(allow_smem(k::attention_dq_mma_kernel<HSP>, smem_dq), "attention_backward shared memory") ||
+          !check(allow_smem(k::attention_dkv_mma_kernel<HSP>, smem_dkv), "attention_backward shared memory"))
+        return;
+      ZOE_LAUNCH(grid, k::kMmaThreads, smem_dq, stream_, k::attention_dq_mma_kernel<HSP>)(dqkv, D, dout, qkv, lse, T,
+                                                                                       C, NH, hs, scale);
+      if (!check_launch("attention_backward dq")) return;
+      ZOE_LAUNCH(grid, k::kMmaThreads, smem_dkv, stream_, k::attention_dkv_mma_kernel<HSP>)(dqkv, dout, qkv, lse, D, T,
+                                                                                         C, NH, hs, scale);
+      check_launch("attention_backward dkv");
+      return;
+    }
+  }
   const dim3 grid((T + G::BT - 1) / G::BT, B * NH);
   const size_t smem_dq = sizeof(float) * G::kDqFloats, smem_dkv = sizeof(float) * G::kDkvFloats;
   if (!check(allow_smem(k::attention_dq_kernel<HSP, In>, smem_dq), "attention_backward shared memory") ||

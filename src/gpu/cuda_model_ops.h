@@ -56,10 +56,14 @@ class CudaModelOps final : public ModelOps {
   size_t workspace_bytes() const;
   bool allow_tf32() const { return allow_tf32_; }
 
-  // The op set (ops/model_ops.def). Of the bf16 ops, matmul_forward_bf16 with a bf16 out runs
-  // the fp32 product into scratch, then rounds it (no bf16-output plan yet), and the attention
-  // runs the fp32 kernels on qkv widened as its tiles load, out rounded to bf16 as it is stored
-  // (no bf16 products yet).
+  // Which kernels run the bf16 attention: tensor cores (cuda_attention_mma.cuh, the default; P,
+  // dout and dS rounded to bf16 as FlashAttention rounds them), or the fp32 kernels on qkv widened
+  // as their tiles load (cuda_attention.cuh: the reference the tests hold the first to).
+  enum class AttentionKernels { kTensorCores, kFp32 };
+  void set_attention_kernels(AttentionKernels k) { attention_kernels_ = k; }
+
+  // The op set (ops/model_ops.def). Of the bf16 ops, matmul_forward_bf16 with a bf16 out rounds
+  // in the product's epilogue where cuBLASLt has one (else through scratch).
 #define ZOE_OP(name, params, args, ptrs) void name params override;
 #include "ops/model_ops.def"
 #undef ZOE_OP
@@ -125,6 +129,7 @@ class CudaModelOps final : public ModelOps {
 
   cudaStream_t stream_;
   bool allow_tf32_;
+  AttentionKernels attention_kernels_ = AttentionKernels::kTensorCores;
   std::unique_ptr<Gemm> gemm_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

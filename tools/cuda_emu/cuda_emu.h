@@ -76,6 +76,12 @@ double shfl_xor(double v, int offset);
 // The value of lane (lane + offset), or v itself where that is past the warp's last lane.
 double shfl_down(double v, int offset);
 float* dynamic_smem();
+// One warp's mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, accumulating into d: every lane
+// of the warp calls it with its fragments laid out as the PTX ISA lays them out ("Matrix Fragments
+// for mma.m16n8k16 with floating point type"): a[4] (A, 16 x 16 bf16, two a register), b[2] (B,
+// 16 x 8) and d[4] (D, 16 x 8 fp32). A warp short of a lane, or with a lane at another warp-wide
+// operation, aborts: on a GPU the instruction's result would be undefined.
+void mma_m16n8k16_bf16(float* d, const uint32_t* a, const uint32_t* b);
 
 // Memory an operation reads or writes: [p, p + bytes).
 struct Range {
@@ -201,6 +207,7 @@ inline float __uint_as_float(unsigned u) {
 #define ZOE_LAUNCH(grid, block, smem, stream, ...) \
   ::emu::bind(dim3(grid), dim3(block), (smem), (stream), #__VA_ARGS__, __VA_ARGS__)
 #define ZOE_KERNEL_SPAN(p, bytes, write) ::emu::declare_span((p), (bytes), (write))
+#define ZOE_MMA_M16N8K16_BF16(d, a, b) ::emu::mma_m16n8k16_bf16((d), (a), (b))
 
 // Hooks for code built against the emulation (extern "C": callable from plain .cc files).
 extern "C" {

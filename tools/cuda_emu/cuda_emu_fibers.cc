@@ -87,6 +87,7 @@ struct Block {
   int slot = 0;           // which stacks its fibers use
   std::vector<Fiber> fibers;
   std::vector<double> slots;   // one shuffle slot per thread
+  std::vector<const uint32_t*> frags;  // per thread: its mma fragments (a[4], b[2]) while in one
   std::vector<float> smem;     // its dynamic shared memory
   // Its static __shared__: every launch's blocks share the variables' addresses (they are C++
   // statics), so the 2-byte granules the block wrote (the race check notes them) are put aside
@@ -205,6 +206,7 @@ void start_block(Block& b, uint3 idx, dim3 grid, int nthreads, size_t smem_bytes
     start_fiber(f);
   }
   b.slots.assign(nthreads, 0.0);
+  b.frags.assign(nthreads, nullptr);
   b.smem.assign(smem_bytes / sizeof(float) + 1, std::numeric_limits<float>::quiet_NaN());
   b.statics.clear();
   b.statics_saved.clear();
@@ -307,12 +309,21 @@ void syncthreads(const char* file, int line) {
   yield(kAtBlockBarrier);
 }
 
-// Both lanes of a shuffle write their slot, wait at the warp barrier, read the partner's.
+// Both lanes of a shuffle write their slot, wait at the warp barrier, read the partner's. The
+// kernels' shuffles name the full warp (kFullMask): every lane of it must take part, none may have
+// exited nor wait at an mma.sync instead (a GPU's result would be undefined, often a hang).
 static double exchange(double v, int partner) {
   Block& b = *g_cur;
-  const int me = g_current;
+  const int me = g_current, w = me / 32, base = 32 * w;
   b.slots[me] = v;
   yield(kAtWarpBarrier);
+  const int lanes = std::min(32, static_cast<int>(b.fibers.size()) - base);
+  if (b.warp_live[w] != lanes)
+    die(std::string(g_name) + ": a full-warp shuffle after " + std::to_string(lanes - b.warp_live[w]) +
+        " lane(s) of the warp exited (every lane the mask names must execute it)");
+  for (int l = base; l < base + lanes; l++)
+    if (b.frags[l]) die(std::string(g_name) + ": a shuffle while lane " + std::to_string(l - base) +
+                        " of its warp is at an mma.sync");
   if (partner >= static_cast<int>(b.fibers.size()) || b.fibers[partner].state == kDone)
     die("shuffle with a lane that has exited or does not exist");
   const double r = b.slots[partner];
@@ -328,6 +339,39 @@ double shfl_xor(double v, int offset) {
 double shfl_down(double v, int offset) {
   const int me = g_current;
   return exchange(v, (me & 31) + offset < 32 ? me + offset : me);
+}
+
+// Every lane publishes its fragments and waits at the warp barrier; each then reads the elements
+// of its four outputs' rows of A and columns of B from the lanes that hold them (PTX's layout:
+// lane 4g + t holds A's rows g and g + 8 and B's column g, at k = 2t, 2t + 1, 2t + 8, 2t + 9), and
+// waits again so that no lane's fragments go out of scope while another reads them. The products of
+// bf16 values are exact in fp32; they are added in k order onto the accumulator (a tensor core's
+// order and rounding of these sums are its own: callers compare within a tolerance).
+void mma_m16n8k16_bf16(float* d, const uint32_t* a, const uint32_t* b) {
+  Block& bl = *g_cur;
+  const int me = g_current, w = me / 32, base = w * 32;
+  const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  bl.frags[me] = mine;
+  yield(kAtWarpBarrier);
+  if (bl.warp_live[w] != 32)
+    die(std::string(g_name) + ": mma.sync in a warp of fewer than 32 live lanes (every lane must execute it)");
+  for (int l = base; l < base + 32; l++)
+    if (!bl.frags[l]) die(std::string(g_name) + ": mma.sync while lane " + std::to_string(l - base) +
+                          " of its warp is at another warp-wide operation");
+  auto half = [](uint32_t u, int hi) { return __uint_as_float((hi ? u >> 16 : u & 0xffffu) << 16); };
+  const int lane = me & 31, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; i++) {
+    const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 16; k++) {
+      const uint32_t* fa = bl.frags[base + (row % 8) * 4 + (k % 8) / 2];
+      const uint32_t* fb = bl.frags[base + col * 4 + (k % 8) / 2];
+      acc += half(fa[(row >= 8) + 2 * (k >= 8)], k & 1) * half(fb[4 + (k >= 8)], k & 1);
+    }
+    d[i] = acc;
+  }
+  yield(kAtWarpBarrier);
+  bl.frags[me] = nullptr;
 }
 
 float* dynamic_smem() { return g_cur->smem.data(); }

@@ -180,6 +180,26 @@ check "compute made to wait for the duplicate's collectives (NcclComm::end)" ncc
   "compute waited for the duplicate's collective" \
   mpirun --oversubscribe -np 2 tests/nccl_comm_mpi_test_emu --gtest_filter='*ADuplicate*'
 
+# --- the attention on tensor cores (cuda_attention_mma.cuh, cuda_mma.cuh) ---
+mutate src/gpu/cuda_attention_mma.cuh "    __syncthreads();  // the last tile's Ks and Vt are read
+    load_tile<HSP>(Ks, nullptr, q + C, ld, k0, T, hs);" "    load_tile<HSP>(Ks, nullptr, q + C, ld, k0, T, hs);"
+check "a key tile loaded while other warps still read the last one (attention_forward_mma_kernel)" \
+  cuda_model_ops_gpu_test_emu "race inside kernel k::attention_forward_mma_kernel" $(ops_test '*Bf16AttentionOnTensorCores*')
+
+mutate src/gpu/cuda_mma.cuh "  a[1] = load_pair(bottom);
+  a[2] = load_pair(top + 8);" "  a[1] = load_pair(top + 8);
+  a[2] = load_pair(bottom);  // mutation: A's registers 1 and 2 swapped"
+check "A's fragment in the wrong registers (load_a: rows 8-15 for columns 8-15)" cuda_model_ops_gpu_test_emu \
+  "bf16 attention.*Failure|Failure" $(ops_test '*Bf16AttentionOnTensorCores*')
+
+mutate src/gpu/cuda_attention_mma.cuh "    const float total = quad_sum(l[half]);
+    const int row = q0 + r0 + acc_row(2 * half);
+    if (row >= T) continue;" "    const int row = q0 + r0 + acc_row(2 * half);
+    if (row >= T) continue;
+    const float total = quad_sum(l[half]);  // mutation: rows past T leave the quad's shuffle"
+check "a shuffle that the lanes of rows past T skip (attention_forward_mma_kernel)" cuda_model_ops_gpu_test_emu \
+  "shuffle|warp is split|mma.sync" $(ops_test '*Bf16AttentionOnTensorCores*')
+
 # --- Adam taken back (AdamHyper::undo) ---
 mutate src/gpu/adam_cuda.cu "  master = __fdiv_rn(p, c.decay);" "  master = p;  // mutation: AdamW's decay not undone"
 check "a speculative step taken back without undoing the decoupled decay (adam_cuda.cu)" adam_cuda_gpu_test_emu \
