@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu/cuda_device.h"
+#include "ops/model_ops.h"
 #endif
 
 namespace zoe {
@@ -31,6 +32,18 @@ double pcie_rated_gbps(const std::string& link_speed, const std::string& link_wi
   if (end == link_width.c_str() || lanes <= 0) return 0;
   const double encoding = gts >= 8.0 ? 128.0 / 130.0 : 8.0 / 10.0;
   return gts * static_cast<double>(lanes) * encoding / 8.0;
+}
+
+// Dense bf16 tensor-core TFLOP/s (no sparsity) from NVIDIA's data sheets, by the name the driver
+// reports ("NVIDIA H200"); 0 where the GPU is not listed. Longer names first.
+double rated_bf16_tflops(const std::string& name) {
+  static const std::pair<const char*, double> kRated[] = {
+      {"H200 NVL", 835.5}, {"H200", 989.4}, {"H100 NVL", 835.5}, {"H100 PCIe", 756.5},
+      {"H100", 989.4},     {"A100", 312.0}, {"L40S", 362.1},
+  };
+  for (const auto& [key, tflops] : kRated)
+    if (name.find(key) != std::string::npos) return tflops;
+  return 0;
 }
 
 #ifndef ZOE_HAVE_CUDA
@@ -163,22 +176,101 @@ Status bench_adam_gpu(CudaDevice& dev, const GpuBenchOptions& o, nlohmann::json&
   return st;
 }
 
+// The bf16 product as cuBLASLt runs it here: 8192^3 through the model ops (bf16 in and out, fp32
+// accumulation), TFLOP/s against the data sheet's dense bf16 rate (the measured rate stands in
+// where the GPU is not listed). *tflops: the measured rate.
+Status bench_bf16_gemm(CudaDevice& dev, const GpuBenchOptions& o, nlohmann::json& results, double* tflops,
+                       double* rated) {
+  const int kN = o.smoke ? 256 : 8192;
+  const size_t elems = static_cast<size_t>(kN) * kN;
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, dev.alloc(3 * elems * 2, Tier::kDevice, Kind::kStaging));
+  auto* a = buf.as<uint16_t>();
+  Status st = dev.zero(buf.data, 3 * elems * 2);
+  auto gemm = [&]() -> Status {
+    dev.ops().matmul_forward_bf16(a + 2 * elems, a, a + elems, nullptr, kN, kN, kN);
+    ZOE_RETURN_IF_ERROR(dev.ops().status());
+    return dev.synchronize();
+  };
+  if (st.ok()) {
+    Result<double> s = best_seconds(o.iters, gemm);
+    if (s.ok()) {
+      cudaDeviceProp p{};
+      std::string name = cudaGetDeviceProperties(&p, dev.gpu()) == cudaSuccess ? p.name : "";
+      *tflops = 2.0 * kN * double(kN) * kN / *s / 1e12;
+      *rated = rated_bf16_tflops(name);
+      results.push_back(row(fmt::format("bf16 GEMM {}^3 TFLOP/s", kN), *tflops, *rated > 0 ? *rated : *tflops, "TFLOP/s",
+                            *rated > 0 ? "the data sheet's dense bf16 rate of " + name
+                                       : name + ": no data sheet rate listed, the measured rate itself"));
+    } else {
+      st = s.status();
+    }
+  }
+  dev.free(buf);
+  return st;
+}
+
+// GPT-2's training FLOPs a token: 6 per parameter a token meets in a product (the blocks and the
+// tied LM head; not the position table, a lookup) and the causal attention's two T x T products,
+// 6 T C a layer (PaLM's count, halved for the causal mask).
+double gpt2_flops_per_token(const gpt2::Gpt2Shape& s, int T) {
+  const double C = s.n_embd, L = s.n_layer;
+  const double block = 12 * C * C + 13 * C;  // qkv, proj, fc, fc_proj weights and biases, 2 LayerNorms
+  const double params = L * block + double(s.vocab_size) * C + 2 * C;
+  return 6 * params + 6 * L * T * C;
+}
+
 // One GPT-2 row: zoe with `o` against PyTorch in `torch_mode`. These rows were written before a
-// GPU ran them: a failure is reported beside the table and the rows after it still run.
-void peer_row(const StepBenchOptions& o, const std::string& py, const char* torch_mode, const char* what,
-              const char* baseline_is, nlohmann::json& results) {
+// GPU ran them: a failure is reported beside the table and the rows after it still run. The
+// timing's zoe run (0 step_s on failure).
+StepTiming peer_row(const StepBenchOptions& o, const std::string& py, const char* torch_mode, const char* what,
+                    const char* baseline_is, nlohmann::json& results) {
   const double tokens = double(o.B) * o.T;
   Result<StepTiming> z = time_zoe_step(o, 1);
   Result<nlohmann::json> t = z.ok() ? time_torch_step(o, py, 1, torch_mode) : Result<nlohmann::json>(z.status());
+  if (t.ok() && t->contains("unsupported")) t = Status::Unsupported((*t)["unsupported"].get<std::string>());
   if (t.ok())
     results.push_back(row(fmt::format("gpt2 124M B8 T1024 {} tokens/s", what), tokens / z->step_s,
                           tokens / (*t)["step_s"].get<double>(), "tokens/s", baseline_is));
   else
     std::fprintf(stderr, "zoe bench gpu: the %s GPT-2 row failed: %s\n", what, t.status().message().c_str());
+  return z.ok() ? *z : StepTiming{};
+}
+
+// Where the bf16 step's GPU time goes: each model op timed by events around it (a run of its own:
+// the events cost host time the compared runs do not pay), grouped; `split` gets ms per step.
+Status bf16_split(const StepBenchOptions& s, nlohmann::json& split, std::FILE* human) {
+  StepBenchOptions o = s;
+  o.op_times = true;
+  o.warmup = 1;
+  o.iters = 3;
+  ZOE_ASSIGN_OR_RETURN(StepTiming t, time_zoe_step(o, 1));
+  double products = 0, attention_forward = 0, attention_backward = 0, other = 0;
+  for (const auto& [op, sec] : t.op_s) {
+    if (op.starts_with("matmul") || op.starts_with("lm_head")) products += sec;
+    else if (op.starts_with("attention_forward")) attention_forward += sec;
+    else if (op.starts_with("attention_backward")) attention_backward += sec;
+    else other += sec;
+    split["ops_ms"][op] = sec * 1e3;
+  }
+  split["step_ms"] = t.step_s * 1e3;
+  split["products_ms"] = products * 1e3;
+  split["attention_forward_ms"] = attention_forward * 1e3;
+  split["attention_backward_ms"] = attention_backward * 1e3;
+  split["elementwise_ms"] = other * 1e3;
+  split["optimizer_ms"] = t.optimizer * 1e3;  // the step's optimizer span, host clock
+  split["attention_share"] = (attention_forward + attention_backward) / t.step_s;
+  if (human)
+    std::fprintf(human,
+                 "bf16 step %.1f ms (op timing on): products %.1f, attention %.1f + %.1f (%.0f %% of the step), "
+                 "other ops %.1f, optimizer %.1f\n",
+                 t.step_s * 1e3, products * 1e3, attention_forward * 1e3, attention_backward * 1e3,
+                 100 * (attention_forward + attention_backward) / t.step_s, other * 1e3, t.optimizer * 1e3);
+  return Status::Ok();
 }
 
 // GPT-2 124M at B 8, T 1024 in fp32: zoe resident against PyTorch, then zoe offloaded.
-Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
+Status bench_gpt2_gpu(const GpuBenchOptions& o, double bf16_peak, nlohmann::json& results, nlohmann::json& split,
+                      std::FILE* human) {
   StepBenchOptions s;
   s.shape = {/*n_layer=*/12, /*n_head=*/12, /*n_embd=*/768, /*vocab_size=*/50257, /*n_positions=*/1024};
   s.B = 8;
@@ -187,7 +279,15 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
   s.device_budget = uint64_t{100} << 30;
   s.warmup = 2;
   s.iters = 5;
+  if (o.smoke) {  // every row, on a model the emulated GPU runs in seconds
+    s.shape = {/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/64, /*vocab_size=*/512, /*n_positions=*/64};
+    s.B = 2;
+    s.T = 64;
+    s.warmup = 1;
+    s.iters = 1;
+  }
   s.python = o.python;
+  s.op_times = false;
   const double tokens = double(s.B) * s.T;
   ZOE_ASSIGN_OR_RETURN(StepTiming resident, time_zoe_step(s, 1));
   if (o.torch) {
@@ -199,12 +299,26 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, nlohmann::json& results) {
     StepBenchOptions t32 = s;
     t32.allow_tf32 = true;
     peer_row(t32, py, "eager_tf32", "tf32", "PyTorch eager with allow_tf32", results);
-    // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
-    // products, fp32 master and Adam) against PyTorch's autocast to bf16.
-    StepBenchOptions b = s;
-    b.bf16 = true;
-    peer_row(b, py, "autocast_bf16", "bf16", "PyTorch autocast bf16 on the same GPU", results);
   }
+  // bf16 training as each does it on a GPU: zoe's bf16 compute (bf16 weights, cuBLASLt bf16
+  // products, fp32 master and Adam) against PyTorch's autocast to bf16.
+  StepBenchOptions b = s;
+  b.bf16 = true;
+  StepTiming bf16;
+  if (o.torch) {
+    ZOE_ASSIGN_OR_RETURN(std::string py, find_torch_python(s));
+    bf16 = peer_row(b, py, "autocast_bf16", "bf16", "PyTorch autocast bf16 on the same GPU", results);
+    if (o.torch_compile)
+      peer_row(b, py, "compile_autocast_bf16", "bf16 (vs compile)", "PyTorch torch.compile + autocast bf16", results);
+  } else {
+    ZOE_ASSIGN_OR_RETURN(bf16, time_zoe_step(b, 1));
+  }
+  // Model FLOP/s of the bf16 step against the GPU's dense bf16 rate (bench_bf16_gemm's baseline).
+  if (bf16.step_s > 0 && bf16_peak > 0)
+    results.push_back(row("gpt2 bf16 model TFLOP/s", gpt2_flops_per_token(s.shape, s.T) * tokens / bf16.step_s / 1e12,
+                          bf16_peak, "TFLOP/s", "the GPU's dense bf16 rate (the GEMM row's baseline)"));
+  if (Status st = bf16_split(b, split, human); !st.ok())
+    std::fprintf(stderr, "zoe bench gpu: the bf16 step's split failed: %s\n", st.message().c_str());
   // The offloaded step: what the resident run held as persistent state shrinks to a quarter; its
   // transient bytes (activations, staging) stay, plus stage 3's gather and reduction buffers of
   // the largest unit (the embedding, fp32).
@@ -232,16 +346,26 @@ void print_table(std::FILE* human, const nlohmann::json& results) {
 
 }  // namespace
 
-Status bench_gpu(const GpuBenchOptions& o, nlohmann::json* out, std::FILE* human) {
+Status bench_gpu(const GpuBenchOptions& options, nlohmann::json* out, std::FILE* human) {
+  GpuBenchOptions o = options;
+  if (o.smoke) {
+    o.copy_bytes = size_t{1} << 20;
+    o.adam_elems = size_t{1} << 16;
+    o.iters = 1;
+    o.torch = false;
+  }
   ZOE_ASSIGN_OR_RETURN(auto device, make_cuda_device(local_gpu_index(), uint64_t{120} << 30, uint64_t{16} << 30));
   auto& dev = static_cast<CudaDevice&>(*device);
   nlohmann::json results = nlohmann::json::array();
   ZOE_RETURN_IF_ERROR(bench_copies(dev, o, results));
   ZOE_RETURN_IF_ERROR(bench_adam_gpu(dev, o, results));
+  double gemm_tflops = 0, rated_tflops = 0;
+  ZOE_RETURN_IF_ERROR(bench_bf16_gemm(dev, o, results, &gemm_tflops, &rated_tflops));
   device.reset();  // the GPT-2 runs bring their own device
-  ZOE_RETURN_IF_ERROR(bench_gpt2_gpu(o, results));
+  nlohmann::json split = nlohmann::json::object();
+  ZOE_RETURN_IF_ERROR(bench_gpt2_gpu(o, rated_tflops > 0 ? rated_tflops : gemm_tflops, results, split, human));
   if (human) print_table(human, results);
-  if (out) *out = {{"bench", "gpu"}, {"results", results}};
+  if (out) *out = {{"bench", "gpu"}, {"results", results}, {"bf16_split", split}};
   return Status::Ok();
 }
 #endif

@@ -5,9 +5,13 @@
 //              buffers (what the engine's path costs over the runtime call, 1.00 = nothing);
 //   adam       CudaDevice::adam's bytes moved per second vs a device-to-device copy of the same
 //              bytes (every byte Adam reads or writes, read and written once);
+//   gemm       a bf16 8192^3 product through the model ops (cuBLASLt) vs the data sheet's dense
+//              bf16 rate (rated_bf16_tflops; the measured rate where the GPU is not listed);
 //   gpt2       zoe's GPT-2 tokens/s (resident, stage 0) vs PyTorch training the same model on the
-//              same GPU (bench/torch_gpt2_step.py --device cuda), in fp32 and in bf16 (zoe's bf16
-//              compute against PyTorch's autocast);
+//              same GPU (bench/torch_gpt2_step.py --device cuda), in fp32, TF32 and bf16 (zoe's
+//              bf16 compute against PyTorch's autocast; with torch_compile also against
+//              torch.compile + autocast), the bf16 step's model TFLOP/s vs the dense bf16 rate, and
+//              its GPU time per op group from events around each op (`bf16_split` in the JSON);
 //   offload    a stage-3 step with the device budget cut to a quarter of the resident run's
 //              persistent bytes (plus its activations), parameters and optimizer state on NVMe,
 //              vs the resident step (ratio = offloaded / resident step time, lower is better).
@@ -29,6 +33,8 @@ struct GpuBenchOptions {
   std::string nvme_dir = "out/nvme";
   std::string python;         // empty: the first python3 that imports torch
   bool torch = true;
+  bool torch_compile = false;  // also PyTorch torch.compile + autocast (its compile takes a minute or more)
+  bool smoke = false;          // every row at toy sizes, no peer: that the bench runs (the emulated GPU's test)
 };
 
 Status bench_gpu(const GpuBenchOptions& o, nlohmann::json* out, std::FILE* human);
@@ -37,5 +43,7 @@ Status bench_gpu(const GpuBenchOptions& o, nlohmann::json* out, std::FILE* human
 // ("32.0 GT/s PCIe") and current_link_width ("16"): GT/s x lanes x 128/130 (Gen 3 on; 8/10 below
 // 8 GT/s) / 8. 0 when either does not parse.
 double pcie_rated_gbps(const std::string& link_speed, const std::string& link_width);
+// Dense bf16 TFLOP/s of a GPU by its name, from NVIDIA's data sheets; 0 when not listed.
+double rated_bf16_tflops(const std::string& name);
 
 }  // namespace zoe

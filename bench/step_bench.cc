@@ -69,7 +69,7 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     ZOE_ASSIGN_OR_RETURN(Batch b, source->next());
     Profiler::get().take_step_times();
-    (void)dev.ops().take_op_seconds();  // from this step on
+    if (o.op_times) (void)dev.ops().take_op_seconds();  // from this step on
     auto t0 = std::chrono::steady_clock::now();
     ZOE_ASSIGN_OR_RETURN(double loss, model.train_micro_step(*engine, b, 1.0f));
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine->step(kLr));
@@ -79,7 +79,8 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     if (i == 0) t.first_loss = loss;
     t.last_loss = loss;
     if (i < o.warmup) continue;
-    for (const auto& [op, sec] : dev.ops().take_op_seconds()) t.op_s[op] += sec / o.iters;
+    if (o.op_times)
+      for (const auto& [op, sec] : dev.ops().take_op_seconds()) t.op_s[op] += sec / o.iters;
     secs.push_back(s);
     t.forward += buckets[int(Bucket::kForward)] / o.iters;
     t.backward += buckets[int(Bucket::kBackward)] / o.iters;

@@ -35,6 +35,9 @@ struct StepBenchOptions {
   uint64_t device_budget = uint64_t{16} << 30;
   // Non-empty: stage 3 with the parameter shard and the optimizer state on NVMe in this folder.
   std::string nvme_dir;
+  // Seconds per model op (StepTiming::op_s). On a GPU each op then records two events: the run
+  // that times the step against a peer leaves it off.
+  bool op_times = true;
 };
 
 Status bench_step(const StepBenchOptions& o, nlohmann::json* out, std::FILE* human);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -903,6 +904,45 @@ TEST_F(CudaModelOpsTest, Bf16AttentionOnTensorCores) {
   check_bf16_attention(*this, 2, 256, 256, 2, 86);   // hs 128
   if (kEmulated) return;
   check_bf16_attention(*this, 2, 1024, 768, 12, 87);
+}
+
+// Benchmarks' breakdowns on a GPU: each op's time from events around it on the compute stream,
+// per op name, the ops an op runs inside it counted as its own (matmul_backward zeroes through
+// `zero`); the first call starts the timing, a call after no ops gives nothing. An event made
+// without timing has no elapsed time, as CUDA says.
+TEST_F(CudaModelOpsTest, OpSecondsComeFromEventsAroundEachOp) {
+  EXPECT_TRUE(gpu().take_op_seconds().empty());
+  const int N = 64, C = 32, OC = 48;
+  DevF inp(rnd(int64_t{N} * C, 1)), W(rnd(int64_t{OC} * C, 2)), bias(rnd(OC, 3)), out(int64_t{N} * OC);
+  DevF dinp(int64_t{N} * C), dW(int64_t{OC} * C), dbias(OC), dout(rnd(int64_t{N} * OC, 4));
+  gpu().matmul_forward(out.get(), inp.get(), W.get(), bias.get(), N, C, OC);
+  gpu().gelu_forward(out.get(), out.get(), int64_t{N} * OC);
+  gpu().gelu_forward(out.get(), out.get(), int64_t{N} * OC);
+  gpu().matmul_backward(dinp.get(), dW.get(), dbias.get(), dout.get(), inp.get(), W.get(), N, C, OC);
+  const std::map<std::string, double> seconds = gpu().take_op_seconds();
+  sync();
+  std::vector<std::string> names;
+  for (const auto& [name, s] : seconds) {
+    names.push_back(name);
+    EXPECT_GT(s, 0.0) << name;
+    EXPECT_LT(s, 60.0) << name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"gelu_forward", "matmul_backward", "matmul_forward"}));
+  EXPECT_TRUE(gpu().take_op_seconds().empty());
+
+  cudaEvent_t timed = nullptr, untimed = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&timed, cudaEventDefault), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(timed, stream_), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  float ms = 0.f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, timed, untimed), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaEventElapsedTime(&ms, timed, timed), cudaSuccess);
+  EXPECT_EQ(ms, 0.f);
+  cudaEventDestroy(timed);
+  cudaEventDestroy(untimed);
 }
 
 TEST_F(CudaModelOpsTest, Bf16Encoder) {

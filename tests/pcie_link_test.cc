@@ -1,4 +1,5 @@
-// `zoe bench gpu`'s copy baseline: a PCIe link's rated rate from the text sysfs gives for it.
+// `zoe bench gpu`'s baselines from what the machine says of itself: a PCIe link's rated rate from
+// the text sysfs gives for it, a GPU's dense bf16 rate from the name its driver reports.
 #include <gtest/gtest.h>
 
 #include "gpu_bench.h"
@@ -17,6 +18,16 @@ TEST(PcieLink, RatedRateFromSysfsText) {
   EXPECT_EQ(pcie_rated_gbps("Unknown", "16"), 0);
   EXPECT_EQ(pcie_rated_gbps("32.0 GT/s PCIe", "0"), 0);
   EXPECT_EQ(pcie_rated_gbps("32.0 GT/s PCIe", "x"), 0);
+}
+
+TEST(GpuRatedBf16, DenseRateByTheDriversName) {
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA H200"), 989.4);
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA H200 NVL"), 835.5);  // the longer name first
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA H100 80GB HBM3"), 989.4);
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA H100 PCIe"), 756.5);
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_EQ(rated_bf16_tflops("NVIDIA GeForce RTX 4090"), 0);  // not listed: no rate
+  EXPECT_EQ(rated_bf16_tflops(""), 0);
 }
 
 }  // namespace

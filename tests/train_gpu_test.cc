@@ -5,6 +5,7 @@
 // step, and a sweep that fails each call of one step in turn never finishes a wrong step or hangs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -65,6 +66,37 @@ TEST(TrainGpu, TwentyStepsOnTheGpuMatchTheCpuDevicesLosses) {
     for (size_t s = 0; s < cpu.size(); ++s)
       EXPECT_LE(std::abs(gpu[s] - cpu[s]), 1e-5 * std::abs(cpu[s])) << "stage " << stage << " step " << s + 1;
   }
+#endif
+}
+
+// `zoe bench gpu --smoke`: every row the GPU check will print, on toy sizes (the emulated GPU
+// runs it in seconds; on a GPU it is the same code as the real run): the copies, Adam, the bf16
+// GEMM against a rate, the bf16 step's model FLOP/s and its split by op group from GPU events.
+TEST(BenchGpu, ASmokeRunHasEveryRowAndTheStepsSplit) {
+#ifndef ZOE_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)";
+#else
+  std::string why;
+  if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, zoe bench gpu not tested: " << why;
+  std::string dir = make_temp_dir("bench-gpu"), out;
+  ASSERT_EQ(run_command(kZoe + " bench gpu --smoke --json --dir " + dir + "/nvme > " + dir + "/b.json", &out), 0)
+      << out << slurp(dir + "/b.json");
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir + "/b.json"));
+  std::vector<std::string> cases;
+  for (const auto& r : j["results"]) {
+    cases.push_back(r["case"].get<std::string>());
+    EXPECT_GT(r["measured"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["baseline"].get<double>(), 0) << r.dump();
+  }
+  for (const char* want : {"bf16 GEMM 256^3 TFLOP/s", "gpt2 bf16 model TFLOP/s", "gpt2 124M offloaded step s"})
+    EXPECT_NE(std::find(cases.begin(), cases.end(), want), cases.end()) << want << " missing from " << j.dump();
+  const nlohmann::json& split = j["bf16_split"];
+  for (const char* key : {"step_ms", "products_ms", "attention_forward_ms", "attention_backward_ms", "elementwise_ms"})
+    EXPECT_GT(split.value(key, 0.0), 0) << key << ": " << split.dump();
+  EXPECT_TRUE(split["ops_ms"].contains("attention_backward_bf16")) << split.dump();
+  const double share = split.value("attention_share", -1.0);
+  EXPECT_GT(share, 0);
+  EXPECT_LT(share, 1);
 #endif
 }
 

@@ -611,7 +611,7 @@ check() {
   if [[ $mode == run ]]; then
     if ((ok_build)); then
       run_step ctest_gpu 150 step_ctest_gpu
-      run_step bench_gpu 150 step_bench_gpu "$out/bench_gpu.json"
+      run_step bench_gpu 200 step_bench_gpu "$out/bench_gpu.json"
     else
       skip_step ctest_gpu "build did not pass"
       skip_step bench_gpu "build did not pass"

@@ -88,6 +88,8 @@ int bench_command(const BenchArgs& a) {
     if (a.iters > 0) o.iters = a.iters;
     if (!a.dir.empty()) o.nvme_dir = a.dir;
     o.torch = !a.no_torch;
+    o.torch_compile = a.torch_compile;
+    o.smoke = a.smoke;
     o.python = a.python;
     st = bench_gpu(o, &out, human);
   } else if (a.what == "offload") {

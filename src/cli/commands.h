@@ -59,6 +59,8 @@ struct BenchArgs {
   std::vector<int> threads;
   int iters = 0;
   bool no_torch = false;
+  bool torch_compile = false;       // --torch-compile: `bench gpu`'s row against torch.compile + autocast
+  bool smoke = false;               // --smoke: `bench gpu` at toy sizes
   std::string python;
   std::string dir;                  // --dir: where `bench nvme` puts its test file
   std::string trace;                // --trace: `bench offload` keeps one step's timeline

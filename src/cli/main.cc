@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   bench->add_option("--threads", ba.threads, "thread counts (repeatable)");
   bench->add_option("--iters", ba.iters, "timed repetitions per case");
   bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
+  bench->add_flag("--torch-compile", ba.torch_compile,
+                  "gpu: also the bf16 row against torch.compile + autocast (its compile takes a minute or more)");
+  bench->add_flag("--smoke", ba.smoke, "gpu: every row at toy sizes without the peer, to check that the bench runs");
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
   bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
                                      "directory (default out/bench-offload)");

@@ -15,6 +15,7 @@
 #include "gpu/cuda_attention.cuh"
 #include "gpu/cuda_attention_mma.cuh"
 #include "gpu/cuda_model_kernels.cuh"
+#include "gpu/cuda_op_timer.h"
 
 namespace zoe::gpu {
 
@@ -140,10 +141,33 @@ CudaModelOps::OpScope::OpScope(CudaModelOps* o, const char* op_name,
                                std::initializer_list<std::pair<const char*, int64_t>> sizes)
     : ops(o), name(op_name), n(std::min(sizes.size(), dims.size())) {
   std::copy_n(sizes.begin(), n, dims.begin());
-  if (!ops->op_) ops->op_ = this;
+  if (ops->op_) return;
+  ops->op_ = this;
+  if (ops->timer_) {
+    Status s = ops->timer_->begin(ops->stream_);
+    if (!s.ok()) ops->fail(std::move(s));
+  }
 }
 CudaModelOps::OpScope::~OpScope() {
-  if (ops->op_ == this) ops->op_ = nullptr;
+  if (ops->op_ != this) return;
+  if (ops->timer_) {
+    Status s = ops->timer_->end(name, ops->stream_);
+    if (!s.ok()) ops->fail(std::move(s));
+  }
+  ops->op_ = nullptr;
+}
+
+std::map<std::string, double> CudaModelOps::take_op_seconds() {
+  if (!timer_) {
+    timer_ = std::make_unique<CudaOpTimer>();
+    return {};
+  }
+  std::map<std::string, double> seconds;
+  if (Status s = timer_->take(&seconds); !s.ok()) {
+    fail(std::move(s));
+    return {};
+  }
+  return seconds;
 }
 std::string CudaModelOps::OpScope::text() const {
   std::string s = std::string(name) + "(";

@@ -25,6 +25,7 @@
 #include <array>
 #include <cstddef>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,6 +35,7 @@
 
 namespace zoe::gpu {
 
+class CudaOpTimer;
 struct GemmKey;   // a cuBLASLt configuration (cuda_model_ops.cu)
 struct GemmPlan;  // its cached descriptors and algorithm
 
@@ -49,6 +51,9 @@ class CudaModelOps final : public ModelOps {
 
   // The first error since construction (or since clear_status()); ok when there was none.
   Status status() const override { return status_; }
+  // GPU seconds per op since the last call, from events around each op (CudaOpTimer); the first
+  // call starts the timing and returns nothing. Waits for the compute stream to run the ops.
+  std::map<std::string, double> take_op_seconds() override;
   // Head size at most 128, B * NH at most 65535 (the grid's y limit).
   Status supports_attention(int B, int T, int C, int NH) const override;
   void clear_status() { static_cast<void>(status_ = Status::Ok()); }
@@ -70,7 +75,8 @@ class CudaModelOps final : public ModelOps {
 
  private:
   struct Gemm;  // cuBLASLt handle, workspace and cached matmul plans (cuda_model_ops.cu)
-  // Names the public op that runs, with its sizes, in the errors recorded meanwhile.
+  // Names the public op that runs, with its sizes, in the errors recorded meanwhile; once timing
+  // is on, brackets it with timer_'s events (the outer op only: an op run by another is its time).
   struct OpScope {
     OpScope(CudaModelOps* o, const char* op_name, std::initializer_list<std::pair<const char*, int64_t>> sizes);
     ~OpScope();
@@ -131,6 +137,7 @@ class CudaModelOps final : public ModelOps {
   bool allow_tf32_;
   AttentionKernels attention_kernels_ = AttentionKernels::kTensorCores;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<CudaOpTimer> timer_;  // after the first take_op_seconds()
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   Status status_;

@@ -49,12 +49,16 @@ struct CUstream_st {
   uint64_t queued = 0, done = 0;  // operations ever queued / run
   bool stop = false;
   std::thread worker;
+  std::vector<CUevent_st*> stamping;  // timing events recorded here, stamped when done reaches them
 };
 
 struct CUevent_st {
   CUstream_st* stream = nullptr;  // null: never recorded
   uint64_t count = 0;             // stream->queued at the record
   emu::Clock vc;                  // stream->vc at the record
+  bool timing = true;             // not cudaEventDisableTiming
+  bool stamped = false;           // the stream reached the record: `at` is when
+  std::chrono::steady_clock::time_point at;
 };
 
 namespace emu {
@@ -153,6 +157,22 @@ void execute(Op& op) {
   else op.run();
 }
 
+// Under g_mu: the timing events s has reached get their time.
+void stamp_reached(CUstream_st* s) {
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(s->stamping, [&](CUevent_st* e) {
+    if (e->count > s->done) return false;
+    e->stamped = true;
+    e->at = now;
+    return true;
+  });
+}
+
+// Under g_mu: e leaves the list of the stream that was to stamp it.
+void stop_stamping(CUevent_st* e) {
+  if (e->stream) std::erase(e->stream->stamping, e);
+}
+
 void work(CUstream_st* s) {
   std::mt19937 rng(static_cast<unsigned>(s->id) * 7919u + 17u);
   for (;;) {
@@ -169,6 +189,7 @@ void work(CUstream_st* s) {
       std::lock_guard<std::mutex> lock(g_mu);
       s->queue.pop_front();
       s->done++;
+      stamp_reached(s);
     }
     g_cv.notify_all();
   }
@@ -543,12 +564,17 @@ cudaError_t cudaDeviceSynchronize(void) {
   for (CUstream_st* s : all) emu::drain(s);
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (emu::injected("cudaEventCreateWithFlags")) return emu::fail(cudaErrorMemoryAllocation);
   *e = new CUevent_st;
+  (*e)->timing = (flags & cudaEventDisableTiming) == 0;
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e) {
+    std::lock_guard<std::mutex> lock(emu::g_mu);
+    emu::stop_stamping(e);
+  }
   delete e;
   return cudaSuccess;
 }
@@ -557,9 +583,26 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (emu::injected("cudaEventRecord")) return emu::fail(cudaErrorLaunchFailure);
   CUstream_st* st = emu::of(s);
   std::lock_guard<std::mutex> lock(emu::g_mu);
+  emu::stop_stamping(e);
   e->stream = st;
   e->count = st->queued;
   e->vc = st->vc;
+  e->stamped = false;
+  if (e->timing) {  // the time the stream reaches the record: now, if it has already
+    st->stamping.push_back(e);
+    emu::stamp_reached(st);
+  }
+  return cudaSuccess;
+}
+// As CUDA: both events made with timing and recorded, else an invalid handle; the end not reached
+// yet, not ready. The time between the moments their stream reached them (emulated: wall time).
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return emu::fail(!ms ? cudaErrorInvalidValue : cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  if (!start->timing || !end->timing || !start->stream || !end->stream)
+    return emu::fail(cudaErrorInvalidResourceHandle);
+  if (!start->stamped || !end->stamped) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
