@@ -4,7 +4,9 @@
 // rank on a GPU); skips otherwise, and where there is no CUDA build.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -127,6 +129,58 @@ TEST(NcclCommMpi, CollectivesAreMpiCommsBitForBit) {
 // The duplicate (the engine's communication thread's) runs on a stream of its own, ordered by
 // events only: rank 0's compute finishes while its reduce_scatter still waits for the other
 // ranks, who join only after rank 0 saw that. Its results are the original's.
+// zoe.nccl_reduce_scatter: ncclReduceScatter itself, in and out of place, fp32 and bf16, within
+// rounding of the rank-order sum (against its largest value: fp32 1e-6, bf16 a rounding a hop); its
+// duplicate sums the same way. At 3 ranks and more some rank's fp32 bits are not the rank-order
+// sum's (NCCL's ring adds in another order): the option is what ran.
+TEST(NcclCommMpi, NcclsOwnReduceScatterIsTheSumWithinItsRounding) {
+  Comm& mpi = *g_mpi;
+  if (std::string why = short_of_gpus(mpi); !why.empty()) GTEST_SKIP() << why;
+  auto d = make_cuda_device(local_gpu_index(), size_t{4} << 30, size_t{1} << 30);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  auto& dev = static_cast<CudaDevice&>(*d.value());
+  auto c = make_nccl_comm(mpi, dev, NcclComm::Sum::kNccl);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto dup = c.value()->duplicate();
+  ASSERT_TRUE(dup.ok()) << dup.status().message();
+  const int rank = mpi.rank(), size = mpi.size();
+  const size_t count = 4096;
+  uint64_t seed = 40;
+  for (Comm* nccl : {c.value().get(), dup.value().get()})
+    for (DType t : {DType::kF32, DType::kBF16})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + (in_place ? " in place" : " out of place") +
+                     (nccl == dup.value().get() ? ", the duplicate" : ""));
+        const size_t chunk = count * dtype_size(t);
+        std::vector<uint8_t> send = send_of(rank, size, count, t, seed++), expect(chunk), got(chunk);
+        ASSERT_TRUE(mpi.reduce_scatter(send.data(), expect.data(), count, t).ok());
+        auto buf = dev.alloc(send.size() + chunk, Tier::kDevice, Kind::kGather);
+        ASSERT_TRUE(buf.ok()) << buf.status().message();
+        char* d_send = buf->as<char>();
+        char* d_recv = in_place ? d_send + rank * chunk : d_send + send.size();
+        ASSERT_TRUE(dev.upload(d_send, send.data(), send.size()).ok());
+        ASSERT_TRUE(nccl->reduce_scatter(d_send, d_recv, count, t).ok());
+        ASSERT_TRUE(dev.synchronize().ok());
+        ASSERT_TRUE(dev.download(got.data(), d_recv, chunk).ok());
+        dev.free(*buf);
+        double worst = 0, largest = 1e-30;  // the error against the sum's largest value
+        bool same_bits = true;
+        for (size_t i = 0; i < count; ++i) {
+          const double g = load_as_f32(got.data(), t, i), e = load_as_f32(expect.data(), t, i);
+          worst = std::max(worst, std::fabs(g - e));
+          largest = std::max(largest, std::fabs(e));
+          same_bits = same_bits && std::memcmp(got.data() + i * dtype_size(t), expect.data() + i * dtype_size(t),
+                                               dtype_size(t)) == 0;
+        }
+        EXPECT_LT(worst / largest, t == DType::kF32 ? 1e-6 : size * (1.0 / 256)) << "against the rank-order sum";
+        double differ = same_bits ? 0 : 1;  // ranks whose chunk a ring summed in another order
+        ASSERT_TRUE(mpi.all_reduce_sum(&differ, 1).ok());
+        if (t == DType::kF32 && size >= 3) {
+          EXPECT_GT(differ, 0) << "bitwise the rank-order sum on every rank: not NCCL's";
+        }
+      }
+}
+
 TEST(NcclCommMpi, ADuplicateRunsBesideComputeOrderedByEvents) {
   Comm& mpi = *g_mpi;
   if (std::string why = short_of_gpus(mpi); !why.empty()) GTEST_SKIP() << why;

@@ -208,6 +208,37 @@ TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
   EXPECT_TRUE(has(o.out, "zoe: config keys 'zoe.model.n_embd', 'zoe.model.n_head'.*head size 160 > 128")) << o.out;
 }
 
+// zoe.nccl_reduce_scatter on 3 emulated GPUs: the gradients' reduce-scatter goes through
+// ncclReduceScatter (counted by the emulation), and 3 steps give the rank-order sum's losses
+// within its rounding (NCCL's ring adds in another order), at stages 2 and 3.
+TEST(TrainGpu, NcclsOwnReduceScatterTrainsAsTheRankOrderSum) {
+  auto run = [&](int stage, bool nccl) {
+    const std::string dir = make_temp_dir("gpu-nccl-rs");
+    Outcome o;
+    o.rc = run_command("cd " + dir + " && CUDA_EMU_COUNT=1 timeout -s KILL 300 env " + kMpirun + "-q -np 3 " + kZoe +
+                           " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
+                           " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
+                           " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false --set zoe.steps=3"
+                           " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
+                           " --set zoe.nccl_reduce_scatter=" + (nccl ? "true" : "false") + " --report r.jsonl",
+                       &o.out);
+    std::ifstream f(dir + "/r.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step")) o.loss = j["loss"].get<double>();
+    }
+    return o;
+  };
+  for (int stage : {2, 3}) {
+    const Outcome ranked = run(stage, false), ring = run(stage, true);
+    ASSERT_EQ(ranked.rc, 0) << ranked.out;
+    ASSERT_EQ(ring.rc, 0) << ring.out;
+    EXPECT_EQ(calls_of(ranked, "ncclReduceScatter"), 0) << ranked.out;
+    EXPECT_GT(calls_of(ring, "ncclReduceScatter"), 0) << ring.out;
+    EXPECT_NEAR(ring.loss, ranked.loss, 1e-4 * std::fabs(ranked.loss)) << "stage " << stage;
+  }
+}
+
 // Two ranks (NCCL over MPI in the emulation): each NCCL call of a step failed on rank 1 alone
 // ends the job within seconds with rank 1's line, never a hang (the others may be waiting inside
 // a collective for it: the job is aborted, as a rank failing alone is).

@@ -78,6 +78,11 @@ struct Config {
   // allow_tf32): faster, no longer fp32-exact. Off, as PyTorch's matmul default; no effect on the
   // CPU device or on bf16 compute.
   bool allow_tf32 = false;
+  // Between GPUs, ZeRO's gradient reduce-scatter as NCCL's own ncclReduceScatter (its ring: fewer
+  // passes over memory, no staging buffer; sums in its order, bf16 partial sums rounded at each
+  // hop) instead of zoe's rank-order sum (bitwise MpiComm's, the same at every stage). No effect
+  // on the CPU device.
+  bool nccl_reduce_scatter = false;
   // The products' dtype (GPT-2): "fp32" converts each fetched unit to fp32 and multiplies in fp32;
   // "bf16" (bf16 training only) multiplies the bf16 units in place, activations rounded to bf16,
   // fp32 accumulation (as torch's autocast); "auto" is bf16 in bf16 training where the CPU has

@@ -48,12 +48,14 @@ Result<ncclComm_t> init_nccl(Comm& control, CudaDevice& dev) {
 
 }  // namespace
 
-NcclComm::NcclComm(Comm& control, CudaDevice& dev, ncclComm_t comm, Stream stream, std::unique_ptr<Comm> owned_control)
+NcclComm::NcclComm(Comm& control, CudaDevice& dev, ncclComm_t comm, Stream stream, std::unique_ptr<Comm> owned_control,
+                   Sum sum)
     : owned_control_(std::move(owned_control)),
       control_(control),
       cuda_(dev),
       comm_(comm),
       stream_(stream),
+      sum_(sum),
       rank_(control.rank()),
       size_(control.size()) {
   device_ = &cuda_;
@@ -119,7 +121,11 @@ Status NcclComm::all_gather(const void* send, void* recv, size_t chunk_bytes) {
 Status NcclComm::reduce_scatter(const void* send, void* recv, size_t count, DType dtype) {
   ZOE_RETURN_IF_ERROR(begin("reduce_scatter"));
   const size_t chunk_bytes = count * dtype_size(dtype);
-  if (count > 0) {
+  if (count > 0 && sum_ == Sum::kNccl) {
+    const ncclDataType_t type = dtype == DType::kF32 ? ncclFloat32 : dtype == DType::kBF16 ? ncclBfloat16 : ncclFloat16;
+    ZOE_RETURN_IF_ERROR(check(ncclReduceScatter(send, recv, count, type, ncclSum, comm_, cuda_.stream(stream_)),
+                              "ncclReduceScatter"));
+  } else if (count > 0) {
     ZOE_RETURN_IF_ERROR(grow_staging(chunk_bytes * size_));
     const char* s = static_cast<const char*>(send);
     char* staging = staging_.as<char>();
@@ -178,14 +184,15 @@ Result<std::unique_ptr<Comm>> NcclComm::duplicate() {
   ZOE_ASSIGN_OR_RETURN(std::unique_ptr<Comm> control, control_.duplicate());
   ZOE_ASSIGN_OR_RETURN(ncclComm_t comm, init_nccl(*control, cuda_));
   Comm& c = *control;
-  auto d = std::make_unique<NcclComm>(c, cuda_, comm, Stream::kCommThread, std::move(control));
+  auto d = std::make_unique<NcclComm>(c, cuda_, comm, Stream::kCommThread, std::move(control), sum_);
   d->set_ledger(ledger_);
   return Result<std::unique_ptr<Comm>>(std::unique_ptr<Comm>(std::move(d)));
 }
 
-Result<std::unique_ptr<Comm>> make_nccl_comm(Comm& control, CudaDevice& dev) {
+Result<std::unique_ptr<Comm>> make_nccl_comm(Comm& control, CudaDevice& dev, NcclComm::Sum sum) {
   ZOE_ASSIGN_OR_RETURN(ncclComm_t comm, init_nccl(control, dev));
-  return Result<std::unique_ptr<Comm>>(std::unique_ptr<Comm>(new NcclComm(control, dev, comm)));
+  return Result<std::unique_ptr<Comm>>(
+      std::unique_ptr<Comm>(new NcclComm(control, dev, comm, Stream::kComm, nullptr, sum)));
 }
 
 }  // namespace zoe

@@ -2,11 +2,13 @@
 // was bootstrapped through (see comm/comm.h for the split).
 //
 // - all_gather is ncclAllGather (in place when send is this rank's slot of recv);
-// - reduce_scatter is NOT ncclReduceScatter, whose summation order depends on NCCL's algorithm
-//   and the message size: every rank sends chunk k of its buffer to rank k (ncclSend/ncclRecv in
-//   one group) into a staging buffer, then the device's sum_chunks adds the received chunks in
-//   rank order 0..N-1 in fp32, as MpiComm does. Results are bitwise those of MpiComm on the CPU
-//   device, and identical across ZeRO stages and bucket sizes;
+// - reduce_scatter (Sum::kRankOrder, the default) is NOT ncclReduceScatter, whose summation order
+//   depends on NCCL's algorithm and the message size: every rank sends chunk k of its buffer to
+//   rank k (ncclSend/ncclRecv in one group) into a staging buffer, then the device's sum_chunks
+//   adds the received chunks in rank order 0..N-1 in fp32, as MpiComm does. Results are bitwise
+//   those of MpiComm on the CPU device, and identical across ZeRO stages and bucket sizes.
+//   Sum::kNccl (zoe.nccl_reduce_scatter) is ncclReduceScatter itself: no staging buffer, NCCL's
+//   ring, its order and its rounding (bf16 partial sums at each hop);
 // - both run on the device's comm stream, after the work enqueued on the compute stream before
 //   them, and the compute stream waits for them (Device::wait_on): they return once enqueued;
 // - duplicate() makes a second NCCL communicator over the same ranks (bootstrapped through a
@@ -37,10 +39,13 @@ class CudaDevice;
 
 class NcclComm final : public Comm {
  public:
+  // How reduce_scatter sums (see above).
+  enum class Sum { kRankOrder, kNccl };
+
   // Use make_nccl_comm. Takes ownership of `comm` (and of `owned_control`, when given: then
   // `control` is it). `stream`: kComm, ordered with compute; kCommThread, ordered by events.
   NcclComm(Comm& control, CudaDevice& dev, ncclComm_t comm, Stream stream = Stream::kComm,
-           std::unique_ptr<Comm> owned_control = nullptr);
+           std::unique_ptr<Comm> owned_control = nullptr, Sum sum = Sum::kRankOrder);
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -80,6 +85,7 @@ class NcclComm final : public Comm {
   CudaDevice& cuda_;
   ncclComm_t comm_;
   Stream stream_;
+  Sum sum_;
   int rank_ = 0, size_ = 1;
   Buffer staging_;
 };
@@ -88,7 +94,8 @@ class NcclComm final : public Comm {
 // broadcasts it; every rank then joins on dev's GPU). When ncclGetUniqueId or ncclCommInitRank
 // returns an error on any rank, every rank returns Status::CommError (a rank that dies instead
 // leaves the others inside ncclCommInitRank: the job's abort path ends them). The result's
-// device is `dev` (set_device(&dev) done).
-Result<std::unique_ptr<Comm>> make_nccl_comm(Comm& control, CudaDevice& dev);
+// device is `dev` (set_device(&dev) done); its duplicates sum as it does.
+Result<std::unique_ptr<Comm>> make_nccl_comm(Comm& control, CudaDevice& dev,
+                                             NcclComm::Sum sum = NcclComm::Sum::kRankOrder);
 
 }  // namespace zoe

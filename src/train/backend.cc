@@ -64,7 +64,9 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
   ZOE_ASSIGN_OR_RETURN(b.device,
                        make_cuda_device(local_gpu_index(), c.device_memory_budget, c.host_memory_budget, c.allow_tf32));
   if (control.size() > 1) {
-    ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device)));
+    ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device),
+                                                       c.nccl_reduce_scatter ? NcclComm::Sum::kNccl
+                                                                             : NcclComm::Sum::kRankOrder));
   }
   return b;
 #else

@@ -69,14 +69,6 @@ size_t span_bytes(const LayoutData& l) {
 
 // x rounded to TF32 (8 exponent bits, 10 mantissa bits), to nearest with ties to even, as the
 // tensor cores read fp32 operands under CUBLAS_COMPUTE_32F_FAST_TF32 (NaN and infinity kept).
-// x rounded to bf16, to nearest with ties to even (NaN quieted), as the epilogue writes a bf16 D.
-uint16_t emu_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 float to_tf32(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
@@ -121,7 +113,7 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     for (int64_t i = 0; i < m; i++) {
       float v = d[j * m + i] + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
       if (bias) v += bias[i];
-      if (Dl.type == CUDA_R_16BF) static_cast<uint16_t*>(Dp)[j * Dl.ld + i] = emu_bf16(v);
+      if (Dl.type == CUDA_R_16BF) static_cast<uint16_t*>(Dp)[j * Dl.ld + i] = emu::round_bf16(v);
       else static_cast<float*>(Dp)[j * Dl.ld + i] = v;
     }
 }
@@ -283,3 +275,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // extern "C"
+
+namespace emu {
+uint16_t round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+}  // namespace emu

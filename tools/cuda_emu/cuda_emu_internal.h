@@ -70,6 +70,10 @@ std::string describe(const void* p);
 std::vector<char*> open_device_memory(const std::vector<Range>& uses);
 void close_device_memory(const std::vector<char*>& opened, bool all);
 
+// x rounded to bf16, to nearest with ties to even (NaN quieted), as a GPU rounds it: a bf16 D of
+// cuBLASLt, a bf16 partial sum of NCCL (cuda_emu_cublaslt.cc).
+uint16_t round_bf16(float x);
+
 // --- streams (cuda_emu_streams.cc) ---
 // Queues run() on stream s (0: the legacy default stream); `uses` are what it reads and writes,
 // checked against the other streams' queued work now. exclusive: run() runs alone with device

@@ -219,6 +219,60 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   return ncclSuccess;
 }
 
+// NCCL's ring: rank r's chunk is summed starting from rank r + 1, one rank a hop, the partial sum
+// stored in the buffer's type between hops (bf16 rounds at every hop), ending at rank r. Not rank
+// order: a test that expects MpiComm's bits from it fails here as it would on GPUs.
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t c, cudaStream_t stream) {
+  if (!c) return error(ncclInvalidArgument, "null communicator");
+  if (t_group_depth > 0) return error(ncclInvalidUsage, "the emulation groups only ncclSend/ncclRecv");
+  if (op != ncclSum || (type != ncclFloat32 && type != ncclBfloat16))
+    return error(ncclInvalidArgument, "the emulation's ncclReduceScatter sums float32 or bfloat16 only");
+  if (emu::injected("ncclReduceScatter")) return error(ncclUnhandledCudaError, "injected failure (CUDA_EMU_FAIL)");
+  const size_t bytes = count * type_bytes(type);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<emu::Range> uses = {{in, bytes * c->size, false}, {out, bytes, true}};
+  queue_call(c, stream, "ncclReduceScatter", bytes, std::move(uses), [=] {
+    std::vector<char> mine(bytes * c->size), all(bytes * c->size * c->size);
+    emu::exclusive([&] { std::memcpy(mine.data(), in, mine.size()); });
+    if (c->size > 1)
+      check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
+                              static_cast<int>(mine.size()), MPI_BYTE, c->mpi),
+                "MPI_Allgather");
+    else
+      all = mine;
+    // Element i of rank p's contribution to this rank's chunk.
+    auto at = [&](int p, size_t i) -> double {
+      const char* e = all.data() + (size_t(p) * c->size + c->rank) * bytes + i * type_bytes(type);
+      if (type == ncclFloat32) {
+        float f;
+        std::memcpy(&f, e, 4);
+        return f;
+      }
+      uint16_t h;
+      std::memcpy(&h, e, 2);
+      return __uint_as_float(uint32_t(h) << 16);
+    };
+    std::vector<char> result(bytes);
+    for (size_t i = 0; i < count; i++) {
+      float acc = static_cast<float>(at((c->rank + 1) % c->size, i));
+      for (int hop = 2; hop <= c->size; hop++) {
+        acc += static_cast<float>(at((c->rank + hop) % c->size, i));
+        if (type == ncclBfloat16) acc = __uint_as_float(uint32_t(emu::round_bf16(acc)) << 16);
+      }
+      if (type == ncclFloat32) {
+        std::memcpy(result.data() + 4 * i, &acc, 4);
+      } else {
+        const uint16_t h = emu::round_bf16(acc);
+        std::memcpy(result.data() + 2 * i, &h, 2);
+      }
+    }
+    emu::exclusive([&] { std::memcpy(out, result.data(), bytes); });
+  });
+  return ncclSuccess;
+}
+
 ncclResult_t ncclGroupStart(void) {
   t_group_depth++;
   return ncclSuccess;
