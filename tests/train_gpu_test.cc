@@ -109,6 +109,17 @@ struct Outcome {
   double loss = NAN;  // step 1's, from the report (NaN without one)
 };
 
+// The loss of the last step line of a report (NaN without one).
+double last_loss(const std::string& report) {
+  double loss = NAN;
+  std::ifstream f(report);
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step")) loss = j["loss"].get<double>();
+  }
+  return loss;
+}
+
 // One step of a one-block GPT-2 on the emulated GPU (the default job's NVMe state too), in a
 // directory of its own, with `env` set; killed after 120 s (exit 137: a hang).
 Outcome one_step(const std::string& env, const std::string& extra = "") {
@@ -121,11 +132,7 @@ Outcome one_step(const std::string& env, const std::string& extra = "") {
                          " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir='\"\"'"
                          " --report r.jsonl" + extra,
                      &o.out);
-  std::ifstream f(dir + "/r.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step")) o.loss = j["loss"].get<double>();
-  }
+  o.loss = last_loss(dir + "/r.jsonl");
   return o;
 }
 
@@ -222,11 +229,7 @@ TEST(TrainGpu, NcclsOwnReduceScatterTrainsAsTheRankOrderSum) {
                            " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
                            " --set zoe.nccl_reduce_scatter=" + (nccl ? "true" : "false") + " --report r.jsonl",
                        &o.out);
-    std::ifstream f(dir + "/r.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step")) o.loss = j["loss"].get<double>();
-    }
+    o.loss = last_loss(dir + "/r.jsonl");
     return o;
   };
   for (int stage : {2, 3}) {
