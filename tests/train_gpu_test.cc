@@ -26,8 +26,9 @@
 namespace zoe::test {
 namespace {
 
-// The losses of a 20-step fp32 GPT-2 job on `device` at `stage`, from its report.
-std::vector<double> losses(const std::string& device, int stage) {
+// The losses of a 20-step GPT-2 job on `device` at `stage`, from its report: fp32, or bf16
+// training with bf16 compute.
+std::vector<double> losses(const std::string& device, int stage, bool bf16 = false) {
   std::string dir = make_temp_dir("train-gpu");
   std::string out;
   // Under tools/cuda_emu (the *_emu run) a smaller model: its kernels run as fibers on one core.
@@ -40,7 +41,9 @@ std::vector<double> losses(const std::string& device, int stage) {
 #endif
   int rc = run_command(kZoe + " train --quiet --set zoe.device=" + device +
                            " --set zoe.model.type=gpt2 --set zoe.model.n_layer=2" + shape +
-                           " --set bf16.enabled=false --set zero_optimization.stage=" + std::to_string(stage) +
+                           (bf16 ? " --set bf16.enabled=true --set zoe.compute_dtype='\"bf16\"'"
+                                 : " --set bf16.enabled=false") +
+                           " --set zero_optimization.stage=" + std::to_string(stage) +
                            " --set zoe.steps=20 --set zoe.checkpoint.dir='\"\"' --report " + dir + "/r.jsonl",
                        &out);
   EXPECT_EQ(rc, 0) << device << " stage " << stage << ":\n" << out;
@@ -66,6 +69,28 @@ TEST(TrainGpu, TwentyStepsOnTheGpuMatchTheCpuDevicesLosses) {
     for (size_t s = 0; s < cpu.size(); ++s)
       EXPECT_LE(std::abs(gpu[s] - cpu[s]), 1e-5 * std::abs(cpu[s])) << "stage " << stage << " step " << s + 1;
   }
+#endif
+}
+
+// bf16 compute on the GPU (cuBLASLt's bf16 products, the attention on tensor cores) against the
+// CPU device's bf16 compute (oneDNN): 20 steps within 2e-2 of each other, the bound the CPU's bf16
+// path keeps against transformers.
+TEST(TrainGpu, Bf16ComputeTwentyStepsMatchTheCpuDevicesWithin2e2) {
+#ifndef ZOE_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)";
+#else
+  std::string why;
+  if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, zoe train on cuda not tested: " << why;
+  std::vector<double> cpu = losses("cpu", 3, true), gpu = losses("cuda", 3, true);
+  ASSERT_EQ(cpu.size(), 20u);
+  ASSERT_EQ(gpu.size(), 20u);
+  double worst = 0;
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    worst = std::max(worst, std::abs(gpu[s] - cpu[s]) / std::abs(cpu[s]));
+    EXPECT_LE(std::abs(gpu[s] - cpu[s]), 2e-2 * std::abs(cpu[s])) << "step " << s + 1;
+  }
+  std::printf("bf16 compute, 20 steps: losses %.4f -> %.4f (cpu), %.4f -> %.4f (cuda), worst %.2e relative\n",
+              cpu.front(), cpu.back(), gpu.front(), gpu.back(), worst);
 #endif
 }
 
