@@ -145,15 +145,18 @@ double last_loss(const std::string& report) {
   return loss;
 }
 
+// A one-block GPT-2 on the emulated GPU, fp32, small enough for its kernels to run as fibers.
+const std::string kOneBlockJob =
+    " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
+    " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
+    " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false";
+
 // One step of a one-block GPT-2 on the emulated GPU (the default job's NVMe state too), in a
 // directory of its own, with `env` set; killed after 120 s (exit 137: a hang).
 Outcome one_step(const std::string& env, const std::string& extra = "") {
   const std::string dir = make_temp_dir("gpu-fault");
   Outcome o;
-  o.rc = run_command("cd " + dir + " && " + env + " timeout -s KILL 120 " + kZoe +
-                         " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
-                         " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
-                         " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false"
+  o.rc = run_command("cd " + dir + " && " + env + " timeout -s KILL 120 " + kZoe + kOneBlockJob +
                          " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir='\"\"'"
                          " --report r.jsonl" + extra,
                      &o.out);
@@ -248,9 +251,7 @@ TEST(TrainGpu, NcclsOwnReduceScatterTrainsAsTheRankOrderSum) {
     const std::string dir = make_temp_dir("gpu-nccl-rs");
     Outcome o;
     o.rc = run_command("cd " + dir + " && CUDA_EMU_COUNT=1 timeout -s KILL 300 env " + kMpirun + "-q -np 3 " + kZoe +
-                           " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
-                           " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
-                           " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false --set zoe.steps=3"
+                           kOneBlockJob + " --set zoe.steps=3"
                            " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
                            " --set zoe.nccl_reduce_scatter=" + (nccl ? "true" : "false") + " --report r.jsonl",
                        &o.out);
@@ -276,10 +277,7 @@ TEST(GpuFaults, AnNcclCallFailedOnOneRankEndsTheJob) {
     Outcome o;
     o.rc = run_command("cd " + dir + " && timeout -s KILL 120 env " + kMpirun + "-q -np 2 sh -c '" +
                            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then export " + rank1_env + "; fi; exec " + kZoe +
-                           " train --quiet --set zoe.device=cuda --set zoe.model.type=gpt2 --set zoe.model.n_layer=1"
-                           " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
-                           " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false"
-                           " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir=\"\"'",
+                           kOneBlockJob + " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir=\"\"'",
                        &o.out);
     return o;
   };
