@@ -566,6 +566,8 @@ TEST_F(CudaModelOpsTest, BadSizesAreErrorsNamingTheOp) {
       {"matmul_forward_bf16(N -1", [&] { ops.matmul_forward_bf16(static_cast<float*>(nullptr), nullptr, nullptr, nullptr, -1, 4, 4); }},
       {"matmul_forward_bf16(N 4, C 4, OC -1", [&] { ops.matmul_forward_bf16(static_cast<uint16_t*>(nullptr), nullptr, nullptr, nullptr, 4, 4, -1); }},
       {"matmul_backward_bf16(N -1", [&] { ops.matmul_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr, false); }},
+      {"matmul_backward_bf16(N 4, C -1", [&] { ops.matmul_backward_bf16(nullptr, nullptr, static_cast<const uint16_t*>(nullptr), nullptr, nullptr, 4, -1, 4, false); }},
+      {"gelu_backward_bf16(N -1, OC 4", [&] { ops.gelu_backward_bf16(nullptr, nullptr, nullptr, nullptr, -1, 4, false); }},
       {"lm_head_forward_bf16(N -1", [&] { ops.lm_head_forward_bf16(nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
       {"lm_head_backward_bf16(N -1", [&] { ops.lm_head_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
       {"layernorm_forward(N -1", [&] { ops.layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
@@ -808,7 +810,11 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   constexpr double kOneRounding = 1.0 / 256 + kFwdTol;
   const int B = 2, T = 40, C = 48, NH = 3, N = B * T;
   const int64_t NC = int64_t{N} * C;
-  const Vf x = rnd(NC, 100), w = rnd(C, 101, 0.8f, 1.2f), b = rnd(C, 102, -0.1f, 0.1f), g = rnd(4 * NC, 103, -4.f, 4.f);
+  const Vf x = rnd(NC, 100), w = rnd(C, 101, 0.8f, 1.2f), b = rnd(C, 102, -0.1f, 0.1f);
+  // GELU reads c_fc's output as its product rounded it.
+  std::vector<uint16_t> g16(4 * NC);
+  gpt2::round_to_bf16(g16.data(), rnd(4 * NC, 103, -4.f, 4.f).data(), 4 * NC);
+  const Vf g = widened(g16);
   // qkv comes in bf16 (c_attn's product writes it so): the reference is the fp32 attention on
   // the same values widened, forward and backward.
   std::vector<uint16_t> qkv16(3 * NC);
@@ -821,8 +827,8 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   cpu().gelu_forward(gelu.data(), g.data(), 4 * NC);
   cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
   cpu().attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), B, T, C, NH);
-  DevF d_x(x), d_w(w), d_b(b), d_g(g), d_mean(N), d_rstd(N), d_lse(lse.size()), d_dout(dout), d_dqkv(dqkv0);
-  DevH d_ln(NC), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16);
+  DevF d_x(x), d_w(w), d_b(b), d_mean(N), d_rstd(N), d_lse(lse.size()), d_dout(dout), d_dqkv(dqkv0);
+  DevH d_ln(NC), d_g(g16), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16);
   gpu().layernorm_forward_bf16(d_ln.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
   gpu().gelu_forward_bf16(d_gelu.get(), d_g.get(), 4 * NC);
   // The fp32 kernels on widened tiles (Bf16AttentionOnTensorCores holds the default path).
@@ -838,6 +844,44 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   // The backward's row term D = dout . out comes from the output as the bf16 forward stored it
   // (as FlashAttention's does): within one bf16 rounding of the fp32 attention, not fp32's tolerance.
   EXPECT_LT(rel_err(d_dqkv.download(), dqkv, &dqkv0), kOneRounding) << "attention dqkv";
+}
+
+// GELU's bf16 backward against the CPU's: the gradient within one bf16 rounding of it, relative
+// to the tensor's scale (the two tanh differ in their last bits, which may move a rounding, and
+// near GELU's minimum, where the gradient crosses 0, by many bf16 steps of a tiny value), c_fc's
+// dbias within the gradients' tolerance, accumulated and overwritten; then c_fc's products on that rounded gradient (the
+// overload without a rounding pass) against the CPU's. N: more than one 256-row chunk of the
+// column sums.
+TEST_F(CudaModelOpsTest, GeluBackwardBf16AndTheProductsOnItsRoundedGradient) {
+  const int N = 300, C = 40, OC = 4 * C;
+  const int64_t n = int64_t{N} * OC;
+  std::vector<uint16_t> x16(n), inp16(int64_t{N} * C), W(int64_t{C} * OC);
+  gpt2::round_to_bf16(x16.data(), rnd(n, 110, -5.f, 5.f).data(), n);
+  gpt2::round_to_bf16(inp16.data(), rnd(inp16.size(), 111).data(), int64_t(inp16.size()));
+  gpt2::round_to_bf16(W.data(), rnd(W.size(), 112, -0.5f, 0.5f).data(), int64_t(W.size()));
+  const Vf dout = rnd(n, 113), db0 = rnd(OC, 114), dinp0 = rnd(inp16.size(), 115), dW0 = rnd(W.size(), 116);
+  std::vector<uint16_t> d16(n);
+  Vf db = db0;
+  cpu().gelu_backward_bf16(d16.data(), db.data(), x16.data(), dout.data(), N, OC);
+  DevH d_x16(x16), d_d16(n), d_inp16(inp16), d_W(W);
+  DevF d_dout(dout), d_db(db0), d_over(Vf(OC, NAN));
+  gpu().gelu_backward_bf16(d_d16.get(), d_db.get(), d_x16.get(), d_dout.get(), N, OC);
+  gpu().gelu_backward_bf16(d_d16.get(), d_over.get(), d_x16.get(), d_dout.get(), N, OC, /*overwrite=*/true);
+  sync();
+  EXPECT_LT(rel_err(widened(d_d16.download()), widened(d16)), 1.0 / 256 + kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(d_db.download(), db, &db0), kBwdTol) << "dbias";
+  Vf over(OC);
+  for (int o = 0; o < OC; o++) over[o] = db[o] - db0[o];
+  EXPECT_LT(rel_err(d_over.download(), over), kBwdTol) << "dbias, overwrite";
+
+  Vf dinp = dinp0, dW = dW0;
+  cpu().matmul_backward_bf16(dinp.data(), dW.data(), d16.data(), inp16.data(), W.data(), N, C, OC);
+  DevF d_dinp(dinp0), d_dW(dW0);
+  d_d16.upload(d16);  // the CPU's rounding: the products alone are compared
+  gpu().matmul_backward_bf16(d_dinp.get(), d_dW.get(), d_d16.get(), d_inp16.get(), d_W.get(), N, C, OC);
+  sync();
+  EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
 }
 
 // The bf16 attention on tensor cores (the default path) against the fp32 attention on the same q,

@@ -2,6 +2,7 @@
 // (to fp32 rounding), and a block computed that way stays within bf16's precision of the fp32
 // block on the same (bf16) weights. Each test prints the GEMM path its bf16 products took.
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <bit>
 #include <cmath>
@@ -194,11 +195,72 @@ TEST(Bf16Compute, ProducersWriteTheFp32OutputRounded) {
   EXPECT_EQ(ln16, to_bf16(ln));
   EXPECT_EQ(mean16, mean);
   EXPECT_EQ(rstd16, rstd);
+  // GELU reads c_fc's output as its product rounded it.
+  const Vh x16 = to_bf16(x);
   Vf g(x.size());
-  Vh g16(x.size(), 0xffff);
-  gelu_forward(g.data(), x.data(), int64_t(x.size()));
-  gelu_forward_bf16(g16.data(), x.data(), int64_t(x.size()));
+  Vh g16(x.size(), 0xffff), in_place = x16;
+  gelu_forward(g.data(), widen(x16).data(), int64_t(x.size()));
+  gelu_forward_bf16(g16.data(), x16.data(), int64_t(x.size()));
   EXPECT_EQ(g16, to_bf16(g));
+  gelu_forward_bf16(in_place.data(), in_place.data(), int64_t(x.size()));
+  EXPECT_EQ(in_place, g16);
+}
+
+// GELU's bf16 backward: the fp32 op's gradient on the widened input, rounded (bitwise), and the
+// column sums of the unrounded gradient as dbias (to fp32 rounding: 64-row chunks, then in chunk
+// order), accumulated or overwritten; the same bits on one thread as on two. N: two whole 64-row
+// chunks and a tail; OC: a 256-wide piece and a tail that is no multiple of 8.
+TEST(Bf16Compute, GeluBackwardRoundsTheFp32GradientAndSumsItsColumns) {
+  const int N = 141, OC = 301;
+  const size_t n = size_t(N) * OC;
+  const Vh x16 = to_bf16(rnd(n, 50, 5.f));
+  const Vf dout = rnd(n, 51), db0 = rnd(OC, 52);
+  Vf g(n, NAN);
+  gelu_backward(g.data(), widen(x16).data(), dout.data(), int64_t(n), /*overwrite=*/true);
+  Vf sums(OC, 0.f);
+  for (int o = 0; o < OC; o++) {
+    double s = 0;
+    for (int r = 0; r < N; r++) s += g[size_t(r) * OC + o];
+    sums[o] = float(s);
+  }
+  Vh d16(n, 0xffff);
+  Vf db(OC, NAN);
+  gelu_backward_bf16(d16.data(), db.data(), x16.data(), dout.data(), N, OC, /*overwrite=*/true);
+  EXPECT_EQ(d16, to_bf16(g));
+  EXPECT_LT(rel_err(db, sums), 1e-6);
+  Vf acc = db0, acc_want(OC);
+  Vh d16_again(n, 0xffff);
+  gelu_backward_bf16(d16_again.data(), acc.data(), x16.data(), dout.data(), N, OC);
+  for (int o = 0; o < OC; o++) acc_want[o] = db0[o] + db[o];
+  EXPECT_EQ(acc, acc_want);
+  EXPECT_EQ(d16_again, d16);
+  Vh no_bias(n, 0xffff);  // dbias null: the gradient alone
+  gelu_backward_bf16(no_bias.data(), nullptr, x16.data(), dout.data(), N, OC);
+  EXPECT_EQ(no_bias, d16);
+  Vf one(OC, NAN);
+  {
+    tbb::global_control c(tbb::global_control::max_allowed_parallelism, 1);
+    gelu_backward_bf16(no_bias.data(), one.data(), x16.data(), dout.data(), N, OC, true);
+  }
+  EXPECT_EQ(one, db);
+}
+
+// c_fc's products on the dout GELU's backward rounded: the products of the overload that rounds
+// dout itself, bitwise, where dout is bf16 already (its rounding then changes nothing).
+TEST(Bf16Compute, MatmulBackwardOnARoundedDoutIsTheSameProducts) {
+  const int N = 70, C = 48, OC = 200;
+  const Vh x16 = to_bf16(rnd(size_t(N) * C, 60)), W = to_bf16(rnd(size_t(C) * OC, 61, 0.5f));
+  const Vh dout16 = to_bf16(rnd(size_t(N) * OC, 62));
+  const Vf dout = widen(dout16), dx0 = rnd(size_t(N) * C, 63), dW0 = rnd(size_t(C) * OC, 64);
+  Vh scratch(size_t(N) * OC);
+  for (bool overwrite : {false, true}) {
+    Vf dx = dx0, dW = dW0, dx_want = dx0, dW_want = dW0;
+    matmul_backward_bf16(dx.data(), dW.data(), dout16.data(), x16.data(), W.data(), N, C, OC, overwrite);
+    matmul_backward_bf16(dx_want.data(), dW_want.data(), nullptr, dout.data(), x16.data(), W.data(), N, C, OC,
+                         scratch.data(), overwrite);
+    EXPECT_EQ(dx, dx_want) << overwrite;
+    EXPECT_EQ(dW, dW_want) << overwrite;
+  }
 }
 
 TEST(Bf16Compute, EncoderAddsTheWidenedRows) {

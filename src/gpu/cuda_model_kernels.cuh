@@ -24,25 +24,35 @@ __global__ void fill_rows_kernel(float* out, const float* row, int64_t n, int co
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
-// out may alias inp (fp32): each element is read, then written, by the same thread.
-template <class Out>
-__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
+// out may alias inp: each element is read, then written, by the same thread. In: float, or
+// uint16_t (bf16 compute: c_fc's output as its product rounded it).
+template <class Out, class In>
+__global__ void gelu_forward_kernel(Out* out, const In* inp, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float x = inp[i];
+    const float x = widen(inp[i]);
     store_out(out + i, 0.5f * x * (1.f + tanhf(kGeluScale * (x + kGeluCube * x * x * x))));
   }
+}
+
+// GELU'(x), as the CPU: d/dx tanh(u) = (1 - tanh^2(u)) du/dx, no cosh, which overflows for large u.
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float th = tanhf(kGeluScale * (x + kGeluCube * x * x * x));
+  const float dth = (1.f - th * th) * kGeluScale * (1.f + 3.f * kGeluCube * x * x);
+  return 0.5f * (1.f + th) + 0.5f * x * dth;
 }
 
 // overwrite: dinp's old contents are not read.
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n, bool overwrite) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float x = inp[i];
-    const float th = tanhf(kGeluScale * (x + kGeluCube * x * x * x));
-    // d/dx tanh(u) = (1 - tanh^2(u)) du/dx, as the CPU: no cosh, which overflows for large u.
-    const float dth = (1.f - th * th) * kGeluScale * (1.f + 3.f * kGeluCube * x * x);
-    const float g = (0.5f * (1.f + th) + 0.5f * x * dth) * dout[i];
+    const float g = gelu_grad(inp[i]) * dout[i];
     dinp[i] = overwrite ? g : dinp[i] + g;
   }
+}
+
+// bf16 compute: dinp = GELU'(inp) * dout rounded to bf16 (c_fc's products read nothing else).
+__global__ void gelu_backward_bf16_kernel(uint16_t* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    dinp[i] = bits::f32_to_bf16(gelu_grad(widen(inp[i])) * dout[i]);
 }
 
 // out may alias either input.
@@ -180,12 +190,22 @@ __global__ void layernorm_dinp_kernel(float* dinp, const float* dout, const floa
 
 // ---- column sums (dbias, layernorm dw / db) -----------------------------------------------------
 
-// Values summed down the columns: Rows reads a row-major matrix, LnDw the layernorm weight
-// gradient's terms dout * xhat.
+// Values summed down the columns: Rows reads a row-major matrix, GeluGrad makes GELU's gradient,
+// LnDw the layernorm weight gradient's terms dout * xhat.
 struct Rows {
   const float* x;
   int ld;
   __device__ float operator()(int64_t r, int c) const { return x[r * ld + c]; }
+};
+// GELU's gradient as gelu_backward_bf16_kernel makes it, before its rounding: c_fc's dbias.
+struct GeluGrad {
+  const uint16_t* inp;
+  const float* dout;
+  int ld;
+  __device__ float operator()(int64_t r, int c) const {
+    const int64_t i = r * ld + c;
+    return gelu_grad(widen(inp[i])) * dout[i];
+  }
 };
 struct LnDw {
   const float* dout;

@@ -470,6 +470,19 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, co
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
 }
 
+void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, const uint16_t* dout, const uint16_t* inp,
+                                        const uint16_t* W, int N, int C, int OC, bool overwrite) {
+  const OpScope scope(this, "matmul_backward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  if (dinp)
+    gemm_bf16(true, false, C, N, OC, W, OC, dout, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dinp");
+  if (dW)
+    gemm_bf16(false, true, OC, C, N, dout, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dW");
+}
+
 void CudaModelOps::lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                                         uint16_t* scratch) {
   const OpScope scope(this, "lm_head_forward_bf16", {{"N", N}, {"C", C}, {"V", V}});
@@ -503,6 +516,10 @@ namespace {
 // What a column sum's values read, for the emulation's race checks (no-op on CUDA).
 void declare_reads(const k::Rows& v, int64_t N, int ncols) {
   ZOE_KERNEL_SPAN(v.x, sizeof(float) * ((N - 1) * v.ld + ncols), false);
+}
+void declare_reads(const k::GeluGrad& v, int64_t N, int ncols) {
+  ZOE_KERNEL_SPAN(v.inp, sizeof(uint16_t) * ((N - 1) * v.ld + ncols), false);
+  ZOE_KERNEL_SPAN(v.dout, sizeof(float) * ((N - 1) * v.ld + ncols), false);
 }
 void declare_reads(const k::LnDw& v, int64_t N, int) {
   ZOE_KERNEL_SPAN(v.dout, sizeof(float) * N * v.C, false);
@@ -796,15 +813,32 @@ void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const 
 void CudaModelOps::gelu_forward(float* out, const float* inp, int64_t N) {
   const OpScope scope(this, "gelu_forward", {{"N", N}});
   if (N <= 0) return;
-  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<float>)(out, inp, N);
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<float, float>)(out, inp, N);
   check_launch("gelu_forward");
 }
 
-void CudaModelOps::gelu_forward_bf16(uint16_t* out, const float* inp, int64_t N) {
+void CudaModelOps::gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N) {
   const OpScope scope(this, "gelu_forward_bf16", {{"N", N}});
   if (N <= 0) return;
-  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<uint16_t>)(out, inp, N);
+  ZOE_LAUNCH(grid_for(N, k::kThreads), k::kThreads, 0, stream_, k::gelu_forward_kernel<uint16_t, uint16_t>)(out, inp,
+                                                                                                           N);
   check_launch("gelu_forward_bf16");
+}
+
+// The rounded gradient in one pass, c_fc's bias gradient from the same values in column_reduce's.
+void CudaModelOps::gelu_backward_bf16(uint16_t* dinp, float* dbias, const uint16_t* inp, const float* dout, int N,
+                                      int OC, bool overwrite) {
+  const OpScope scope(this, "gelu_backward_bf16", {{"N", N}, {"OC", OC}});
+  if (N < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("gelu_backward_bf16: negative size", {N, OC})));
+    return;
+  }
+  const int64_t n = int64_t{N} * OC;
+  if (n == 0) return;
+  ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_bf16_kernel)(dinp, inp, dout, n);
+  if (!check_launch("gelu_backward_bf16")) return;
+  if (dbias && overwrite) zero(dbias, OC);
+  if (dbias) column_reduce(dbias, k::GeluGrad{inp, dout, OC}, N, OC, "gelu_backward_bf16 dbias");
 }
 
 void CudaModelOps::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, bool overwrite) {

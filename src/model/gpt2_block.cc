@@ -11,11 +11,10 @@
 namespace zoe::gpt2 {
 
 // Per token: ln1, qkv(3), atty, res1, ln2, fc(4), fc_gelu(4) = 15 C; 4 LN stats; NH lse. bf16
-// compute: ln1, qkv, atty, ln2 and fc_gelu (10 C) in bf16, after the floats (res1 and fc, 5 C),
-// rounded up to whole floats.
+// compute: all but res1 (14 C) in bf16, after the floats (res1, C), rounded up to whole floats.
 int64_t block_acts_numel(const BlockDims& d, bool bf16) {
   const int64_t BT = int64_t{d.B} * d.T, C = d.C;
-  return bf16 ? BT * (5 * C + 4 + d.NH) + (BT * 10 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
+  return bf16 ? BT * (C + 4 + d.NH) + (BT * 14 * C + 1) / 2 : BT * (15 * C + 4 + d.NH);
 }
 
 BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
@@ -33,7 +32,7 @@ BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
   a.ln2 = bf16 ? nullptr : take(BTC);
   a.ln2_mean = take(BT);
   a.ln2_rstd = take(BT);
-  a.fc = take(4 * BTC);
+  a.fc = bf16 ? nullptr : take(4 * BTC);
   a.fc_gelu = bf16 ? nullptr : take(4 * BTC);
   if (bf16) {
     uint16_t* h = reinterpret_cast<uint16_t*>(p);
@@ -42,6 +41,7 @@ BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
     a.qkv_bf16 = take16(3 * BTC);
     a.atty_bf16 = take16(BTC);
     a.ln2_bf16 = take16(BTC);
+    a.fc_bf16 = take16(4 * BTC);
     a.fc_gelu_bf16 = take16(4 * BTC);
   }
   return a;
@@ -163,8 +163,8 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   forward(ops, m.attproj, a.res1, {a.atty, a.atty_bf16}, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   layernorm(ops, a.ln2, a.ln2_bf16, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
-  forward(ops, m.fc, a.fc, {a.ln2, a.ln2_bf16}, p.fc_b, BT, C, 4 * C);
-  if (w.bf16) ops.gelu_forward_bf16(a.fc_gelu_bf16, a.fc, int64_t{BT} * 4 * C);
+  forward(ops, m.fc, {a.fc, a.fc_bf16}, {a.ln2, a.ln2_bf16}, p.fc_b, BT, C, 4 * C);
+  if (w.bf16) ops.gelu_forward_bf16(a.fc_gelu_bf16, a.fc_bf16, int64_t{BT} * 4 * C);
   else ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
 }
 
@@ -198,8 +198,14 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
   backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
-  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);
-  backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
+  if (w.bf16) {  // GELU's gradient, rounded, and c_fc's bias gradient in one pass
+    uint16_t* dfc = m.fc.scratch;
+    ops.gelu_backward_bf16(dfc, g.fc_b, a.fc_bf16, buf_a, BT, 4 * C, /*overwrite=*/true);
+    ops.matmul_backward_bf16(dln, g.fc_w, dfc, a.ln2_bf16, m.fc.bf16, BT, C, 4 * C, /*overwrite=*/true);
+  } else {
+    ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);
+    backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
+  }
   ops.copy(dres1, dout, BTC);
   ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.

@@ -49,9 +49,10 @@ BlockTensors<P> block_tensors(P flat, int C) {
 inline int64_t block_numel(int C) { return 12 * int64_t{C} * C + 13 * int64_t{C}; }
 
 // What backward needs from forward (all overwritten by forward). BT = B*T. In bf16 compute the
-// four inputs of the linear layers (ln1, atty, ln2, fc_gelu) and the attention's qkv are kept
-// only rounded to bf16, as their producers write them and as the products, the attention and
-// their backward read them: the *_bf16 pointers are set and those five float pointers are null.
+// four inputs of the linear layers (ln1, atty, ln2, fc_gelu), the attention's qkv and GELU's fc
+// are kept only rounded to bf16, as their producers write them and as the products, the
+// attention, GELU and their backward read them: the *_bf16 pointers are set and those six float
+// pointers are null.
 struct BlockActs {
   float* ln1;       // [BT,C]   ln_1 output
   float* ln1_mean;  // [BT]
@@ -66,7 +67,7 @@ struct BlockActs {
   float* fc;        // [BT,4C]  mlp.c_fc output (GELU input)
   float* fc_gelu;   // [BT,4C]  GELU output (mlp.c_proj input)
   uint16_t *ln1_bf16 = nullptr, *qkv_bf16 = nullptr, *atty_bf16 = nullptr, *ln2_bf16 = nullptr,
-           *fc_gelu_bf16 = nullptr;
+           *fc_bf16 = nullptr, *fc_gelu_bf16 = nullptr;
 };
 // Floats of one block's BlockActs (fewer in bf16 compute); base: that many floats.
 int64_t block_acts_numel(const BlockDims& d, bool bf16 = false);

@@ -151,6 +151,12 @@ void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dou
   if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, overwrite ? 0.f : 1.f, dW, OC);
 }
 
+void matmul_backward_bf16(float* dinp, float* dW, const uint16_t* dout, const uint16_t* inp, const uint16_t* W, int N,
+                          int C, int OC, bool overwrite) {
+  if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
+  if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, overwrite ? 0.f : 1.f, dW, OC);
+}
+
 void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
                           uint16_t* scratch) {
   round_to_bf16(scratch, inp, int64_t{N} * C);
