@@ -574,7 +574,7 @@ TEST_F(CudaModelOpsTest, BadSizesAreErrorsNamingTheOp) {
       {"layernorm_forward_bf16(N 4, C 0", [&] { ops.layernorm_forward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 0); }},
       {"layernorm_backward(N -1", [&] { ops.layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
       {"attention_backward(B 1, T 1, C 258, NH 1", [&] { ops.attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 258, 1); }},
-      {"attention_backward_bf16(B 1, T 1, C 6, NH 4", [&] { ops.attention_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4); }},
+      {"attention_backward_bf16(B 1, T 1, C 6, NH 4", [&] { ops.attention_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, false); }},
       {"crossentropy(N 4, V 0", [&] { ops.crossentropy(nullptr, nullptr, nullptr, nullptr, 4, 0, 1.f); }},
   };
   for (const auto& [name, call] : calls) {
@@ -821,20 +821,21 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   gpt2::round_to_bf16(qkv16.data(), rnd(3 * NC, 104).data(), 3 * NC);
   Vf qkv(3 * NC);
   for (int64_t i = 0; i < 3 * NC; i++) qkv[i] = bf16_to_f32(qkv16[i]);
-  const Vf dout = rnd(NC, 105), dqkv0 = rnd(3 * NC, 106);
-  Vf ln(NC), mean(N), rstd(N), gelu(4 * NC), att(NC), lse(int64_t{B} * NH * T), dqkv = dqkv0;
+  const Vf dout = rnd(NC, 105);
+  Vf ln(NC), mean(N), rstd(N), gelu(4 * NC), att(NC), lse(int64_t{B} * NH * T), dqkv(3 * NC, 0.f);
   cpu().layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   cpu().gelu_forward(gelu.data(), g.data(), 4 * NC);
   cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
   cpu().attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), B, T, C, NH);
-  DevF d_x(x), d_w(w), d_b(b), d_mean(N), d_rstd(N), d_lse(lse.size()), d_dout(dout), d_dqkv(dqkv0);
-  DevH d_ln(NC), d_g(g16), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16);
+  DevF d_x(x), d_w(w), d_b(b), d_mean(N), d_rstd(N), d_lse(lse.size()), d_dout(dout), d_dbias(3 * C);
+  DevH d_ln(NC), d_g(g16), d_gelu(4 * NC), d_att(NC), d_qkv(qkv16), d_dqkv(3 * NC);
   gpu().layernorm_forward_bf16(d_ln.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
   gpu().gelu_forward_bf16(d_gelu.get(), d_g.get(), 4 * NC);
   // The fp32 kernels on widened tiles (Bf16AttentionOnTensorCores holds the default path).
   static_cast<gpu::CudaModelOps&>(gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kFp32);
   gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
-  gpu().attention_backward_bf16(d_dqkv.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
+  gpu().attention_backward_bf16(d_dqkv.get(), d_dbias.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(), B,
+                                T, C, NH, /*overwrite=*/true);
   sync();
   EXPECT_LT(rel_err(widened(d_ln.download()), ln), kOneRounding) << "layernorm";
   EXPECT_LT(rel_err(d_mean.download(), mean), kFwdTol) << "layernorm mean";
@@ -842,16 +843,22 @@ TEST_F(CudaModelOpsTest, Bf16ProducersRoundTheFp32Output) {
   EXPECT_LT(rel_err(widened(d_att.download()), att), kOneRounding) << "attention";
   EXPECT_LT(rel_err(d_lse.download(), lse), kFwdTol) << "attention lse";
   // The backward's row term D = dout . out comes from the output as the bf16 forward stored it
-  // (as FlashAttention's does): within one bf16 rounding of the fp32 attention, not fp32's tolerance.
-  EXPECT_LT(rel_err(d_dqkv.download(), dqkv, &dqkv0), kOneRounding) << "attention dqkv";
+  // (as FlashAttention's does): within one bf16 rounding of the fp32 attention, not fp32's
+  // tolerance, and dqkv is stored rounded (one more).
+  EXPECT_LT(rel_err(widened(d_dqkv.download()), dqkv), 2 * kOneRounding) << "attention dqkv (rounded)";
+  // c_attn's bias gradient: the column sums of the unrounded dqkv.
+  Vf sums(3 * C, 0.f);
+  for (int64_t r = 0; r < N; r++)
+    for (int c = 0; c < 3 * C; c++) sums[c] += dqkv[r * 3 * C + c];
+  EXPECT_LT(rel_err(d_dbias.download(), sums), kOneRounding) << "attention dbias";
 }
 
 // GELU's bf16 backward against the CPU's: the gradient within one bf16 rounding of it, relative
 // to the tensor's scale (the two tanh differ in their last bits, which may move a rounding, and
 // near GELU's minimum, where the gradient crosses 0, by many bf16 steps of a tiny value), c_fc's
-// dbias within the gradients' tolerance, accumulated and overwritten; then c_fc's products on that rounded gradient (the
-// overload without a rounding pass) against the CPU's. N: more than one 256-row chunk of the
-// column sums.
+// dbias within the gradients' tolerance, accumulated and overwritten; then c_fc's products on that
+// rounded gradient (the overload without a rounding pass) against the CPU's. N: more than one
+// 256-row chunk of the column sums.
 TEST_F(CudaModelOpsTest, GeluBackwardBf16AndTheProductsOnItsRoundedGradient) {
   const int N = 300, C = 40, OC = 4 * C;
   const int64_t n = int64_t{N} * OC;
@@ -896,21 +903,22 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
   const int64_t NC = int64_t{B} * T * C, rows = int64_t{B} * NH * T;
   std::vector<uint16_t> qkv16(3 * NC);
   gpt2::round_to_bf16(qkv16.data(), rnd(3 * NC, seed).data(), 3 * NC);
-  const Vf qkv = widened(qkv16), dout = rnd(NC, seed + 1), dqkv0 = rnd(3 * NC, seed + 2);
+  const Vf qkv = widened(qkv16), dout = rnd(NC, seed + 1), dqkv0(3 * NC, 0.f);
   Vf att(NC), lse(rows), dqkv = dqkv0;
   t.cpu().attention_forward(att.data(), lse.data(), qkv.data(), B, T, C, NH);
   t.cpu().attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), B, T, C, NH);
   struct Run {
-    Vf out, lse, dqkv;
+    Vf out, lse, dqkv, dbias;
   };
   auto run = [&](gpu::CudaModelOps::AttentionKernels kernels) {
     static_cast<gpu::CudaModelOps&>(t.gpu()).set_attention_kernels(kernels);
-    DevH d_att(NC), d_qkv(qkv16);
-    DevF d_lse(rows), d_dout(dout), d_dqkv(dqkv0);
+    DevH d_att(NC), d_qkv(qkv16), d_dqkv(3 * NC);
+    DevF d_lse(rows), d_dout(dout), d_dbias(3 * C);
     t.gpu().attention_forward_bf16(d_att.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
-    t.gpu().attention_backward_bf16(d_dqkv.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(), B, T, C, NH);
+    t.gpu().attention_backward_bf16(d_dqkv.get(), d_dbias.get(), d_dout.get(), d_att.get(), d_qkv.get(), d_lse.get(),
+                                    B, T, C, NH, /*overwrite=*/true);
     t.sync();
-    return Run{widened(d_att.download()), d_lse.download(), d_dqkv.download()};
+    return Run{widened(d_att.download()), d_lse.download(), widened(d_dqkv.download()), d_dbias.download()};
   };
   const Run tc = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
   const Run again = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
@@ -933,8 +941,18 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
     std::printf("  bf16 attention B=%d T=%d C=%d NH=%d: d%c %.2e of its largest value (out %.2e)\n", B, T, C, NH,
                 "qkv"[part], err, out_err);
   }
-  EXPECT_TRUE(bitwise_equal(tc.out, again.out) && bitwise_equal(tc.dqkv, again.dqkv)) << "a rerun differs";
-  EXPECT_FALSE(bitwise_equal(tc.dqkv, fp32.dqkv)) << "the tensor-core path gave the fp32 kernels' bits";
+  EXPECT_TRUE(bitwise_equal(tc.out, again.out) && bitwise_equal(tc.dqkv, again.dqkv) &&
+              bitwise_equal(tc.dbias, again.dbias))
+      << "a rerun differs";
+  // dqkv is stored rounded (the fp32 kernels' may round to the same bits where T is 1); c_attn's
+  // dbias, summed from the unrounded values, tells the paths apart.
+  EXPECT_FALSE(bitwise_equal(tc.dqkv, fp32.dqkv) && bitwise_equal(tc.dbias, fp32.dbias))
+      << "the tensor-core path gave the fp32 kernels' bits";
+  // The bias gradient: the column sums of dqkv, within the gradient's own error.
+  Vf sums(3 * C, 0.f);
+  for (int64_t r = 0; r < int64_t{B} * T; r++)
+    for (int c = 0; c < 3 * C; c++) sums[c] += dqkv[r * 3 * C + c];
+  EXPECT_LT(rel_err(tc.dbias, sums), kMmaTol) << "dbias";
 }
 
 TEST_F(CudaModelOpsTest, Bf16AttentionOnTensorCores) {

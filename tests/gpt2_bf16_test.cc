@@ -158,12 +158,14 @@ TEST(Bf16Compute, RoundingIsF32ToBf16OnEveryValue) {
 }
 
 // bf16 attention (qkv in bf16, as c_attn's product writes it) against the fp32 kernel on the
-// fp32 qkv: the output, the log-sum-exp and the gradient each within bf16's precision; T past one
-// 64-query block and not a multiple of it, two head sizes.
+// fp32 qkv: the output, the log-sum-exp, the gradient (written rounded) and c_attn's bias gradient
+// summed from it each within bf16's precision; T past one 64-query block and not a multiple of
+// it, two head sizes. dbias accumulates (overwrite: the same sums written), the same bits on one
+// thread as on two, and dqkv does not depend on whether dbias is asked for.
 void check_attention(int B, int T, int C, int NH) {
   say_path();
   const size_t n3 = size_t(B) * T * 3 * C, n = size_t(B) * T * C;
-  const Vf qkv = rnd(n3, 20), dout = rnd(n, 21), dqkv0 = rnd(n3, 22);
+  const Vf qkv = rnd(n3, 20), dout = rnd(n, 21), db0 = rnd(3 * C, 22);
   const Vh qkv16 = to_bf16(qkv);
   Vh out(n);
   Vf lse(size_t(B) * NH * T), out_f(n), lse_f(lse.size());
@@ -171,11 +173,30 @@ void check_attention(int B, int T, int C, int NH) {
   attention_forward(out_f.data(), lse_f.data(), qkv.data(), B, T, C, NH);
   EXPECT_LT(rel_err(widen(out), out_f), kBf16);
   EXPECT_LT(rel_err(lse, lse_f), kBf16);
-  Vf dqkv = dqkv0, dqkv_f(n3, 0.f);
-  attention_backward_bf16(dqkv.data(), dout.data(), out.data(), qkv16.data(), lse.data(), B, T, C, NH);
+  Vh dqkv(n3, 0xffff);
+  Vf dqkv_f(n3, 0.f), db = db0;
+  attention_backward_bf16(dqkv.data(), db.data(), dout.data(), out.data(), qkv16.data(), lse.data(), B, T, C, NH);
   attention_backward(dqkv_f.data(), dout.data(), out_f.data(), qkv.data(), lse_f.data(), B, T, C, NH);
-  for (size_t i = 0; i < n3; i++) dqkv[i] -= dqkv0[i];  // accumulated onto the start
-  EXPECT_LT(rel_err(dqkv, dqkv_f), kBf16);
+  EXPECT_LT(rel_err(widen(dqkv), dqkv_f), kBf16);
+  Vf sums(3 * C), added(3 * C);
+  for (int c = 0; c < 3 * C; c++) {
+    double s = 0;
+    for (size_t r = 0; r < size_t(B) * T; r++) s += dqkv_f[r * 3 * C + c];
+    sums[c] = float(s);
+    added[c] = db[c] - db0[c];
+  }
+  EXPECT_LT(rel_err(added, sums), kBf16);
+  Vh again(n3, 0xffff), no_bias(n3, 0xffff);
+  Vf over(3 * C, NAN);
+  {
+    tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);
+    attention_backward_bf16(again.data(), over.data(), dout.data(), out.data(), qkv16.data(), lse.data(), B, T, C,
+                            NH, /*overwrite=*/true);
+  }
+  EXPECT_EQ(again, dqkv);
+  for (int c = 0; c < 3 * C; c++) ASSERT_EQ(db[c], db0[c] + over[c]) << c;
+  attention_backward_bf16(no_bias.data(), nullptr, dout.data(), out.data(), qkv16.data(), lse.data(), B, T, C, NH);
+  EXPECT_EQ(no_bias, dqkv);
 }
 
 TEST(Bf16Compute, AttentionIsTheFp32AttentionToBf16Precision) {

@@ -126,14 +126,15 @@ CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
 
 CudaModelOps::~CudaModelOps() {
   // Kernels enqueued earlier may still use the scratch: let them finish before freeing it.
-  if (scratch_) {
-    cudaStreamSynchronize(stream_);
-    cudaFree(scratch_);
-  }
+  if (scratch_[kOps] || scratch_[kHeld]) cudaStreamSynchronize(stream_);
+  for (void* p : scratch_)
+    if (p) cudaFree(p);
   gemm_.reset();
 }
 
-size_t CudaModelOps::workspace_bytes() const { return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_; }
+size_t CudaModelOps::workspace_bytes() const {
+  return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_[kOps] + scratch_bytes_[kHeld];
+}
 
 // An op run by another (zero inside matmul_backward) is named by its caller: only the outer
 // scope registers. Nothing is formatted unless an error is recorded.
@@ -187,22 +188,24 @@ bool CudaModelOps::check(cudaError_t e, const char* what) {
 
 bool CudaModelOps::check_launch(const char* what) { return check(cudaGetLastError(), what); }
 
-void* CudaModelOps::scratch(size_t bytes) {
-  if (scratch_ && bytes <= scratch_bytes_) return scratch_;
-  if (scratch_) {
+void* CudaModelOps::scratch(size_t bytes, ScratchSlot slot) {
+  void*& buf = scratch_[slot];
+  size_t& have = scratch_bytes_[slot];
+  if (buf && bytes <= have) return buf;
+  if (buf) {
     // The old buffer may be in use by kernels still queued: wait for them (once per growth).
     if (!check(cudaStreamSynchronize(stream_), "synchronize before growing the scratch")) return nullptr;
-    check(cudaFree(scratch_), "cudaFree of the scratch");
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
+    check(cudaFree(buf), "cudaFree of the scratch");
+    buf = nullptr;
+    have = 0;
   }
   const size_t want = (std::max(bytes, kMinScratchBytes) + kMinScratchBytes - 1) / kMinScratchBytes * kMinScratchBytes;
-  if (!check(cudaMalloc(&scratch_, want), "cudaMalloc of the ops scratch")) {
-    scratch_ = nullptr;
+  if (!check(cudaMalloc(&buf, want), "cudaMalloc of the ops scratch")) {
+    buf = nullptr;
     return nullptr;
   }
-  scratch_bytes_ = want;
-  return scratch_;
+  have = want;
+  return buf;
 }
 
 // D[m x n] = op(A) op(B) + beta * D, column-major (cuBLAS's view), alpha 1. Every caller passes a
@@ -788,10 +791,25 @@ void CudaModelOps::attention_backward(float* dqkv, const float* dout, const floa
   attention_backward_any(dqkv, dout, out, qkv, lse, B, T, C, NH);
 }
 
-void CudaModelOps::attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* out, const uint16_t* qkv,
-                                           const float* lse, int B, int T, int C, int NH) {
+// The kernels' fp32 dqkv into held scratch (they accumulate: zeroed first), then rounded into
+// dqkv and summed down its columns for c_attn's dbias.
+void CudaModelOps::attention_backward_bf16(uint16_t* dqkv, float* dbias, const float* dout, const uint16_t* out,
+                                           const uint16_t* qkv, const float* lse, int B, int T, int C, int NH,
+                                           bool overwrite) {
   const OpScope scope(this, "attention_backward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  attention_backward_any(dqkv, dout, out, qkv, lse, B, T, C, NH);
+  int hsp = 0;
+  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
+    fail(std::move(s));
+    return;
+  }
+  const int64_t N = int64_t{B} * T, n = N * 3 * C;
+  if (n == 0) return;
+  auto* f = static_cast<float*>(scratch(sizeof(float) * n, kHeld));
+  if (!f || !check(cudaMemsetAsync(f, 0, sizeof(float) * n, stream_), "attention_backward_bf16 zero")) return;
+  attention_backward_any(f, dout, out, qkv, lse, B, T, C, NH);
+  round_to_bf16(dqkv, f, n, "attention_backward_bf16 round dqkv");
+  if (dbias && overwrite) zero(dbias, 3 * C);
+  if (dbias) column_reduce(dbias, k::Rows{f, 3 * C}, N, 3 * C, "attention_backward_bf16 dbias");
 }
 
 template <class Out, class In>

@@ -93,9 +93,11 @@ class CudaModelOps final : public ModelOps {
   bool fail(Status s);
   bool check(cudaError_t e, const char* what);
   bool check_launch(const char* what);
-  // Device scratch of at least `bytes`, valid until the next scratch() call (nullptr on failure,
-  // with the error recorded).
-  void* scratch(size_t bytes);
+  // Device scratch of at least `bytes`, valid until the next scratch() call for the same slot
+  // (nullptr on failure, with the error recorded). Slot kHeld keeps an op's fp32 intermediate
+  // while the kernels and sums it runs take kOps.
+  enum ScratchSlot { kOps = 0, kHeld = 1 };
+  void* scratch(size_t bytes, ScratchSlot slot = kOps);
   // D[m x n] = op(A) op(B) + beta * D in cuBLAS's column-major view (cuda_model_ops.cu).
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B,
             int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
@@ -138,8 +140,8 @@ class CudaModelOps final : public ModelOps {
   AttentionKernels attention_kernels_ = AttentionKernels::kTensorCores;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<CudaOpTimer> timer_;  // after the first take_op_seconds()
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  std::array<void*, 2> scratch_{};  // by ScratchSlot
+  std::array<size_t, 2> scratch_bytes_{};
   Status status_;
   const OpScope* op_ = nullptr;  // the public op that runs (null between ops)
 };

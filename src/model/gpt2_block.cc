@@ -195,7 +195,7 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
   // MLP branch. dout reaches res1 directly (residual) and through the MLP. Each buffer's first
   // write overwrites it (a product's dinp, GELU's gradient, a copy): no zeroing pass, but for the
-  // attention's dqkv, which its kernel accumulates.
+  // fp32 attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
   backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
   if (w.bf16) {  // GELU's gradient, rounded, and c_fc's bias gradient in one pass
@@ -210,10 +210,16 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
-  ops.zero(buf_b, 3 * BTC);
-  if (w.bf16) ops.attention_backward_bf16(buf_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH);
-  else ops.attention_backward(buf_b, buf_a, a.atty, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
-  backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
+  if (w.bf16) {  // dqkv rounded and c_attn's bias gradient, as the attention's backward ends
+    uint16_t* dqkv = m.qkv.scratch;
+    ops.attention_backward_bf16(dqkv, g.qkv_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH,
+                                /*overwrite=*/true);
+    ops.matmul_backward_bf16(dln, g.qkv_w, dqkv, a.ln1_bf16, m.qkv.bf16, BT, C, 3 * C, /*overwrite=*/true);
+  } else {
+    ops.zero(buf_b, 3 * BTC);
+    ops.attention_backward(buf_b, buf_a, a.atty, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+    backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
+  }
   ops.copy(dinp, dres1, BTC);
   ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
 }

@@ -7,9 +7,10 @@
 // dense [T][hs] rows first, and every product of a block reads and writes dense operands (leading
 // dimension = width): oneDNN 2.6's kernels for these small shapes ran 1.7-4x slower on operands
 // rows 3C apart or on a block's scores at T-wide rows (64 x 256 x 64: 13.3 us strided, 5.4 dense;
-// 64 x 64 x 64: 4.0 against 1.0; bench/history.md, issue 51). The backward adds each head's dq,
-// dk, dv into dqkv once, from dense fp32 sums. The output is written rounded to bf16: only the
-// projection after it reads it, as a bf16 operand. One oneTBB task per (batch, head), as the fp32
+// 64 x 64 x 64: 4.0 against 1.0; bench/history.md, issue 51). The backward writes each head's dq,
+// dk, dv into dqkv once, rounded from dense fp32 sums. The output is written rounded to bf16: only the
+// projection after it reads it, as a bf16 operand; so is dqkv, which only c_attn's backward reads,
+// with c_attn's bias gradient summed beside it. One oneTBB task per (batch, head), as the fp32
 // kernel. Queries go in blocks of kQ rows, each against the keys before its end only: the products
 // skip what the causal mask would zero, up to the block's diagonal.
 #include <cmath>
@@ -208,17 +209,20 @@ void bf16_head_forward(uint16_t* out, int64_t ldo, float* lse, const uint16_t* q
   }
 }
 
-// dst (rows h.ld apart) += src (dense [T][hs]).
-void add_rows(float* dst, const float* src, const Head& h) {
+// dst (rows h.ld apart) = src (dense [T][hs]) rounded, and sums[hs] (null: none) += src's
+// column sums, rows in order.
+void round_and_sum_rows(uint16_t* dst, float* sums, const float* src, const Head& h) {
   for (int t = 0; t < h.T; t++) {
-    float* d = dst + t * h.ld;
     const float* x = src + int64_t{t} * h.hs;
-    for (int j = 0; j < h.hs; j++) d[j] += x[j];
+    detail::round_range(dst + t * h.ld, x, h.hs);
+    if (sums)
+      for (int j = 0; j < h.hs; j++) sums[j] += x[j];
   }
 }
 
-void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const uint16_t* qkv, const float* lse, int C,
-                        const Head& h, HeadBuffers& b) {
+// A head's part of dqkv, rounded, and of its batch's bias sums (sums: [3C] or null).
+void bf16_head_backward(uint16_t* dqkv, float* sums, const float* dout, int64_t ldo, const uint16_t* qkv,
+                        const float* lse, int C, const Head& h, HeadBuffers& b) {
   const int T = h.T, hs = h.hs;
   copy_head(b, qkv, C, h);
   round_rows(b.dout.data(), dout, ldo, T, hs);
@@ -242,9 +246,9 @@ void bf16_head_backward(float* dqkv, const float* dout, int64_t ldo, const uint1
     detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.ds16.data(), n, q, hs, 1.f, b.dk.data(), hs);
     detail::bgemm(kTrans, kNoTrans, n, hs, rows, b.p16.data(), n, dO, hs, 1.f, b.dv.data(), hs);
   }
-  add_rows(dqkv, b.dq.data(), h);
-  add_rows(dqkv + C, b.dk.data(), h);
-  add_rows(dqkv + 2 * C, b.dv.data(), h);
+  round_and_sum_rows(dqkv, sums, b.dq.data(), h);
+  round_and_sum_rows(dqkv + C, sums ? sums + C : nullptr, b.dk.data(), h);
+  round_and_sum_rows(dqkv + 2 * C, sums ? sums + 2 * C : nullptr, b.dv.data(), h);
 }
 
 Head head_of(int T, int C, int NH) {
@@ -265,18 +269,27 @@ void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int 
   });
 }
 
-// Each (b, h) task writes only its own head's q, k, v channels of dqkv: no two tasks collide.
-void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* /*out*/, const uint16_t* qkv,
-                             const float* lse, int B, int T, int C, int NH) {
+// Each (b, h) task writes only its own head's q, k, v channels of dqkv and of its batch's sums:
+// no two tasks collide. The batches' sums are then added in batch order.
+void attention_backward_bf16(uint16_t* dqkv, float* dbias, const float* dout, const uint16_t* /*out*/,
+                             const uint16_t* qkv, const float* lse, int B, int T, int C, int NH, bool overwrite) {
   const Head h = head_of(T, C, NH);
+  std::vector<float> sums(dbias ? size_t(B) * 3 * C : 0);  // zeroed
   detail::parallel_range(int64_t{B} * NH, 1, [&](int64_t t0, int64_t t1) {
     HeadBuffers& buf = HeadBuffers::mine(T, h.hs);
     for (int64_t t = t0; t < t1; t++) {
       const int64_t b = t / NH, hh = t % NH;
       const int64_t off = b * T * h.ld + hh * h.hs;
-      bf16_head_backward(dqkv + off, dout + b * T * C + hh * h.hs, C, qkv + off, lse + t * T, C, h, buf);
+      float* s = dbias ? sums.data() + b * 3 * C + hh * h.hs : nullptr;
+      bf16_head_backward(dqkv + off, s, dout + b * T * C + hh * h.hs, C, qkv + off, lse + t * T, C, h, buf);
     }
   });
+  if (!dbias) return;
+  for (int64_t c = 0; c < 3 * int64_t{C}; c++) {
+    float s = 0.f;
+    for (int64_t b = 0; b < B; b++) s += sums[b * 3 * C + c];
+    dbias[c] = overwrite ? s : dbias[c] + s;
+  }
 }
 
 }  // namespace zoe::gpt2
