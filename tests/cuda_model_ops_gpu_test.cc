@@ -275,6 +275,20 @@ void check_layernorm(CudaModelOpsTest& t, int N, int C, float offset, uint64_t s
   t.sync();
   EXPECT_TRUE(bitwise_equal(d_dw.download(), g_dw)) << "dw alone / rerun";
   EXPECT_TRUE(bitwise_equal(d_db.download(), g_db)) << "db alone / rerun";
+
+  // bf16 compute's LayerNorm backward: the CPU's own (row sums in lanes) against the GPU's.
+  d_dinp.upload(dinp0);
+  d_dw.upload(dw0);
+  d_db.upload(db0);
+  Vf dinp16 = dinp0, dw16 = dw0, db16 = db0;
+  t.cpu().layernorm_backward_bf16(dinp16.data(), dw16.data(), db16.data(), dout.data(), inp.data(), w.data(),
+                                  mean.data(), rstd.data(), N, C);
+  t.gpu().layernorm_backward_bf16(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                                  d_mean.get(), d_rstd.get(), N, C);
+  t.sync();
+  EXPECT_LT(rel_err(d_dinp.download(), dinp16, &dinp0), kBwdTol) << "bf16 compute's dinp";
+  EXPECT_LT(rel_err(d_dw.download(), dw16, &dw0), kBwdTol) << "bf16 compute's dw";
+  EXPECT_LT(rel_err(d_db.download(), db16, &db0), kBwdTol) << "bf16 compute's db";
 }
 
 TEST_F(CudaModelOpsTest, LayerNorm) {

@@ -667,6 +667,13 @@ void CudaModelOps::layernorm_backward(float* dinp, float* dw, float* db, const f
   if (db) column_reduce(db, k::Rows{dout, C}, N, C, "layernorm_backward db");
 }
 
+// The fp32 kernels: a warp's row sums already run in lanes here, not as the CPU's scalar chain.
+void CudaModelOps::layernorm_backward_bf16(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                           const float* w, const float* mean, const float* rstd, int N, int C) {
+  const OpScope scope(this, "layernorm_backward_bf16", {{"N", N}, {"C", C}});
+  layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
 // ---- attention ------------------------------------------------------------------------------------
 
 namespace {

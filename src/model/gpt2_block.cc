@@ -129,6 +129,13 @@ void layernorm(ModelOps& ops, float* out, uint16_t* out16, float* mean, float* r
   else ops.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
 
+// LayerNorm's backward: bf16 compute's (its row sums in vector lanes), or fp32's.
+void layernorm_grad(ModelOps& ops, bool bf16, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                    const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (bf16) ops.layernorm_backward_bf16(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  else ops.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
 // bf16 weights need acts bound for bf16 and fp32 weights fp32 acts: a caller's bug otherwise.
 void check_acts(const BlockActs& a, const BlockWeights& w) {
   if ((w.bf16 != nullptr) == (a.ln1_bf16 != nullptr)) return;
@@ -207,7 +214,7 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
     backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
   }
   ops.copy(dres1, dout, BTC);
-  ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
+  layernorm_grad(ops, w.bf16, dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
   if (w.bf16) {  // dqkv rounded and c_attn's bias gradient, as the attention's backward ends
@@ -221,7 +228,7 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
     backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   }
   ops.copy(dinp, dres1, BTC);
-  ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
+  layernorm_grad(ops, w.bf16, dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
 }  // namespace zoe::gpt2

@@ -261,7 +261,8 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
   ops.zero(dx_, int64_t{BT} * C);
   {
     ZOE_SPAN("ln_f backward", "compute", Bucket::kBackward);
-    ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
+    if (bf16_) ops.layernorm_backward_bf16(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
+    else ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
   }
   ZOE_RETURN_IF_ERROR(ops_ok("ln_f's gradient was handed on"));
   ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_));

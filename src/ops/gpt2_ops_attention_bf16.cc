@@ -52,8 +52,14 @@ struct HeadBuffers {
   }
 };
 
-// rows x hs bf16 with row stride ld, copied into dense rows.
+// rows x hs bf16 with row stride ld, copied into dense rows: in 32-byte pieces where hs allows
+// (moves the compiler inlines; a call to memcpy for each 128-byte row was 2 % of the step).
 void copy_rows(uint16_t* dst, const uint16_t* src, int64_t ld, int rows, int hs) {
+  if (hs % 16 == 0) {
+    for (int i = 0; i < rows; i++)
+      for (int j = 0; j < hs; j += 16) std::memcpy(dst + int64_t{i} * hs + j, src + i * ld + j, 32);
+    return;
+  }
   for (int i = 0; i < rows; i++) std::memcpy(dst + int64_t{i} * hs, src + i * ld, sizeof(uint16_t) * hs);
 }
 

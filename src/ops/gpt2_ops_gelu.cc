@@ -43,17 +43,10 @@ ZOE_SIMD_CLONES void gelu_forward_range(float* out, const float* inp, int64_t i0
   if (i < i1) store8n(out + i, gelu8(load8n(inp + i, i1 - i)), i1 - i);
 }
 
-// bf16 bit patterns widened to fp32 (exact: the bits shifted into the high half).
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
+// bf16 bit patterns widened to fp32 (exact).
 ZOE_INLINE void widen_range(float* dst, const uint16_t* src, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    v16h h;
-    std::memcpy(&h, src + i, sizeof h);
-    const v16u u = __builtin_convertvector(h, v16u) << 16;
-    std::memcpy(dst + i, &u, sizeof u);
-  }
+  for (; i + 16 <= n; i += 16) detail::store16(dst + i, detail::widen16(src + i));
   for (; i < n; i++) dst[i] = bf16_to_f32(src[i]);
 }
 

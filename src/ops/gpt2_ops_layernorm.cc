@@ -1,9 +1,11 @@
 // LayerNorm over the channel axis, eps 1e-5.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops/gpt2_ops.h"
 #include "ops/gpt2_ops_util.h"
+#include "zoe/dtype.h"
 
 namespace zoe::gpt2 {
 
@@ -33,34 +35,63 @@ static void row_stats(const float* x, int C, float* mean, float* rstd) {
   }
 }
 
-// Rows [r0, r1) into out (fp32), or rounded to bf16 into out16 (the same values, rounded).
-static void layernorm_rows(float* out, uint16_t* out16, float* mean, float* rstd, const float* inp, const float* w,
-                           const float* b, int64_t r0, int64_t r1, int C) {
-  thread_local std::vector<float> row;
-  if (out16 && row.size() < size_t(C)) row.resize(C);
+// Rows [r0, r1) into out.
+static void layernorm_rows(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                           int64_t r0, int64_t r1, int C) {
   int64_t r = r0;
   for (; r + kGroup <= r1; r += kGroup) row_stats<kGroup>(inp + r * C, C, mean + r, rstd + r);
   for (; r < r1; r++) row_stats<1>(inp + r * C, C, mean + r, rstd + r);
   for (r = r0; r < r1; r++) {
     const float* x = inp + r * C;
     const float m = mean[r], s = rstd[r];
-    float* o = out16 ? row.data() : out + r * C;
+    float* o = out + r * C;
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
-    if (out16) detail::round_range(out16 + r * C, o, C);
   }
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C) {
   detail::parallel_range(N, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
-    layernorm_rows(out, nullptr, mean, rstd, inp, w, b, r0, r1, C);
+    layernorm_rows(out, mean, rstd, inp, w, b, r0, r1, C);
   });
+}
+
+// bf16 compute's rows: the sums in 16 lanes (then one by one), the output rounded as it is made.
+// Not layernorm_rows' bits (its chains keep fp32 training's): within an fp32 rounding of them.
+ZOE_SIMD_CLONES static void layernorm_rows_lanes(uint16_t* out, float* mean, float* rstd, const float* inp,
+                                                 const float* w, const float* b, int64_t r0, int64_t r1, int C) {
+  using namespace detail;
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    v16f acc = {};
+    int c = 0;
+    for (; c + 16 <= C; c += 16) acc += load16(x + c);
+    float sum = hsum(lo8(acc) + hi8(acc));
+    for (; c < C; c++) sum += x[c];
+    const float m = sum / C;
+    acc = v16f{};
+    for (c = 0; c + 16 <= C; c += 16) {
+      const v16f dv = load16(x + c) - m;
+      acc += dv * dv;
+    }
+    float var = hsum(lo8(acc) + hi8(acc));
+    for (; c < C; c++) var += (x[c] - m) * (x[c] - m);
+    const float s = 1.f / std::sqrt(var / C + 1e-5f);
+    mean[r] = m;
+    rstd[r] = s;
+    uint16_t* o = out + r * C;
+    for (c = 0; c + 16 <= C; c += 16) {
+      const v16h h = bf16x16((load16(x + c) - m) * s * load16(w + c) + load16(b + c));
+      std::memcpy(o + c, &h, sizeof h);
+    }
+    for (; c < C; c++) o[c] = f32_to_bf16((x[c] - m) * s * w[c] + b[c]);
+  }
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* inp, const float* w,
                             const float* b, int N, int C) {
   detail::parallel_range(N, detail::row_grain(C), [&](int64_t r0, int64_t r1) {
-    layernorm_rows(nullptr, out, mean, rstd, inp, w, b, r0, r1, C);
+    layernorm_rows_lanes(out, mean, rstd, inp, w, b, r0, r1, C);
   });
 }
 
@@ -92,8 +123,49 @@ static void layernorm_backward_rows(float* dinp, float* pw, float* pb, const flo
   }
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
+// layernorm_backward_rows with the row's sums in 16 lanes (then 8, then one by one) and every
+// pass a vector loop: bf16 compute's, whose bits need not be fp32 training's.
+ZOE_SIMD_CLONES static void layernorm_backward_rows_lanes(float* dinp, float* pw, float* pb, const float* dout,
+                                                          const float* inp, const float* w, const float* mean,
+                                                          const float* rstd, int64_t r0, int64_t r1, int C) {
+  using namespace detail;
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    const float* d = dout + r * C;
+    const float m = mean[r], s = rstd[r];
+    v16f dn16 = {}, dnx16 = {};
+    int c = 0;
+    for (; c + 16 <= C; c += 16) {
+      const v16f xhat = (load16(x + c) - m) * s, dv = load16(d + c), dn = dv * load16(w + c);
+      dn16 += dn;
+      dnx16 += dn * xhat;
+      if (pw) store16(pw + c, load16(pw + c) + dv * xhat);
+      if (pb) store16(pb + c, load16(pb + c) + dv);
+    }
+    float dn_mean = hsum(lo8(dn16) + hi8(dn16)), dn_xhat_mean = hsum(lo8(dnx16) + hi8(dnx16));
+    for (; c < C; c++) {
+      const float xhat = (x[c] - m) * s, dn = d[c] * w[c];
+      dn_mean += dn;
+      dn_xhat_mean += dn * xhat;
+      if (pw) pw[c] += d[c] * xhat;
+      if (pb) pb[c] += d[c];
+    }
+    dn_mean /= C;
+    dn_xhat_mean /= C;
+    if (!dinp) continue;
+    float* g = dinp + r * C;
+    for (c = 0; c + 16 <= C; c += 16) {
+      const v16f xhat = (load16(x + c) - m) * s;
+      store16(g + c, load16(g + c) + s * (load16(d + c) * load16(w + c) - dn_mean - xhat * dn_xhat_mean));
+    }
+    for (; c < C; c++) g[c] += s * (d[c] * w[c] - dn_mean - ((x[c] - m) * s) * dn_xhat_mean);
+  }
+}
+
+template <class Rows>
+static void layernorm_backward_chunks(const Rows& rows, float* dinp, float* dw, float* db, const float* dout,
+                                      const float* inp, const float* w, const float* mean, const float* rstd, int N,
+                                      int C) {
   const int64_t chunks = detail::num_reduce_chunks(N);
   std::vector<float> part(dw || db ? chunks * 2 * C : 0, 0.f);
   detail::parallel_range(chunks, 1, [&](int64_t k0, int64_t k1) {
@@ -102,7 +174,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       float* pb = db ? part.data() + k * 2 * C + C : nullptr;
       int64_t r0 = k * detail::kReduceChunkRows;
       int64_t r1 = std::min<int64_t>(N, r0 + detail::kReduceChunkRows);
-      layernorm_backward_rows(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);
+      rows(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);
     }
   });
   if (!dw && !db) return;
@@ -115,6 +187,16 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       }
     }
   });
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  layernorm_backward_chunks(layernorm_backward_rows, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void layernorm_backward_bf16(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                             const float* mean, const float* rstd, int N, int C) {
+  layernorm_backward_chunks(layernorm_backward_rows_lanes, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 }  // namespace zoe::gpt2
