@@ -232,36 +232,51 @@ TEST(Bf16Compute, ProducersWriteTheFp32OutputRounded) {
 }
 
 // LayerNorm's backward in bf16 compute: layernorm_backward's gradients to fp32 rounding (its row
-// sums in lanes), dinp, dw and db accumulated onto their starts; the same bits on one thread as on
-// two. N: two 64-row chunks and a tail; C: 16-lane pieces and a tail.
+// sums in lanes), dw and db accumulated onto their starts, dinp WRITTEN as dres + the gradient
+// (dres aliasing dinp: the accumulation; null: 0); with dinp16 set, dinp rounded (bitwise) and its
+// column sums (to fp32 rounding). The same bits on one thread as on two. N: two 64-row chunks
+// and a tail; C: 16-lane pieces and a tail.
 TEST(Bf16Compute, LayerNormBackwardIsTheFp32OneToFp32Rounding) {
   const int N = 150, C = 45;
   const size_t n = size_t(N) * C;
   const Vf x = rnd(n, 70, 3.f), w = rnd(C, 71), b = rnd(C, 72), dout = rnd(n, 73);
-  const Vf dx0 = rnd(n, 74), dw0 = rnd(C, 75), db0 = rnd(C, 76);
+  const Vf dres = rnd(n, 74), dw0 = rnd(C, 75), db0 = rnd(C, 76);
   Vf ln(n), mean(N), rstd(N);
   layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  Vf dx = dx0, dw = dw0, db = db0, dx_want = dx0, dw_want = dw0, db_want = db0;
-  layernorm_backward_bf16(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                          N, C);
+  Vf dx(n, NAN), dw = dw0, db = db0, dsum(C, NAN), dx_want = dres, dw_want = dw0, db_want = db0;
+  Vh dx16(n, 0xffff);
+  layernorm_backward_bf16(dx.data(), dx16.data(), dsum.data(), dw.data(), db.data(), dres.data(), dout.data(),
+                          x.data(), w.data(), mean.data(), rstd.data(), N, C);
   layernorm_backward(dx_want.data(), dw_want.data(), db_want.data(), dout.data(), x.data(), w.data(), mean.data(),
                      rstd.data(), N, C);
   auto minus = [](Vf a, const Vf& b) {
     for (size_t i = 0; i < a.size(); i++) a[i] -= b[i];
     return a;
   };
-  EXPECT_LT(rel_err(minus(dx, dx0), minus(dx_want, dx0)), 1e-5);
+  EXPECT_LT(rel_err(minus(dx, dres), minus(dx_want, dres)), 1e-5);
   EXPECT_LT(rel_err(minus(dw, dw0), minus(dw_want, dw0)), 1e-5);
   EXPECT_LT(rel_err(minus(db, db0), minus(db_want, db0)), 1e-5);
-  Vf dx1 = dx0, dw1 = dw0, db1 = db0;
+  EXPECT_EQ(dx16, to_bf16(dx));
+  Vf sums(C);
+  for (int c = 0; c < C; c++) {
+    double t = 0;
+    for (int r = 0; r < N; r++) t += dx[size_t(r) * C + c];
+    sums[c] = float(t);
+  }
+  EXPECT_LT(rel_err(dsum, sums), 1e-6);
+  // dres aliasing dinp accumulates; a null dres is 0; one thread gives the same bits as two.
+  Vf acc = dres, zero_res(n, NAN), dw1 = dw0, db1 = db0;
+  layernorm_backward_bf16(acc.data(), nullptr, nullptr, nullptr, nullptr, acc.data(), dout.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  EXPECT_EQ(acc, dx);
   {
     tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);
-    layernorm_backward_bf16(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), mean.data(),
-                            rstd.data(), N, C);
+    layernorm_backward_bf16(zero_res.data(), nullptr, nullptr, dw1.data(), db1.data(), nullptr, dout.data(), x.data(),
+                            w.data(), mean.data(), rstd.data(), N, C);
   }
-  EXPECT_EQ(dx1, dx);
   EXPECT_EQ(dw1, dw);
   EXPECT_EQ(db1, db);
+  EXPECT_LT(rel_err(zero_res, minus(dx_want, dres)), 1e-5);
 }
 
 // GELU's bf16 backward: the fp32 op's gradient on the widened input, rounded (bitwise), and the

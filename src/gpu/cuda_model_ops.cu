@@ -667,11 +667,23 @@ void CudaModelOps::layernorm_backward(float* dinp, float* dw, float* db, const f
   if (db) column_reduce(db, k::Rows{dout, C}, N, C, "layernorm_backward db");
 }
 
-// The fp32 kernels: a warp's row sums already run in lanes here, not as the CPU's scalar chain.
-void CudaModelOps::layernorm_backward_bf16(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                                           const float* w, const float* mean, const float* rstd, int N, int C) {
+// The fp32 kernels (a warp's row sums run in lanes already): dinp seeded with dres, then
+// accumulated onto; its rounding and column sums as the other bf16 backwards make theirs.
+void CudaModelOps::layernorm_backward_bf16(float* dinp, uint16_t* dinp16, float* dsum, float* dw, float* db,
+                                           const float* dres, const float* dout, const float* inp, const float* w,
+                                           const float* mean, const float* rstd, int N, int C) {
   const OpScope scope(this, "layernorm_backward_bf16", {{"N", N}, {"C", C}});
+  const int64_t n = int64_t{N} * C;
+  if (dinp && n > 0 && dres != dinp) {
+    const cudaError_t e = dres ? cudaMemcpyAsync(dinp, dres, sizeof(float) * n, cudaMemcpyDefault, stream_)
+                               : cudaMemsetAsync(dinp, 0, sizeof(float) * n, stream_);
+    if (!check(e, "layernorm_backward_bf16 seed dinp")) return;
+  }
   layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  if (!dinp || !dinp16 || !dsum || n <= 0 || !status_.ok()) return;
+  round_to_bf16(dinp16, dinp, n, "layernorm_backward_bf16 round dinp");
+  zero(dsum, C);
+  column_reduce(dsum, k::Rows{dinp, C}, N, C, "layernorm_backward_bf16 dsum");
 }
 
 // ---- attention ------------------------------------------------------------------------------------

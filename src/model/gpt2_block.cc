@@ -129,13 +129,6 @@ void layernorm(ModelOps& ops, float* out, uint16_t* out16, float* mean, float* r
   else ops.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
 
-// LayerNorm's backward: bf16 compute's (its row sums in vector lanes), or fp32's.
-void layernorm_grad(ModelOps& ops, bool bf16, float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                    const float* w, const float* mean, const float* rstd, int N, int C) {
-  if (bf16) ops.layernorm_backward_bf16(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-  else ops.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-
 // bf16 weights need acts bound for bf16 and fp32 weights fp32 acts: a caller's bug otherwise.
 void check_acts(const BlockActs& a, const BlockWeights& w) {
   if ((w.bf16 != nullptr) == (a.ln1_bf16 != nullptr)) return;
@@ -205,30 +198,35 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // fp32 attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
   backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
-  if (w.bf16) {  // GELU's gradient, rounded, and c_fc's bias gradient in one pass
-    uint16_t* dfc = m.fc.scratch;
-    ops.gelu_backward_bf16(dfc, g.fc_b, a.fc_bf16, buf_a, BT, 4 * C, /*overwrite=*/true);
-    ops.matmul_backward_bf16(dln, g.fc_w, dfc, a.ln2_bf16, m.fc.bf16, BT, C, 4 * C, /*overwrite=*/true);
-  } else {
-    ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);
-    backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
+  if (w.bf16) {
+    // Each gradient a product reads comes rounded, with its layer's bias gradient, out of the
+    // pass that makes it (GELU's, LayerNorm's, the attention's backward); the residual's
+    // gradient is folded into LayerNorm's (no copies). One scratch takes each rounded dout in turn.
+    uint16_t* dout16 = w.scratch;
+    ops.gelu_backward_bf16(dout16, g.fc_b, a.fc_bf16, buf_a, BT, 4 * C, /*overwrite=*/true);
+    ops.matmul_backward_bf16(dln, g.fc_w, dout16, a.ln2_bf16, m.fc.bf16, BT, C, 4 * C, /*overwrite=*/true);
+    ops.layernorm_backward_bf16(dres1, dout16, g.attproj_b, g.ln2_w, g.ln2_b, /*dres=*/dout, dln, a.res1, p.ln2_w,
+                                a.ln2_mean, a.ln2_rstd, BT, C);
+    // Attention branch; dout is not read below, so dinp may alias it.
+    ops.matmul_backward_bf16(buf_a, g.attproj_w, dout16, a.atty_bf16, m.attproj.bf16, BT, C, C, /*overwrite=*/true);
+    ops.attention_backward_bf16(dout16, g.qkv_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH,
+                                /*overwrite=*/true);
+    ops.matmul_backward_bf16(dln, g.qkv_w, dout16, a.ln1_bf16, m.qkv.bf16, BT, C, 3 * C, /*overwrite=*/true);
+    ops.layernorm_backward_bf16(dinp, nullptr, nullptr, g.ln1_w, g.ln1_b, /*dres=*/dres1, dln, inp, p.ln1_w,
+                                a.ln1_mean, a.ln1_rstd, BT, C);
+    return;
   }
+  ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);
+  backward(ops, m.fc, dln, g.fc_w, g.fc_b, buf_b, {a.ln2, a.ln2_bf16}, BT, C, 4 * C);
   ops.copy(dres1, dout, BTC);
-  layernorm_grad(ops, w.bf16, dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
+  ops.layernorm_backward(dres1, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd, BT, C);
   // Attention branch; dout is not read below, so dinp may alias it.
   backward(ops, m.attproj, buf_a, g.attproj_w, g.attproj_b, dres1, {a.atty, a.atty_bf16}, BT, C, C);
-  if (w.bf16) {  // dqkv rounded and c_attn's bias gradient, as the attention's backward ends
-    uint16_t* dqkv = m.qkv.scratch;
-    ops.attention_backward_bf16(dqkv, g.qkv_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH,
-                                /*overwrite=*/true);
-    ops.matmul_backward_bf16(dln, g.qkv_w, dqkv, a.ln1_bf16, m.qkv.bf16, BT, C, 3 * C, /*overwrite=*/true);
-  } else {
-    ops.zero(buf_b, 3 * BTC);
-    ops.attention_backward(buf_b, buf_a, a.atty, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
-    backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
-  }
+  ops.zero(buf_b, 3 * BTC);
+  ops.attention_backward(buf_b, buf_a, a.atty, a.qkv, a.att_lse, d.B, d.T, C, d.NH);
+  backward(ops, m.qkv, dln, g.qkv_w, g.qkv_b, buf_b, {a.ln1, a.ln1_bf16}, BT, C, 3 * C);
   ops.copy(dinp, dres1, BTC);
-  layernorm_grad(ops, w.bf16, dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
+  ops.layernorm_backward(dinp, g.ln1_w, g.ln1_b, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
 }  // namespace zoe::gpt2

@@ -258,11 +258,15 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
   ZOE_RETURN_IF_ERROR(release_held(e));
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
   ops.zero(grad_, e.unit(L + 1).numel);
-  ops.zero(dx_, int64_t{BT} * C);
   {
     ZOE_SPAN("ln_f backward", "compute", Bucket::kBackward);
-    if (bf16_) ops.layernorm_backward_bf16(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
-    else ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
+    if (bf16_) {  // dx_ written (no residual: dres null)
+      ops.layernorm_backward_bf16(dx_, nullptr, nullptr, grad_, grad_ + C, nullptr, dlnf_, x_[L], params_, lnf_mean_,
+                                  lnf_rstd_, BT, C);
+    } else {
+      ops.zero(dx_, int64_t{BT} * C);
+      ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);
+    }
   }
   ZOE_RETURN_IF_ERROR(ops_ok("ln_f's gradient was handed on"));
   ZOE_RETURN_IF_ERROR(e.grads_ready(L + 1, grad_));

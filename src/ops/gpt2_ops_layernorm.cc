@@ -123,16 +123,26 @@ static void layernorm_backward_rows(float* dinp, float* pw, float* pb, const flo
   }
 }
 
-// layernorm_backward_rows with the row's sums in 16 lanes (then 8, then one by one) and every
-// pass a vector loop: bf16 compute's, whose bits need not be fp32 training's.
-ZOE_SIMD_CLONES static void layernorm_backward_rows_lanes(float* dinp, float* pw, float* pb, const float* dout,
-                                                          const float* inp, const float* w, const float* mean,
-                                                          const float* rstd, int64_t r0, int64_t r1, int C) {
+// One layernorm_backward_bf16 call's operands (model_ops.def).
+struct LnGrad {
+  float *dinp, *dsum, *dw, *db;
+  uint16_t* dinp16;
+  const float *dres, *dout, *inp, *w, *mean, *rstd;
+  int C;
+};
+
+// layernorm_backward_rows with the row's sums in 16 lanes (then one by one) and every pass a
+// vector loop: bf16 compute's, whose bits need not be fp32 training's. pw, pb, ps: the chunk's
+// sums of dw, db and (dinp16 set) dinp.
+ZOE_SIMD_CLONES static void layernorm_backward_rows_lanes(const LnGrad& a, float* pw, float* pb, float* ps, int64_t r0,
+                                                          int64_t r1) {
   using namespace detail;
+  const int C = a.C;
+  const float* w = a.w;
   for (int64_t r = r0; r < r1; r++) {
-    const float* x = inp + r * C;
-    const float* d = dout + r * C;
-    const float m = mean[r], s = rstd[r];
+    const float* x = a.inp + r * C;
+    const float* d = a.dout + r * C;
+    const float m = a.mean[r], s = a.rstd[r];
     v16f dn16 = {}, dnx16 = {};
     int c = 0;
     for (; c + 16 <= C; c += 16) {
@@ -152,20 +162,32 @@ ZOE_SIMD_CLONES static void layernorm_backward_rows_lanes(float* dinp, float* pw
     }
     dn_mean /= C;
     dn_xhat_mean /= C;
-    if (!dinp) continue;
-    float* g = dinp + r * C;
+    if (!a.dinp) continue;
+    float* g = a.dinp + r * C;
+    const float* res = a.dres ? a.dres + r * C : nullptr;
+    uint16_t* g16 = a.dinp16 ? a.dinp16 + r * C : nullptr;
     for (c = 0; c + 16 <= C; c += 16) {
       const v16f xhat = (load16(x + c) - m) * s;
-      store16(g + c, load16(g + c) + s * (load16(d + c) * load16(w + c) - dn_mean - xhat * dn_xhat_mean));
+      const v16f v = (res ? load16(res + c) : v16f{}) +
+                     s * (load16(d + c) * load16(w + c) - dn_mean - xhat * dn_xhat_mean);
+      store16(g + c, v);
+      if (!g16) continue;
+      const v16h h = bf16x16(v);
+      std::memcpy(g16 + c, &h, sizeof h);
+      store16(ps + c, load16(ps + c) + v);
     }
-    for (; c < C; c++) g[c] += s * (d[c] * w[c] - dn_mean - ((x[c] - m) * s) * dn_xhat_mean);
+    for (; c < C; c++) {
+      const float v = (res ? res[c] : 0.f) + s * (d[c] * w[c] - dn_mean - ((x[c] - m) * s) * dn_xhat_mean);
+      g[c] = v;
+      if (!g16) continue;
+      g16[c] = f32_to_bf16(v);
+      ps[c] += v;
+    }
   }
 }
 
-template <class Rows>
-static void layernorm_backward_chunks(const Rows& rows, float* dinp, float* dw, float* db, const float* dout,
-                                      const float* inp, const float* w, const float* mean, const float* rstd, int N,
-                                      int C) {
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
   const int64_t chunks = detail::num_reduce_chunks(N);
   std::vector<float> part(dw || db ? chunks * 2 * C : 0, 0.f);
   detail::parallel_range(chunks, 1, [&](int64_t k0, int64_t k1) {
@@ -174,7 +196,7 @@ static void layernorm_backward_chunks(const Rows& rows, float* dinp, float* dw, 
       float* pb = db ? part.data() + k * 2 * C + C : nullptr;
       int64_t r0 = k * detail::kReduceChunkRows;
       int64_t r1 = std::min<int64_t>(N, r0 + detail::kReduceChunkRows);
-      rows(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);
+      layernorm_backward_rows(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);
     }
   });
   if (!dw && !db) return;
@@ -189,14 +211,34 @@ static void layernorm_backward_chunks(const Rows& rows, float* dinp, float* dw, 
   });
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
-  layernorm_backward_chunks(layernorm_backward_rows, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-
-void layernorm_backward_bf16(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                             const float* mean, const float* rstd, int N, int C) {
-  layernorm_backward_chunks(layernorm_backward_rows_lanes, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+// The chunks' sums as layernorm_backward's, with a third, dinp's column sums, where dinp16 is set.
+void layernorm_backward_bf16(float* dinp, uint16_t* dinp16, float* dsum, float* dw, float* db, const float* dres,
+                             const float* dout, const float* inp, const float* w, const float* mean,
+                             const float* rstd, int N, int C) {
+  const LnGrad a{dinp, dsum, dw, db, dinp && dsum ? dinp16 : nullptr, dres, dout, inp, w, mean, rstd, C};
+  const int64_t chunks = detail::num_reduce_chunks(N);
+  std::vector<float> part(dw || db || a.dinp16 ? chunks * 3 * C : 0, 0.f);
+  detail::parallel_range(chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; k++) {
+      float* p = part.data() + k * 3 * C;
+      const int64_t r0 = k * detail::kReduceChunkRows;
+      layernorm_backward_rows_lanes(a, dw ? p : nullptr, db ? p + C : nullptr, p + 2 * C, r0,
+                                    std::min<int64_t>(N, r0 + detail::kReduceChunkRows));
+    }
+  });
+  if (!dw && !db && !a.dinp16) return;
+  detail::parallel_range(C, 256, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < chunks; k++) {
+        const float* p = part.data() + k * 3 * C;
+        if (dw) dw[c] += p[c];
+        if (db) db[c] += p[C + c];
+        sum += p[2 * C + c];
+      }
+      if (a.dinp16) dsum[c] = sum;
+    }
+  });
 }
 
 }  // namespace zoe::gpt2
