@@ -401,6 +401,31 @@ TEST(Bf16Compute, BlockIsTheFp32BlockToBf16Precision) {
     ASSERT_EQ(std::bit_cast<uint32_t>(g_want_nan[i]), std::bit_cast<uint32_t>(g_want[i])) << "fp32 " << i;
   }
 
+  // The residual's gradient handed over rounded, in the scratch with its column sums (as the
+  // LayerNorm backward above leaves it): the same gradients to fp32 rounding (the projection's
+  // bias then summed in chunks), and dinp left the same way for the block below, bitwise its
+  // rounding, its sums to fp32 rounding.
+  auto column_sums = [&](const Vf& x) {
+    Vf sums(d.C);
+    for (int c = 0; c < d.C; c++) {
+      double t = 0;
+      for (int64_t r = 0; r < BTC / d.C; r++) t += x[r * d.C + c];
+      sums[c] = float(t);
+    }
+    return sums;
+  };
+  Vh handed(scratch.size(), 0xffff);
+  const Vh dout16 = to_bf16(dout);
+  std::copy(dout16.begin(), dout16.end(), handed.begin());
+  Vf sums = column_sums(dout), dinp3(BTC), g3(P, NAN);
+  const BlockWeights w_handed{packed.data(), unit.data(), handed.data()};
+  block_backward(host_model_ops(), dinp3.data(), g3.data(), dout.data(), b16.acts, w_handed, inp.data(), d,
+                 b16.scratch.data(), false, RoundedGrad{true, sums.data()}, RoundedGrad{true, sums.data()});
+  EXPECT_LT(rel_err(dinp3, dinp), 1e-5);
+  EXPECT_LT(rel_err(g3, g), 1e-5);
+  EXPECT_EQ(Vh(handed.begin(), handed.begin() + BTC), to_bf16(dinp3));
+  EXPECT_LT(rel_err(sums, column_sums(dinp3)), 1e-5);
+
   // Recompute (activation checkpointing) gives bitwise the kept activations' gradients.
   Vf dinp2(BTC), g2(P, 0.f);
   BlockBuffers again(d, /*bf16=*/true);

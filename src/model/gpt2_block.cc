@@ -180,7 +180,8 @@ void block_forward(ModelOps& ops, float* out, const BlockActs& acts, const Block
 }
 
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& a,
-                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute) {
+                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute,
+                    RoundedGrad dout_rounded, RoundedGrad dinp_rounded) {
   const auto p = vectors(w, d.C);
   const auto g = block_tensors<float*>(dparams, d.C);
   const Linears m = linears(w, d.C);
@@ -197,7 +198,13 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // write overwrites it (a product's dinp, GELU's gradient, a copy): no zeroing pass, but for the
   // fp32 attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
-  backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
+  if (w.bf16 && dout_rounded.given) {  // dout rounded, and its sums, by the LayerNorm above
+    ops.matmul_backward_bf16(buf_a, g.fcproj_w, w.scratch, a.fc_gelu_bf16, m.fcproj.bf16, BT, 4 * C, C,
+                             /*overwrite=*/true);
+    ops.copy(g.fcproj_b, dout_rounded.sums, C);
+  } else {
+    backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
+  }
   if (w.bf16) {
     // Each gradient a product reads comes rounded, with its layer's bias gradient, out of the
     // pass that makes it (GELU's, LayerNorm's, the attention's backward); the residual's
@@ -212,8 +219,8 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
     ops.attention_backward_bf16(dout16, g.qkv_b, buf_a, a.atty_bf16, a.qkv_bf16, a.att_lse, d.B, d.T, C, d.NH,
                                 /*overwrite=*/true);
     ops.matmul_backward_bf16(dln, g.qkv_w, dout16, a.ln1_bf16, m.qkv.bf16, BT, C, 3 * C, /*overwrite=*/true);
-    ops.layernorm_backward_bf16(dinp, nullptr, nullptr, g.ln1_w, g.ln1_b, /*dres=*/dres1, dln, inp, p.ln1_w,
-                                a.ln1_mean, a.ln1_rstd, BT, C);
+    ops.layernorm_backward_bf16(dinp, dinp_rounded.given ? dout16 : nullptr, dinp_rounded.sums, g.ln1_w, g.ln1_b,
+                                /*dres=*/dres1, dln, inp, p.ln1_w, a.ln1_mean, a.ln1_rstd, BT, C);
     return;
   }
   ops.gelu_backward(buf_b, a.fc, buf_a, 4 * BTC, /*overwrite=*/true);

@@ -98,12 +98,23 @@ inline void block_forward(ModelOps& ops, float* out, const BlockActs& acts, cons
   block_forward(ops, out, acts, BlockWeights{params}, inp, d);
 }
 
+// bf16 compute: a residual gradient ([B,T,C]) as a block's linear layers take it, rounded to bf16
+// (in the first B*T*C elements of BlockWeights::scratch) with its column sums (C floats): the
+// dout of the block's last projection and that projection's bias gradient, made by the
+// LayerNorm backward that wrote the fp32 gradient (the block above's, or ln_f's).
+struct RoundedGrad {
+  bool given = false;  // false: none (dout is rounded by the projection's own pass)
+  float* sums = nullptr;
+};
+
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); so is dparams (the
 // block's flat grad buffer, every element: no zeroing pass first). acts must hold this block's
 // forward state, or any memory of the right size when recompute is true. scratch:
-// block_scratch_numel floats.
+// block_scratch_numel floats. bf16 compute only: dout_rounded given, dout also comes rounded in
+// w.scratch with its sums; dinp_rounded given, dinp is left so too for the block below.
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
-                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute);
+                    const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute,
+                    RoundedGrad dout_rounded = {}, RoundedGrad dinp_rounded = {});
 inline void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
                            const float* params, const float* inp, const BlockDims& d, float* scratch,
                            bool recompute) {

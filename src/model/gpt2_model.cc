@@ -96,6 +96,7 @@ Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {
     const int64_t n = std::max(block_bf16_scratch_numel(dims_), bf16_scratch_numel(int(BT), int(C), s_.vocab_size));
     ZOE_ASSIGN_OR_RETURN(float* sc, take((n + 1) / 2));
     bf16_scratch_ = reinterpret_cast<uint16_t*>(sc);
+    ZOE_ASSIGN_OR_RETURN(dx_sums_, take(C));
   }
   inputs_ = reinterpret_cast<int32_t*>(in);
   targets_ = reinterpret_cast<int32_t*>(tg);
@@ -161,7 +162,10 @@ Status Gpt2Model::block_backward(Engine& e, int l) {
   }
   {  // block_backward overwrites every gradient of the unit: no zeroing pass first
     ZOE_SPAN("block " + std::to_string(l) + " backward", "compute", Bucket::kBackward);
-    gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_);
+    // bf16 compute: dx_ comes rounded with its sums (ln_f's or the block above's LayerNorm made
+    // them), and leaves so for the block below; block 0's goes to the encoder alone.
+    const gpt2::RoundedGrad in{bf16_, dx_sums_}, out{bf16_ && l > 0, dx_sums_};
+    gpt2::block_backward(dev_->ops(), dx_, grad_, dx_, acts, w, x_[l], dims_, scratch_, ckpt_, in, out);
   }
   ZOE_RETURN_IF_ERROR(release_held(e));
   ZOE_RETURN_IF_ERROR(ops_ok("a block's gradient was handed on", l));
@@ -260,9 +264,9 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
   ops.zero(grad_, e.unit(L + 1).numel);
   {
     ZOE_SPAN("ln_f backward", "compute", Bucket::kBackward);
-    if (bf16_) {  // dx_ written (no residual: dres null)
-      ops.layernorm_backward_bf16(dx_, nullptr, nullptr, grad_, grad_ + C, nullptr, dlnf_, x_[L], params_, lnf_mean_,
-                                  lnf_rstd_, BT, C);
+    if (bf16_) {  // dx_ written (no residual: dres null), and rounded with its sums for block L-1
+      ops.layernorm_backward_bf16(dx_, bf16_scratch_, dx_sums_, grad_, grad_ + C, nullptr, dlnf_, x_[L], params_,
+                                  lnf_mean_, lnf_rstd_, BT, C);
     } else {
       ops.zero(dx_, int64_t{BT} * C);
       ops.layernorm_backward(dx_, grad_, grad_ + C, dlnf_, x_[L], params_, lnf_mean_, lnf_rstd_, BT, C);

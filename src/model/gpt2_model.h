@@ -81,6 +81,7 @@ class Gpt2Model final : public Model {
         *loss_ = nullptr;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
   uint16_t* bf16_scratch_ = nullptr;  // bf16 compute: the products' rounded activations
+  float* dx_sums_ = nullptr;           // bf16 compute: dx_'s column sums, with dx_ rounded in bf16_scratch_
 };
 
 }  // namespace zoe
