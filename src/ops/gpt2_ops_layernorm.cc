@@ -220,9 +220,9 @@ void layernorm_backward_bf16(float* dinp, uint16_t* dinp16, float* dsum, float* 
   std::vector<float> part(dw || db || a.dinp16 ? chunks * 3 * C : 0, 0.f);
   detail::parallel_range(chunks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; k++) {
-      float* p = part.data() + k * 3 * C;
+      float* p = part.empty() ? nullptr : part.data() + k * 3 * C;  // no sums asked for: none
       const int64_t r0 = k * detail::kReduceChunkRows;
-      layernorm_backward_rows_lanes(a, dw ? p : nullptr, db ? p + C : nullptr, p + 2 * C, r0,
+      layernorm_backward_rows_lanes(a, dw ? p : nullptr, db ? p + C : nullptr, a.dinp16 ? p + 2 * C : nullptr, r0,
                                     std::min<int64_t>(N, r0 + detail::kReduceChunkRows));
     }
   });
