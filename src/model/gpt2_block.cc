@@ -47,11 +47,12 @@ BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16) {
   return a;
 }
 
-// Two [BT,4C] buffers reused along backward, plus dres1 and dln [BT,C].
-int64_t block_scratch_numel(const BlockDims& d) { return 10 * int64_t{d.B} * d.T * d.C; }
+// Two [BT,4C] buffers reused along backward, plus dres1 and dln [BT,C]; bf16 compute needs only
+// the first (the gradients that go on to products are bf16, in BlockWeights::scratch).
+int64_t block_scratch_numel(const BlockDims& d, bool bf16) { return (bf16 ? 6 : 10) * int64_t{d.B} * d.T * d.C; }
 
 BlockBuffers::BlockBuffers(const BlockDims& d, bool bf16)
-    : acts_mem(block_acts_numel(d, bf16)), scratch(block_scratch_numel(d)),
+    : acts_mem(block_acts_numel(d, bf16)), scratch(block_scratch_numel(d, bf16)),
       acts(block_acts_bind(acts_mem.data(), d, bf16)) {}
 
 // The widest rounded dout: c_fc's [BT,4C] output gradient.
@@ -190,10 +191,10 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   if (recompute) forward_saved(ops, a, w, inp, d);
   // The products overwrite their weights' and biases' gradients; LayerNorm's add to theirs.
   for (float* v : {g.ln1_w, g.ln1_b, g.ln2_w, g.ln2_b}) ops.zero(v, C);
-  float* buf_a = scratch;            // [BT,4C]: d fc_gelu, then d atty
-  float* buf_b = buf_a + 4 * BTC;    // [BT,4C]: d fc, then d qkv
-  float* dres1 = buf_b + 4 * BTC;    // [BT,C]
-  float* dln = dres1 + BTC;          // [BT,C]: d ln2, then d ln1
+  float* buf_a = scratch;                                // [BT,4C]: d fc_gelu, then d atty
+  float* buf_b = w.bf16 ? nullptr : buf_a + 4 * BTC;      // fp32 only, [BT,4C]: d fc, then d qkv
+  float* dres1 = buf_a + (w.bf16 ? 4 : 8) * BTC;          // [BT,C]
+  float* dln = dres1 + BTC;                               // [BT,C]: d ln2, then d ln1
   // MLP branch. dout reaches res1 directly (residual) and through the MLP. Each buffer's first
   // write overwrites it (a product's dinp, GELU's gradient, a copy): no zeroing pass, but for the
   // fp32 attention's dqkv, which its kernel accumulates.

@@ -73,8 +73,8 @@ struct BlockActs {
 int64_t block_acts_numel(const BlockDims& d, bool bf16 = false);
 BlockActs block_acts_bind(float* base, const BlockDims& d, bool bf16 = false);
 
-// Floats of scratch block_backward needs.
-int64_t block_scratch_numel(const BlockDims& d);
+// Floats of scratch block_backward needs (fewer in bf16 compute).
+int64_t block_scratch_numel(const BlockDims& d, bool bf16 = false);
 
 // The weights a block reads. fp32 compute: `f32` is the flat unit. bf16 compute (gpt2_ops.h):
 // `bf16` is the gathered bf16 unit, whose matrices the products read in place; `f32` then holds
@@ -110,7 +110,7 @@ struct RoundedGrad {
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); so is dparams (the
 // block's flat grad buffer, every element: no zeroing pass first). acts must hold this block's
 // forward state, or any memory of the right size when recompute is true. scratch:
-// block_scratch_numel floats. bf16 compute only: dout_rounded given, dout also comes rounded in
+// block_scratch_numel(d, w.bf16 != nullptr) floats. bf16 compute only: dout_rounded given, dout also comes rounded in
 // w.scratch with its sums; dinp_rounded given, dinp is left so too for the block below.
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
                     const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute,

@@ -82,7 +82,7 @@ Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {
   ZOE_ASSIGN_OR_RETURN(lnf_mean_, take(BT));
   ZOE_ASSIGN_OR_RETURN(lnf_rstd_, take(BT));
   ZOE_ASSIGN_OR_RETURN(logits_, take(BT * s_.vocab_size));
-  ZOE_ASSIGN_OR_RETURN(scratch_, take(block_scratch_numel(dims_)));
+  ZOE_ASSIGN_OR_RETURN(scratch_, take(block_scratch_numel(dims_, bf16_)));
   ZOE_ASSIGN_OR_RETURN(dx_, take(BT * C));
   ZOE_ASSIGN_OR_RETURN(dlnf_, take(BT * C));
   // bf16 compute widens only vectors (13C for a block, 2C for ln_f); the matrices stay bf16.
