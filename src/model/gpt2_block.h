@@ -110,8 +110,9 @@ struct RoundedGrad {
 // dinp[B,T,C] is OVERWRITTEN with the input gradient (it may alias dout); so is dparams (the
 // block's flat grad buffer, every element: no zeroing pass first). acts must hold this block's
 // forward state, or any memory of the right size when recompute is true. scratch:
-// block_scratch_numel(d, w.bf16 != nullptr) floats. bf16 compute only: dout_rounded given, dout also comes rounded in
-// w.scratch with its sums; dinp_rounded given, dinp is left so too for the block below.
+// block_scratch_numel(d, w.bf16 != nullptr) floats. bf16 compute only: dout_rounded given, dout
+// also comes rounded in w.scratch with its sums; dinp_rounded given, dinp is left so too for the
+// block below.
 void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dout, const BlockActs& acts,
                     const BlockWeights& w, const float* inp, const BlockDims& d, float* scratch, bool recompute,
                     RoundedGrad dout_rounded = {}, RoundedGrad dinp_rounded = {});

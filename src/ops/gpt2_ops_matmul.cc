@@ -152,8 +152,7 @@ void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dou
   if (dbias && overwrite) std::fill(dbias, dbias + OC, 0.f);
   // dbias from the fp32 dout (no rounding where no product is), in the rounding's pass over it.
   if (dinp || dW || dbias) bias_backward(dbias, dout, N, OC, dinp || dW ? dout16 : nullptr);
-  if (dinp) bgemm(kNoTrans, kTrans, N, C, OC, dout16, OC, W, OC, overwrite ? 0.f : 1.f, dinp, C);
-  if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout16, OC, overwrite ? 0.f : 1.f, dW, OC);
+  matmul_backward_bf16(dinp, dW, dout16, inp, W, N, C, OC, overwrite);
 }
 
 void matmul_backward_bf16(float* dinp, float* dW, const uint16_t* dout, const uint16_t* inp, const uint16_t* W, int N,

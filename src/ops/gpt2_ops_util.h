@@ -132,24 +132,22 @@ ZOE_INLINE float max_of(const float* x, int64_t n) {
 
 // bf16 bit patterns of 8 floats, rounded to nearest even, NaN kept quiet: f32_to_bf16
 // (zoe/dtype.h) lane by lane, branch-free so that it vectorises.
+// H, U: the bit patterns' and uint32's vectors of F's width.
+template <class H, class U, class F>
+ZOE_INLINE H bf16_lanes(F x) {
+  const U u = std::bit_cast<U>(x);
+  const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U quiet = (u >> 16) | 0x40u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, H);
+}
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
-ZOE_INLINE v8h bf16x8(v8f x) {
-  const v8u u = std::bit_cast<v8u>(x);
-  const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const v8u quiet = (u >> 16) | 0x40u;
-  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, v8h);
-}
+ZOE_INLINE v8h bf16x8(v8f x) { return bf16_lanes<v8h, v8u>(x); }
 
 // The same on 16 lanes (one AVX-512 register in the v4 clone), lane by lane the same bits.
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
-ZOE_INLINE v16h bf16x16(v16f x) {
-  const v16u u = std::bit_cast<v16u>(x);
-  const v16u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const v16u quiet = (u >> 16) | 0x40u;
-  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded, v16h);
-}
+ZOE_INLINE v16h bf16x16(v16f x) { return bf16_lanes<v16h, v16u>(x); }
 // 16 bf16 bit patterns widened to fp32 (exact: the bits shifted into the high half).
 ZOE_INLINE v16f widen16(const uint16_t* p) {
   v16h h;
