@@ -593,14 +593,15 @@ TEST_F(CudaModelOpsTest, BadSizesAreErrorsNamingTheOp) {
       {"matmul_backward_bf16(N -1", [&] { ops.matmul_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr, false); }},
       {"matmul_backward_bf16(N 4, C -1", [&] { ops.matmul_backward_bf16(nullptr, nullptr, static_cast<const uint16_t*>(nullptr), nullptr, nullptr, 4, -1, 4, false); }},
       {"gelu_backward_bf16(N -1, OC 4", [&] { ops.gelu_backward_bf16(nullptr, nullptr, nullptr, nullptr, -1, 4, false); }},
-      {"lm_head_forward_bf16(N -1", [&] { ops.lm_head_forward_bf16(nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
-      {"lm_head_backward_bf16(N -1", [&] { ops.lm_head_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4, nullptr); }},
+      {"lm_head_forward_bf16(N -1", [&] { ops.lm_head_forward_bf16(nullptr, nullptr, nullptr, -1, 4, 4); }},
+      {"lm_head_backward_bf16(N -1", [&] { ops.lm_head_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4, 4); }},
       {"layernorm_forward(N -1", [&] { ops.layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
       {"layernorm_forward_bf16(N 4, C 0", [&] { ops.layernorm_forward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 0); }},
       {"layernorm_backward(N -1", [&] { ops.layernorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4); }},
       {"attention_backward(B 1, T 1, C 258, NH 1", [&] { ops.attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 258, 1); }},
       {"attention_backward_bf16(B 1, T 1, C 6, NH 4", [&] { ops.attention_backward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, false); }},
       {"crossentropy(N 4, V 0", [&] { ops.crossentropy(nullptr, nullptr, nullptr, nullptr, 4, 0, 1.f); }},
+      {"crossentropy_bf16(N -1, V 4", [&] { ops.crossentropy_bf16(nullptr, nullptr, nullptr, nullptr, -1, 4, 1.f); }},
   };
   for (const auto& [name, call] : calls) {
     call();
@@ -732,24 +733,17 @@ std::vector<uint16_t> bf16_weights(size_t n, uint64_t seed) {
   return h;
 }
 
-void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uint64_t seed) {
-  SCOPED_TRACE(std::string(head ? "lm_head" : "matmul") + "_bf16 N=" + std::to_string(N) + " C=" +
-               std::to_string(C) + " OC=" + std::to_string(OC));
+void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, uint64_t seed) {
+  SCOPED_TRACE("matmul_bf16 N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
   const Vf inp = rnd(int64_t{N} * C, seed), dout = rnd(int64_t{N} * OC, seed + 1), bias = rnd(OC, seed + 2);
   const auto W = bf16_weights(int64_t{C} * OC, seed + 3);
   const Vf dinp0 = rnd(inp.size(), seed + 4), dW0 = rnd(W.size(), seed + 5), db0 = rnd(OC, seed + 6);
-  std::vector<uint16_t> scratch(gpt2::bf16_scratch_numel(N, C, OC)), inp16(inp.size());
+  std::vector<uint16_t> scratch(int64_t{N} * OC), inp16(inp.size());
   gpt2::round_to_bf16(inp16.data(), inp.data(), int64_t(inp.size()));  // a linear layer's input is bf16
   DevF d_inp(inp), d_dout(dout), d_bias(bias), d_out(int64_t{N} * OC), d_dinp(dinp0), d_dW(dW0), d_db(db0);
   DevH d_W(W), d_scratch(scratch.size()), d_inp16(inp16);
   Vf out(int64_t{N} * OC), dinp = dinp0, dW = dW0, db = db0;
-  if (head) {
-    t.cpu().lm_head_forward_bf16(out.data(), inp.data(), W.data(), N, C, OC, scratch.data());
-    t.gpu().lm_head_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), N, C, OC, d_scratch.get());
-    t.cpu().lm_head_backward_bf16(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
-    t.gpu().lm_head_backward_bf16(d_dinp.get(), d_dW.get(), d_dout.get(), d_inp.get(), d_W.get(), N, C, OC,
-                                  d_scratch.get());
-  } else {
+  {
     t.cpu().matmul_forward_bf16(out.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
     t.gpu().matmul_forward_bf16(d_out.get(), d_inp16.get(), d_W.get(), d_bias.get(), N, C, OC);
     // The bf16 output (c_attn's): the fp32 one rounded, so within one bf16 rounding of the CPU's.
@@ -786,9 +780,56 @@ void check_bf16_linear(CudaModelOpsTest& t, int N, int C, int OC, bool head, uin
   EXPECT_LT(rel_err(d_out.download(), out), kFwdTol) << "out";
   EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "dinp";
   EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
-  if (!head) {
-    EXPECT_LT(rel_err(d_db.download(), db, &db0), kBwdTol) << "dbias";
-  }
+  EXPECT_LT(rel_err(d_db.download(), db, &db0), kBwdTol) << "dbias";
+}
+
+// bf16 values compared as widened, relative to the tensor's scale: one bf16 rounding apart (each
+// side rounds a sum of its own order) and the fp32 tolerance.
+double rel_err16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  Vf g(got.size()), w(want.size());
+  for (size_t i = 0; i < got.size(); i++) g[i] = bf16_to_f32(got[i]);
+  for (size_t i = 0; i < want.size(); i++) w[i] = bf16_to_f32(want[i]);
+  return rel_err(g, w);
+}
+constexpr double kOneBf16Rounding = 1.0 / 256;
+
+// The bf16 LM head and its loss, no fp32 logits: the logits rounded by the product, the loss on
+// them widened, dlogits rounded, read as they are by the backward. The loss runs on the CPU's
+// logits on both sides, so it is held to the CPU's closely.
+void check_bf16_lm_head(CudaModelOpsTest& t, int N, int C, int V, uint64_t seed) {
+  SCOPED_TRACE("lm_head_bf16 N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V));
+  const auto inp16 = bf16_weights(int64_t{N} * C, seed), W = bf16_weights(int64_t{V} * C, seed + 1);
+  const Vf dinp0 = rnd(inp16.size(), seed + 2), dW0 = rnd(W.size(), seed + 3);
+  const Vi targets = tokens(N, V, seed + 4);
+  const float dscale = 5.f / static_cast<float>(N);
+  std::vector<uint16_t> logits(int64_t{N} * V), dlogits(logits.size());
+  float loss = 0.f;
+  t.cpu().lm_head_forward_bf16(logits.data(), inp16.data(), W.data(), N, C, V);
+  t.cpu().crossentropy_bf16(&loss, dlogits.data(), logits.data(), targets.data(), N, V, dscale);
+  DevH d_inp(inp16), d_W(W), d_logits(logits.size()), d_cpu_logits(logits), d_dlogits(logits.size());
+  DevH d_in_place(logits), d_cpu_dlogits(dlogits);
+  DevF d_loss(3), d_dinp(dinp0), d_dW(dW0);
+  DevI d_targets(targets);
+  t.gpu().lm_head_forward_bf16(d_logits.get(), d_inp.get(), d_W.get(), N, C, V);
+  t.gpu().crossentropy_bf16(d_loss.get(), nullptr, d_cpu_logits.get(), d_targets.get(), N, V, dscale);
+  t.gpu().crossentropy_bf16(d_loss.get() + 1, d_dlogits.get(), d_cpu_logits.get(), d_targets.get(), N, V, dscale);
+  t.gpu().crossentropy_bf16(d_loss.get() + 2, d_in_place.get(), d_in_place.get(), d_targets.get(), N, V, dscale);
+  // The backward on the CPU's dlogits on both sides.
+  Vf dinp = dinp0, dW = dW0;
+  t.cpu().lm_head_backward_bf16(dinp.data(), dW.data(), dlogits.data(), inp16.data(), W.data(), N, C, V);
+  t.gpu().lm_head_backward_bf16(d_dinp.get(), d_dW.get(), d_cpu_dlogits.get(), d_inp.get(), d_W.get(), N, C, V);
+  t.sync();
+  EXPECT_LT(rel_err16(d_logits.download(), logits), kOneBf16Rounding + kFwdTol) << "logits";
+  const Vf g_loss = d_loss.download();
+  EXPECT_LT(rel_err({g_loss[0]}, {loss}), kFwdTol) << "loss " << g_loss[0] << " vs " << loss;
+  EXPECT_EQ(g_loss[1], g_loss[0]);
+  EXPECT_EQ(g_loss[2], g_loss[0]);
+  EXPECT_TRUE(d_cpu_logits.download() == logits) << "forward-only call wrote the logits";
+  const std::vector<uint16_t> g_dlogits = d_dlogits.download();
+  EXPECT_LT(rel_err16(g_dlogits, dlogits), kOneBf16Rounding + kBwdTol) << "dlogits";
+  EXPECT_TRUE(d_in_place.download() == g_dlogits) << "in place differs from out of place";
+  EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "dinp";
+  EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
 }
 
 // A bf16 output with its bias comes out of the product's epilogue: no fp32 scratch, no pass. An
@@ -819,12 +860,17 @@ TEST_F(CudaModelOpsTest, Bf16OutputIsRoundedInTheProductsEpilogue) {
 }
 
 TEST_F(CudaModelOpsTest, Bf16Products) {
-  check_bf16_linear(*this, 7, 5, 3, false, 90);
-  check_bf16_linear(*this, 33, 16, 64, false, 91);
-  check_bf16_linear(*this, 10, 24, 101, true, 92);
+  check_bf16_linear(*this, 7, 5, 3, 90);
+  check_bf16_linear(*this, 33, 16, 64, 91);
   if (!kFull) return;
-  check_bf16_linear(*this, 1024, 768, 3072, false, 93);
-  check_bf16_linear(*this, 1024, 768, 50257, true, 94);
+  check_bf16_linear(*this, 1024, 768, 3072, 93);
+}
+
+TEST_F(CudaModelOpsTest, Bf16LmHeadAndLoss) {
+  check_bf16_lm_head(*this, 10, 24, 101, 92);
+  check_bf16_lm_head(*this, 4, 1, 1, 95);  // one class: loss 0, gradient 0
+  if (!kFull) return;
+  check_bf16_lm_head(*this, 1024, 768, 50257, 94);
 }
 
 // The producers of the linear layers' bf16 inputs: the fp32 op's output rounded to bf16 as it is

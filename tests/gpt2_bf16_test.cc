@@ -60,59 +60,50 @@ void say_path() {
 constexpr double kSameProduct = 2e-6;  // another summation order of the same fp32 products
 constexpr double kBf16 = 2e-2;         // bf16 (8 significant bits) against fp32
 
-// matmul (w_t false; its input x is bf16, as its producer writes it) or the LM head (w_t true, W
-// is [OC, C], x fp32 and rounded into scratch).
-void check_linear(int N, int C, int OC, bool w_t) {
+// got: want rounded to bf16, one bf16 step apart at most (the two products may accumulate in
+// another order, and a sum near a rounding tie then rounds the other way), and rarely so.
+void expect_rounding_of(const Vh& got, const Vf& want) {
+  const Vh want16 = to_bf16(want);
+  ASSERT_EQ(got.size(), want16.size());
+  int off_by_one = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    ASSERT_LE(std::abs(int(got[i]) - int(want16[i])), 1) << i;
+    off_by_one += got[i] != want16[i];
+  }
+  EXPECT_LT(off_by_one, int(got.size() / 50) + 1);  // rare: not a systematic bias
+}
+
+// A linear layer: its input x is bf16, as its producer writes it; dout fp32, rounded into scratch.
+void check_linear(int N, int C, int OC) {
   say_path();
   const Vf x = rnd(size_t(N) * C, 1), dout = rnd(size_t(N) * OC, 2), bias = rnd(OC, 3);
   const Vh W = to_bf16(rnd(size_t(C) * OC, 4, 0.2f)), x16 = to_bf16(x);
   const Vf Wf = widen(W), xr = rounded(x), doutr = rounded(dout);
-  Vh scratch(bf16_scratch_numel(N, C, OC), 0xffff);  // NaN patterns: every read element is written first
+  Vh scratch(size_t(N) * OC, 0xffff);  // NaN patterns: every read element is written first
   // Forward.
   Vf out(size_t(N) * OC), want(out.size()), exact(out.size());
-  if (w_t) {
-    lm_head_forward_bf16(out.data(), x.data(), W.data(), N, C, OC, scratch.data());
-    lm_head_forward(want.data(), xr.data(), Wf.data(), N, C, OC);
-    lm_head_forward(exact.data(), x.data(), Wf.data(), N, C, OC);
-  } else {
-    matmul_forward_bf16(out.data(), x16.data(), W.data(), bias.data(), N, C, OC);
-    matmul_forward(want.data(), xr.data(), Wf.data(), bias.data(), N, C, OC);
-    matmul_forward(exact.data(), x.data(), Wf.data(), bias.data(), N, C, OC);
-  }
+  matmul_forward_bf16(out.data(), x16.data(), W.data(), bias.data(), N, C, OC);
+  matmul_forward(want.data(), xr.data(), Wf.data(), bias.data(), N, C, OC);
+  matmul_forward(exact.data(), x.data(), Wf.data(), bias.data(), N, C, OC);
   EXPECT_LT(rel_err(out, want), kSameProduct);
   EXPECT_LT(rel_err(out, exact), kBf16);
-  if (!w_t) {  // the bf16 output: the fp32 one rounded (one bf16 step apart at most: the two may
-               // accumulate in another order, and a sum near a rounding tie then rounds the other way)
-    Vh out16(out.size(), 0xffff);
-    matmul_forward_bf16(out16.data(), x16.data(), W.data(), bias.data(), N, C, OC);
-    const Vh want16 = to_bf16(out);
-    int off_by_one = 0;
-    for (size_t i = 0; i < out16.size(); i++) {
-      ASSERT_LE(std::abs(int(out16[i]) - int(want16[i])), 1) << i;
-      off_by_one += out16[i] != want16[i];
-    }
-    EXPECT_LT(off_by_one, int(out16.size() / 50) + 1);  // rare: not a systematic bias
-  }
+  // The bf16 output: the fp32 one rounded.
+  Vh out16(out.size(), 0xffff);
+  matmul_forward_bf16(out16.data(), x16.data(), W.data(), bias.data(), N, C, OC);
+  expect_rounding_of(out16, out);
   // Backward, accumulating onto a start.
   const Vf dx0 = rnd(size_t(N) * C, 5), dW0 = rnd(size_t(C) * OC, 6), db0 = rnd(OC, 7);
   Vf dx = dx0, dW = dW0, db = db0, dx_want = dx0, dW_want = dW0, db_want = db0;
-  if (w_t) {
-    lm_head_backward_bf16(dx.data(), dW.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
-    lm_head_backward(dx_want.data(), dW_want.data(), doutr.data(), xr.data(), Wf.data(), N, C, OC);
-  } else {
-    matmul_backward_bf16(dx.data(), dW.data(), db.data(), dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
-    matmul_backward(dx_want.data(), dW_want.data(), nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC);
-    matmul_backward(nullptr, nullptr, db_want.data(), dout.data(), x.data(), Wf.data(), N, C, OC);  // fp32 dout
-  }
+  matmul_backward_bf16(dx.data(), dW.data(), db.data(), dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
+  matmul_backward(dx_want.data(), dW_want.data(), nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC);
+  matmul_backward(nullptr, nullptr, db_want.data(), dout.data(), x.data(), Wf.data(), N, C, OC);  // fp32 dout
   EXPECT_LT(rel_err(dx, dx_want), kSameProduct);
   EXPECT_LT(rel_err(dW, dW_want), kSameProduct);
   EXPECT_EQ(db, db_want);
   // A null output is skipped; dW alone still rounds its operands.
   Vf dW2 = dW0;
-  if (w_t) lm_head_backward_bf16(nullptr, dW2.data(), dout.data(), x.data(), W.data(), N, C, OC, scratch.data());
-  else matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
+  matmul_backward_bf16(nullptr, dW2.data(), nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data());
   EXPECT_EQ(dW2, dW);
-  if (w_t) return;
   // overwrite: dinp is the product alone, its old contents (NaN) never read; the fp32 path too.
   Vf over(dx.size(), NAN), want_over(dx.size(), 0.f), over32(dx.size(), NAN);
   matmul_backward_bf16(over.data(), nullptr, nullptr, dout.data(), x16.data(), W.data(), N, C, OC, scratch.data(), true);
@@ -120,6 +111,28 @@ void check_linear(int N, int C, int OC, bool w_t) {
   EXPECT_LT(rel_err(over, want_over), kSameProduct);
   matmul_backward(over32.data(), nullptr, nullptr, doutr.data(), xr.data(), Wf.data(), N, C, OC, true);
   EXPECT_EQ(over32, want_over);
+}
+
+// The LM head: input and dlogits bf16 as ln_f and the loss write them, logits rounded; W is [V, C].
+void check_lm_head(int N, int C, int V) {
+  say_path();
+  const Vh x16 = to_bf16(rnd(size_t(N) * C, 11)), W = to_bf16(rnd(size_t(V) * C, 12, 0.2f));
+  const Vh dlogits16 = to_bf16(rnd(size_t(N) * V, 13));
+  const Vf xr = widen(x16), Wf = widen(W), dlr = widen(dlogits16);
+  Vh logits16(size_t(N) * V, 0xffff);
+  Vf want(logits16.size());
+  lm_head_forward_bf16(logits16.data(), x16.data(), W.data(), N, C, V);
+  lm_head_forward(want.data(), xr.data(), Wf.data(), N, C, V);
+  expect_rounding_of(logits16, want);
+  // Backward, accumulating onto a start; a null output skipped.
+  const Vf dx0 = rnd(size_t(N) * C, 14), dW0 = rnd(size_t(V) * C, 15);
+  Vf dx = dx0, dW = dW0, dx_want = dx0, dW_want = dW0, dW2 = dW0;
+  lm_head_backward_bf16(dx.data(), dW.data(), dlogits16.data(), x16.data(), W.data(), N, C, V);
+  lm_head_backward(dx_want.data(), dW_want.data(), dlr.data(), xr.data(), Wf.data(), N, C, V);
+  EXPECT_LT(rel_err(dx, dx_want), kSameProduct);
+  EXPECT_LT(rel_err(dW, dW_want), kSameProduct);
+  lm_head_backward_bf16(nullptr, dW2.data(), dlogits16.data(), x16.data(), W.data(), N, C, V);
+  EXPECT_EQ(dW2, dW);
 }
 
 // gelu_backward with overwrite is the accumulation onto zeros, bitwise, never reading dinp.
@@ -133,12 +146,36 @@ TEST(Bf16Compute, GeluBackwardOverwriteIsTheSumOntoZeros) {
 }
 
 TEST(Bf16Compute, MatmulIsTheFp32ProductOfItsRoundedOperands) {
-  check_linear(37, 48, 96, false);
-  check_linear(300, 64, 520, false);  // several 256-wide slices
+  check_linear(37, 48, 96);
+  check_linear(300, 64, 520);  // several 256-wide slices
 }
 
 TEST(Bf16Compute, LmHeadIsTheFp32ProductOfItsRoundedOperands) {
-  check_linear(21, 32, 300, true);
+  check_lm_head(21, 32, 300);
+  check_lm_head(300, 64, 1003);  // several slices, a width not of whole vectors
+}
+
+// The loss on bf16 logits is crossentropy's on them widened, bitwise, its gradient that one's
+// rounded; forward only it leaves the logits alone, and in place it is the same.
+TEST(Bf16Compute, CrossEntropyIsTheFp32LossOnTheWidenedLogits) {
+  const int N = 9, V = 1003;
+  const Vh logits16 = to_bf16(rnd(size_t(N) * V, 20, 6.f));
+  std::vector<int32_t> targets(N);
+  for (int r = 0; r < N; r++) targets[r] = (r * 397 + 11) % V;
+  const float dscale = 3.f / N;
+  Vf dl_want = widen(logits16);
+  float loss_want = 0.f, loss = 0.f, loss_fwd = 0.f, loss_in_place = 0.f;
+  crossentropy(&loss_want, dl_want.data(), dl_want.data(), targets.data(), N, V, dscale);
+  Vh dl16(logits16.size(), 0xffff), in_place = logits16, untouched = logits16;
+  crossentropy_bf16(&loss, dl16.data(), logits16.data(), targets.data(), N, V, dscale);
+  EXPECT_EQ(loss, loss_want);
+  EXPECT_EQ(dl16, to_bf16(dl_want));
+  crossentropy_bf16(&loss_fwd, nullptr, untouched.data(), targets.data(), N, V, dscale);
+  EXPECT_EQ(loss_fwd, loss_want);
+  EXPECT_EQ(untouched, logits16);
+  crossentropy_bf16(&loss_in_place, in_place.data(), in_place.data(), targets.data(), N, V, dscale);
+  EXPECT_EQ(loss_in_place, loss_want);
+  EXPECT_EQ(in_place, dl16);
 }
 
 // The vectorised rounding is f32_to_bf16 on every value: ties both ways, NaNs (kept quiet, sign

@@ -262,27 +262,29 @@ __global__ void column_finish_kernel(float* dst, const float* part, int64_t chun
 // (softmax - onehot(target)) * dscale. Writes start only after every thread has read the whole row
 // (the barriers inside block_sum), and each thread then rewrites only elements it reads itself.
 constexpr int kCeThreads = 512;
-__global__ void crossentropy_rows_kernel(double* losses, float* dlogits, const float* logits,
-                                         const int32_t* targets, int V, float dscale) {
+// L, D: float, or uint16_t (bf16 logits read widened; dlogits written rounded).
+template <class L, class D>
+__global__ void crossentropy_rows_kernel(double* losses, D* dlogits, const L* logits, const int32_t* targets, int V,
+                                         float dscale) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
-  const float* l = logits + row * V;
+  const L* l = logits + row * V;
   const int32_t t = targets[row];
   const bool t_ok = t >= 0 && t < V;
-  const float lt = t_ok ? l[t] : NAN;  // read before any thread can overwrite it in place
+  const float lt = t_ok ? widen(l[t]) : NAN;  // read before any thread can overwrite it in place
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, widen(l[v]));
   mx = block_max(mx, red);
   float s = 0.f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(l[v] - mx);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(widen(l[v]) - mx);
   s = block_sum(s, red);
   if (threadIdx.x == 0) losses[row] = log(static_cast<double>(s)) + mx - lt;
   if (!dlogits) return;
-  float* d = dlogits + row * V;
+  D* d = dlogits + row * V;
   const float k = static_cast<float>(static_cast<double>(dscale) / s);
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float e = expf(l[v] - mx) * k;
-    d[v] = v == t ? e - dscale : e;
+    const float e = expf(widen(l[v]) - mx) * k;
+    store_out(d + v, v == t ? e - dscale : e);
   }
 }
 

@@ -238,13 +238,13 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
   run(*plan, A, B, beta, D, nullptr, what);
 }
 
-bool CudaModelOps::gemm_fused(bool bf16, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda, const void* B,
-                              int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what) {
+bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda,
+                              const void* B, int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what) {
   if (m <= 0 || n <= 0) return true;
   // An empty sum, or a bias cuBLASLt may not take (its epilogue reads it 16 bytes at a time): the
   // caller's own passes.
   if (kk <= 0 || (bias && alignment_of(bias) < 16)) return false;
-  GemmKey key{false, false, bf16, m, n, kk, lda, ldb, m, alignment_of(A), alignment_of(B), alignment_of(D)};
+  GemmKey key{ta, false, bf16, m, n, kk, lda, ldb, m, alignment_of(A), alignment_of(B), alignment_of(D)};
   key.bias = bias != nullptr;
   key.d_bf16 = d_bf16;
   Gemm::Plan* plan = plan_for(key, what);
@@ -357,7 +357,7 @@ void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, 
   if (N == 0 || OC == 0) return;
   // The bias in the product's epilogue; else (no such algorithm, an unaligned bias) it seeds out
   // and the GEMM adds onto it (beta = 1), as the CPU does.
-  if (bias && gemm_fused(false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward")) return;
+  if (bias && gemm_fused(false, false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward")) return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -430,7 +430,7 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
     return;
   }
   if (N == 0 || OC == 0) return;
-  if (bias && gemm_fused(true, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward_bf16")) return;
+  if (bias && gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward_bf16")) return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -448,7 +448,7 @@ void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const
   }
   if (N == 0 || OC == 0) return;
   // Rounded by the product's epilogue, the bias with it; else through an fp32 scratch and a pass.
-  if (gemm_fused(true, OC, N, C, W, OC, inp, C, out, true, bias, "matmul_forward_bf16")) return;
+  if (gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, true, bias, "matmul_forward_bf16")) return;
   auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * OC));
   if (!f) return;
   matmul_forward_bf16(f, inp, W, bias, N, C, OC);
@@ -486,32 +486,32 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, const uint16_t* 
     gemm_bf16(false, true, OC, C, N, dout, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dW");
 }
 
-void CudaModelOps::lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
-                                        uint16_t* scratch) {
+// The head's logits rounded by the product's epilogue (else through an fp32 scratch of N*V and a
+// pass); its input and dlogits come in bf16, so nothing is rounded on the way in.
+void CudaModelOps::lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, const uint16_t* wte, int N, int C,
+                                        int V) {
   const OpScope scope(this, "lm_head_forward_bf16", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_forward_bf16: negative size", {N, C, V})));
     return;
   }
-  round_to_bf16(scratch, inp, int64_t{N} * C, "lm_head_forward_bf16 round");
-  gemm_bf16(true, false, V, N, C, wte, C, scratch, C, logits, V, 0.f, "lm_head_forward_bf16");
+  if (N == 0 || V == 0) return;
+  if (gemm_fused(true, true, V, N, C, wte, C, inp, C, logits, true, nullptr, "lm_head_forward_bf16")) return;
+  auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * V));
+  if (!f) return;
+  gemm_bf16(true, false, V, N, C, wte, C, inp, C, f, V, 0.f, "lm_head_forward_bf16");
+  round_to_bf16(logits, f, int64_t{N} * V, "lm_head_forward_bf16 round logits");
 }
 
-void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp,
-                                         const uint16_t* wte, int N, int C, int V, uint16_t* scratch) {
+void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const uint16_t* dlogits, const uint16_t* inp,
+                                         const uint16_t* wte, int N, int C, int V) {
   const OpScope scope(this, "lm_head_backward_bf16", {{"N", N}, {"C", C}, {"V", V}});
   if (N < 0 || C < 0 || V < 0) {
     fail(Status::Invalid(shape_text("lm_head_backward_bf16: negative size", {N, C, V})));
     return;
   }
-  uint16_t* inp16 = scratch;
-  uint16_t* dlogits16 = scratch + int64_t{N} * C;
-  if (dinp || dwte) round_to_bf16(dlogits16, dlogits, int64_t{N} * V, "lm_head_backward_bf16 round dlogits");
-  if (dinp) gemm_bf16(false, false, C, N, V, wte, C, dlogits16, V, dinp, C, 1.f, "lm_head_backward_bf16 dinp");
-  if (dwte) {
-    round_to_bf16(inp16, inp, int64_t{N} * C, "lm_head_backward_bf16 round inp");
-    gemm_bf16(false, true, C, V, N, inp16, C, dlogits16, V, dwte, C, 1.f, "lm_head_backward_bf16 dwte");
-  }
+  if (dinp) gemm_bf16(false, false, C, N, V, wte, C, dlogits, V, dinp, C, 1.f, "lm_head_backward_bf16 dinp");
+  if (dwte) gemm_bf16(false, true, C, V, N, inp, C, dlogits, V, dwte, C, 1.f, "lm_head_backward_bf16 dwte");
 }
 
 namespace {
@@ -894,23 +894,35 @@ void CudaModelOps::residual_forward(float* out, const float* inp1, const float* 
 
 // ---- cross-entropy --------------------------------------------------------------------------------
 
-void CudaModelOps::crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N,
-                                int V, float dscale) {
-  const OpScope scope(this, "crossentropy", {{"N", N}, {"V", V}});
+template <class L, class D>
+void CudaModelOps::crossentropy_any(float* loss, D* dlogits, const L* logits, const int32_t* targets, int N, int V,
+                                    float dscale, const char* what) {
   if (N < 0 || (N > 0 && V <= 0)) {
-    fail(Status::Invalid(shape_text("crossentropy: bad size", {N, V})));
+    fail(Status::Invalid(shape_text((std::string(what) + ": bad size").c_str(), {N, V})));
     return;
   }
   double* losses = nullptr;
   if (N > 0) {
     losses = static_cast<double*>(scratch(sizeof(double) * N));
     if (!losses) return;
-    ZOE_LAUNCH(static_cast<unsigned>(N), k::kCeThreads, 0, stream_, k::crossentropy_rows_kernel)(
+    ZOE_LAUNCH(static_cast<unsigned>(N), k::kCeThreads, 0, stream_, k::crossentropy_rows_kernel<L, D>)(
         losses, dlogits, logits, targets, V, dscale);
-    if (!check_launch("crossentropy")) return;
+    if (!check_launch(what)) return;
   }
   ZOE_LAUNCH(1, k::kMeanThreads, 0, stream_, k::mean_kernel)(loss, losses, N);
   check_launch("crossentropy mean");
+}
+
+void CudaModelOps::crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N,
+                                int V, float dscale) {
+  const OpScope scope(this, "crossentropy", {{"N", N}, {"V", V}});
+  crossentropy_any(loss, dlogits, logits, targets, N, V, dscale, "crossentropy");
+}
+
+void CudaModelOps::crossentropy_bf16(float* loss, uint16_t* dlogits, const uint16_t* logits, const int32_t* targets,
+                                     int N, int V, float dscale) {
+  const OpScope scope(this, "crossentropy_bf16", {{"N", N}, {"V", V}});
+  crossentropy_any(loss, dlogits, logits, targets, N, V, dscale, "crossentropy_bf16");
 }
 
 Status CudaModelOps::supports_attention(int B, int T, int C, int NH) const {

@@ -106,12 +106,12 @@ class CudaModelOps final : public ModelOps {
                  const uint16_t* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
   void gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
                 const void* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
-  // D[m x n] = A B (+ bias[m] on each column: cuBLASLt's BIAS epilogue), D contiguous, fp32 or
-  // rounded to bf16 by the epilogue; no transposes, beta 0. False, with nothing queued, where
-  // cuBLASLt has no algorithm for that epilogue here, or the bias is not 16-byte aligned: the
-  // caller then seeds the bias (and rounds) in passes of its own, as before.
-  bool gemm_fused(bool bf16, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb,
-                  void* D, bool d_bf16, const float* bias, const char* what);
+  // D[m x n] = op(A) B (+ bias[m] on each column: cuBLASLt's BIAS epilogue), D contiguous, fp32
+  // or rounded to bf16 by the epilogue; beta 0. False, with nothing queued, where cuBLASLt has
+  // no algorithm for that epilogue here, or the bias is not 16-byte aligned: the caller then
+  // seeds the bias (and rounds) in passes of its own, as before.
+  bool gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
+                  int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what);
   GemmPlan* plan_for(const GemmKey& key, const char* what);
   void run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const float* bias, const char* what);
   void round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what);
@@ -119,6 +119,9 @@ class CudaModelOps final : public ModelOps {
   // cuda_model_ops.cu only).
   template <class Val>
   void column_reduce(float* dst, const Val& val, int64_t N, int ncols, const char* what);
+  template <class L, class D>
+  void crossentropy_any(float* loss, D* dlogits, const L* logits, const int32_t* targets, int N, int V, float dscale,
+                        const char* what);
   template <class Out>
   void layernorm_forward_any(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                              int N, int C, const char* what);

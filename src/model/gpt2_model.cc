@@ -78,10 +78,17 @@ Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {
   for (auto& a : acts_mem_) {
     ZOE_ASSIGN_OR_RETURN(a, take(block_acts_numel(dims_, bf16_)));
   }
-  ZOE_ASSIGN_OR_RETURN(lnf_, take(BT * C));
+  if (bf16_) {  // the head's input and logits in bf16: half the largest activation, no fp32 copy
+    ZOE_ASSIGN_OR_RETURN(float* lnf, take((BT * C + 1) / 2));
+    ZOE_ASSIGN_OR_RETURN(float* logits, take((BT * s_.vocab_size + 1) / 2));
+    lnf16_ = reinterpret_cast<uint16_t*>(lnf);
+    logits16_ = reinterpret_cast<uint16_t*>(logits);
+  } else {
+    ZOE_ASSIGN_OR_RETURN(lnf_, take(BT * C));
+    ZOE_ASSIGN_OR_RETURN(logits_, take(BT * s_.vocab_size));
+  }
   ZOE_ASSIGN_OR_RETURN(lnf_mean_, take(BT));
   ZOE_ASSIGN_OR_RETURN(lnf_rstd_, take(BT));
-  ZOE_ASSIGN_OR_RETURN(logits_, take(BT * s_.vocab_size));
   ZOE_ASSIGN_OR_RETURN(scratch_, take(block_scratch_numel(dims_, bf16_)));
   ZOE_ASSIGN_OR_RETURN(dx_, take(BT * C));
   ZOE_ASSIGN_OR_RETURN(dlnf_, take(BT * C));
@@ -93,8 +100,7 @@ Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {
   ZOE_ASSIGN_OR_RETURN(float* in, take(BT));  // int32 tokens, 4 bytes each
   ZOE_ASSIGN_OR_RETURN(float* tg, take(BT));
   if (bf16_) {
-    const int64_t n = std::max(block_bf16_scratch_numel(dims_), bf16_scratch_numel(int(BT), int(C), s_.vocab_size));
-    ZOE_ASSIGN_OR_RETURN(float* sc, take((n + 1) / 2));
+    ZOE_ASSIGN_OR_RETURN(float* sc, take((block_bf16_scratch_numel(dims_) + 1) / 2));
     bf16_scratch_ = reinterpret_cast<uint16_t*>(sc);
     ZOE_ASSIGN_OR_RETURN(dx_sums_, take(C));
   }
@@ -214,19 +220,22 @@ Result<double> Gpt2Model::forward(Engine& e, const Batch& b, float dscale) {
   ZOE_RETURN_IF_ERROR(fetch_f32(e, L + 1, params_));
   {
     ZOE_SPAN("ln_f", "compute", Bucket::kForward);
-    ops.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x_[L], params_, params_ + C, BT, C);
+    if (bf16_) ops.layernorm_forward_bf16(lnf16_, lnf_mean_, lnf_rstd_, x_[L], params_, params_ + C, BT, C);
+    else ops.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x_[L], params_, params_ + C, BT, C);
   }
-  // The tied LM head. bf16 compute holds the embedding fetched until the head's backward.
+  // The tied LM head, then the loss (its gradient in place of the logits when training). bf16
+  // compute holds the embedding fetched until the head's backward.
   if (bf16_) {
     ZOE_ASSIGN_OR_RETURN(const uint16_t* wte, fetch_bf16(e, 0, false));
     ZOE_SPAN("lm_head", "compute", Bucket::kForward);
-    ops.lm_head_forward_bf16(logits_, lnf_, wte, BT, C, V, bf16_scratch_);
+    ops.lm_head_forward_bf16(logits16_, lnf16_, wte, BT, C, V);
+    ops.crossentropy_bf16(loss_, dscale != 0 ? logits16_ : nullptr, logits16_, targets_, BT, V, dscale);
   } else {
     ZOE_RETURN_IF_ERROR(fetch_f32(e, 0, params_));
     ZOE_SPAN("lm_head", "compute", Bucket::kForward);
     ops.lm_head_forward(logits_, lnf_, params_, BT, C, V);
+    ops.crossentropy(loss_, dscale != 0 ? logits_ : nullptr, logits_, targets_, BT, V, dscale);
   }
-  ops.crossentropy(loss_, dscale != 0 ? logits_ : nullptr, logits_, targets_, BT, V, dscale);
   float loss = 0;
   ZOE_RETURN_IF_ERROR(dev_->download(&loss, loss_, sizeof(loss)));
   ZOE_RETURN_IF_ERROR(ops_ok("the loss was read"));
@@ -254,7 +263,7 @@ Result<double> Gpt2Model::train_micro_step(Engine& e, const Batch& b, float loss
   {
     ZOE_SPAN("lm_head backward", "compute", Bucket::kBackward);
     if (bf16_) {
-      ops.lm_head_backward_bf16(dlnf_, embed_grad_, logits_, lnf_, held_data_, BT, C, V, bf16_scratch_);
+      ops.lm_head_backward_bf16(dlnf_, embed_grad_, logits16_, lnf16_, held_data_, BT, C, V);
     } else {
       ops.lm_head_backward(dlnf_, embed_grad_, logits_, lnf_, params_, BT, C, V);
     }

@@ -35,8 +35,8 @@ class Gpt2Model final : public Model {
   Result<double> eval_loss(Engine& e, const Batch& b) override;
 
  private:
-  // Fills x_ (block inputs), lnf_ and logits_; returns the mean loss. With dscale != 0, logits_
-  // become dlogits * dscale.
+  // Fills x_ (block inputs), lnf_ and logits_ (bf16 compute: lnf16_, logits16_); returns the
+  // mean loss. With dscale != 0, the logits become dlogits * dscale.
   Result<double> forward(Engine& e, const Batch& b, float dscale);
   Status fetch_f32(Engine& e, int u, float* out);
   // bf16 compute: unit u fetched and held (its bf16 data) until release_held(); a block's
@@ -81,6 +81,8 @@ class Gpt2Model final : public Model {
         *loss_ = nullptr;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
   uint16_t* bf16_scratch_ = nullptr;  // bf16 compute: the products' rounded activations
+  // bf16 compute: ln_f's output and the logits (then dlogits) in bf16, in place of lnf_, logits_.
+  uint16_t *lnf16_ = nullptr, *logits16_ = nullptr;
   float* dx_sums_ = nullptr;           // bf16 compute: dx_'s column sums, with dx_ rounded in bf16_scratch_
 };
 

@@ -16,8 +16,6 @@ namespace zoe::gpt2 {
 #include "ops/model_ops.def"
 #undef ZOE_OP
 
-// Scratch (bf16 elements) the LM head's bf16 ops need: the input and dlogits rounded.
-inline int64_t bf16_scratch_numel(int N, int C, int OC) { return int64_t{N} * (int64_t{C} + OC); }
 // dst[n] = src[n] rounded to bf16 (round to nearest even, as zoe/dtype.h).
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n);
 // dinp1 += dout, dinp2 += dout (either may be null).

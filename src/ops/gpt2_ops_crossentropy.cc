@@ -23,6 +23,13 @@ ZOE_SIMD_CLONES static double crossentropy_row(float* d, const float* l, int32_t
   return std::log(sum) + maxv - lt;
 }
 
+// In row order: the mean is the same for any thread count (0 for no rows).
+static float mean_of(const std::vector<double>& row_loss) {
+  double total = 0.0;
+  for (double l : row_loss) total += l;
+  return row_loss.empty() ? 0.f : static_cast<float>(total / static_cast<double>(row_loss.size()));
+}
+
 float crossentropy_forward_backward(float* dlogits, float* losses, const float* logits,
                                     const int32_t* targets, int N, int V, float dscale) {
   std::vector<double> row_loss(N);
@@ -33,14 +40,28 @@ float crossentropy_forward_backward(float* dlogits, float* losses, const float* 
       if (losses) losses[r] = static_cast<float>(row_loss[r]);
     }
   });
-  double total = 0.0;  // in row order: the mean is the same for any thread count
-  for (int r = 0; r < N; r++) total += row_loss[r];
-  return N > 0 ? static_cast<float>(total / N) : 0.f;
+  return mean_of(row_loss);
 }
 
 void crossentropy(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                   float dscale) {
   *loss = crossentropy_forward_backward(dlogits, nullptr, logits, targets, N, V, dscale);
+}
+
+// Each row widened into a buffer of the task's, the fp32 row's loss and gradient computed there
+// (the same function: bitwise crossentropy's on the widened logits), the gradient then rounded.
+void crossentropy_bf16(float* loss, uint16_t* dlogits, const uint16_t* logits, const int32_t* targets, int N, int V,
+                       float dscale) {
+  std::vector<double> row_loss(N);
+  detail::parallel_range(N, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(V);
+    for (int64_t r = r0; r < r1; r++) {
+      detail::widen_range(row.data(), logits + r * V, V);
+      row_loss[r] = crossentropy_row(dlogits ? row.data() : nullptr, row.data(), targets[r], V, dscale);
+      if (dlogits) detail::round_range(dlogits + r * V, row.data(), V);
+    }
+  });
+  *loss = mean_of(row_loss);
 }
 
 }  // namespace zoe::gpt2

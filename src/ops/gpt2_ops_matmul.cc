@@ -139,11 +139,17 @@ void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* W, con
   product(GemmType::kBF16, kNoTrans, kNoTrans, N, OC, C, inp, C, W, OC, 0.f, out, OC, bias);
 }
 
+// out rounded to bf16 by the product (kernels/gemm.h: oneDNN writes it so; other paths round).
+static void product16(bool tb, int N, int OC, int C, const uint16_t* inp, const uint16_t* W, int ldw, uint16_t* out,
+                      const float* bias) {
+  Status st = gemm_sliced(path(GemmType::kBF16), GemmType::kBF16, GemmShape{kNoTrans, tb, N, OC, C, C, ldw, OC}, inp,
+                          W, out, bias);
+  if (!st.ok()) warn_fallback(st);
+}
+
 void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const uint16_t* W, const float* bias, int N, int C,
                          int OC) {
-  Status st = gemm_sliced(path(GemmType::kBF16), GemmType::kBF16, GemmShape{kNoTrans, kNoTrans, N, OC, C, C, OC, OC},
-                          inp, W, out, bias);
-  if (!st.ok()) warn_fallback(st);
+  product16(kNoTrans, N, OC, C, inp, W, OC, out, bias);
 }
 
 void matmul_backward_bf16(float* dinp, float* dW, float* dbias, const float* dout, const uint16_t* inp,
@@ -161,22 +167,16 @@ void matmul_backward_bf16(float* dinp, float* dW, const uint16_t* dout, const ui
   if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, overwrite ? 0.f : 1.f, dW, OC);
 }
 
-void lm_head_forward_bf16(float* logits, const float* inp, const uint16_t* wte, int N, int C, int V,
-                          uint16_t* scratch) {
-  round_to_bf16(scratch, inp, int64_t{N} * C);
-  bgemm(kNoTrans, kTrans, N, V, C, scratch, C, wte, C, 0.f, logits, V);
+// The LM head in bf16 compute: its input, logits and dlogits are bf16 already (ln_f's LayerNorm
+// and the loss wrote them so), so no operand is rounded here.
+void lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, const uint16_t* wte, int N, int C, int V) {
+  product16(kTrans, N, V, C, inp, wte, C, logits, nullptr);
 }
 
-void lm_head_backward_bf16(float* dinp, float* dwte, const float* dlogits, const float* inp, const uint16_t* wte,
-                           int N, int C, int V, uint16_t* scratch) {
-  uint16_t* inp16 = scratch;
-  uint16_t* dlogits16 = scratch + int64_t{N} * C;
-  if (dinp || dwte) round_to_bf16(dlogits16, dlogits, int64_t{N} * V);
-  if (dinp) bgemm(kNoTrans, kNoTrans, N, C, V, dlogits16, V, wte, C, 1.f, dinp, C);
-  if (dwte) {
-    round_to_bf16(inp16, inp, int64_t{N} * C);
-    bgemm(kTrans, kNoTrans, V, C, N, dlogits16, V, inp16, C, 1.f, dwte, C);
-  }
+void lm_head_backward_bf16(float* dinp, float* dwte, const uint16_t* dlogits, const uint16_t* inp,
+                           const uint16_t* wte, int N, int C, int V) {
+  if (dinp) bgemm(kNoTrans, kNoTrans, N, C, V, dlogits, V, wte, C, 1.f, dinp, C);
+  if (dwte) bgemm(kTrans, kNoTrans, V, C, N, dlogits, V, inp, C, 1.f, dwte, C);
 }
 
 }  // namespace zoe::gpt2

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "zoe/dtype.h"
+
 namespace zoe::gpt2::detail {
 
 // Calls f(begin, end) on disjoint pieces of [0, n), each of at least `grain` items.
@@ -153,6 +155,12 @@ ZOE_INLINE v16f widen16(const uint16_t* p) {
   v16h h;
   std::memcpy(&h, p, sizeof h);
   return std::bit_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
+}
+// dst[0, n) = src widened to fp32 (exact).
+ZOE_INLINE void widen_range(float* dst, const uint16_t* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store16(dst + i, widen16(src + i));
+  for (; i < n; i++) dst[i] = bf16_to_f32(src[i]);
 }
 
 // y[j] = e^(x[j] - shift) for j < n (y may alias x, or be null); returns their sum, in a fixed
