@@ -33,6 +33,10 @@
 #include "gpu/gpu_info.h"
 
 namespace zoe {
+#ifdef ZOE_CUDA_EMU
+extern "C" unsigned long long cuda_emu_calls(const char* kind);  // tools/cuda_emu/cuda_emu.h
+#endif
+
 namespace {
 
 using Vf = std::vector<float>;
@@ -44,9 +48,11 @@ using Vi = std::vector<int32_t>;
 #ifdef ZOE_CUDA_EMU
 const bool kFull = std::getenv("ZOE_EMU_FULL") != nullptr;
 constexpr bool kEmulated = true;
+unsigned long long emu_calls(const char* kind) { return cuda_emu_calls(kind); }
 #else
 constexpr bool kFull = true;
 constexpr bool kEmulated = false;
+unsigned long long emu_calls(const char*) { return 0; }
 #endif
 
 constexpr double kFwdTol = 1e-5;  // forward outputs and the loss
@@ -959,6 +965,63 @@ TEST_F(CudaModelOpsTest, GeluBackwardBf16AndTheProductsOnItsRoundedGradient) {
   sync();
   EXPECT_LT(rel_err(d_dinp.download(), dinp, &dinp0), kBwdTol) << "dinp";
   EXPECT_LT(rel_err(d_dW.download(), dW, &dW0), kBwdTol) << "dW";
+}
+
+// c_fc with its GELU, and c_proj's backward with GELU's, against the CPU's two ops each: in
+// cuBLASLt's GELU_AUX_BIAS / DGELU_BGRAD epilogues where the rows (the aux matrix's leading
+// dimension) are a multiple of 8 (no kernel of zoe's runs then: the emulation counts launches),
+// else in the separate passes. GELU's input within a bf16 step of the CPU's; GELU's output within
+// two (the epilogue applies it before its input's rounding); the gradients, dW and the bias
+// gradient (written: their NaN starts never read) within the tolerances of the ops they fuse.
+void check_gelu_fusion(CudaModelOpsTest& t, int N, int C, int OC, bool fused, uint64_t seed) {
+  SCOPED_TRACE("gelu fusion N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+  const auto inp16 = bf16_weights(int64_t{N} * C, seed), W = bf16_weights(int64_t{C} * OC, seed + 1);
+  const Vf bias = rnd(OC, seed + 2);
+  std::vector<uint16_t> out(int64_t{N} * OC), pre(out.size());
+  t.cpu().matmul_gelu_forward_bf16(out.data(), pre.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
+  DevH d_inp(inp16), d_W(W), d_out(out.size()), d_pre(pre.size()), d_out0(out.size()), d_pre0(pre.size());
+  DevF d_bias(bias);
+  auto launches = [] { return kEmulated ? emu_calls("launch") : 0; };
+  // A first call into other buffers: each call's own aux matrix is the one written (a plan made
+  // at the first call keeps its pointers unless each call sets them).
+  t.gpu().matmul_gelu_forward_bf16(d_out0.get(), d_pre0.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
+  const auto before = launches();
+  t.gpu().matmul_gelu_forward_bf16(d_out.get(), d_pre.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
+  t.sync();
+  if (kEmulated) {
+    EXPECT_EQ(launches() == before, fused) << "forward: kernels of zoe's ran (or none)";
+  }
+  EXPECT_LT(rel_err(widened(d_pre.download()), widened(pre)), 1.0 / 128 + kFwdTol) << "pre";
+  EXPECT_LT(rel_err(widened(d_out.download()), widened(out)), 2.0 / 128 + kFwdTol) << "out";
+
+  // The backward of a product [N,OC] -> [N,C2] whose input is GELU(pre), pre [N,OC] the CPU's.
+  const int C2 = C;
+  const auto dout = bf16_weights(int64_t{N} * C2, seed + 3), W2 = bf16_weights(int64_t{OC} * C2, seed + 4);
+  std::vector<uint16_t> dpre(pre.size());
+  Vf dbias(OC), dW(W2.size()), scratch(pre.size());
+  t.cpu().matmul_gelu_backward_bf16(dpre.data(), dbias.data(), dW.data(), dout.data(), out.data(), W2.data(),
+                                    pre.data(), N, OC, C2, scratch.data());
+  DevH d_dout(dout), d_W2(W2), d_gelu(out), d_cpu_pre(pre), d_dpre(dpre.size()), d_dpre0(dpre.size());
+  DevF d_dbias(Vf(OC, NAN)), d_dW(Vf(W2.size(), NAN)), d_scratch(scratch.size()), d_dbias0(OC), d_dW0(W2.size());
+  t.gpu().matmul_gelu_backward_bf16(d_dpre0.get(), d_dbias0.get(), d_dW0.get(), d_dout.get(), d_gelu.get(),
+                                    d_W2.get(), d_out0.get(), N, OC, C2, d_scratch.get());  // another "pre"
+  const auto before_bwd = launches();
+  t.gpu().matmul_gelu_backward_bf16(d_dpre.get(), d_dbias.get(), d_dW.get(), d_dout.get(), d_gelu.get(), d_W2.get(),
+                                    d_cpu_pre.get(), N, OC, C2, d_scratch.get());
+  t.sync();
+  if (kEmulated) {
+    EXPECT_EQ(launches() == before_bwd, fused) << "backward: kernels of zoe's ran (or none)";
+  }
+  EXPECT_LT(rel_err(widened(d_dpre.download()), widened(dpre)), 1.0 / 128 + kBwdTol) << "dpre";
+  EXPECT_LT(rel_err(d_dbias.download(), dbias), kBwdTol) << "dbias";
+  EXPECT_LT(rel_err(d_dW.download(), dW), kBwdTol) << "dW";
+}
+
+TEST_F(CudaModelOpsTest, GeluInTheProductsEpilogue) {
+  check_gelu_fusion(*this, 33, 16, 64, /*fused=*/true, 120);
+  check_gelu_fusion(*this, 7, 24, 36, /*fused=*/false, 121);  // 36 rows: not a multiple of 8
+  if (!kFull) return;
+  check_gelu_fusion(*this, 1024, 768, 3072, /*fused=*/true, 122);
 }
 
 // The bf16 attention on tensor cores (the default path) against the fp32 attention on the same q,

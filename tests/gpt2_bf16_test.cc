@@ -373,6 +373,31 @@ TEST(Bf16Compute, MatmulBackwardOnARoundedDoutIsTheSameProducts) {
   }
 }
 
+// The CPU runs c_fc with its GELU, and c_proj's backward with GELU's, as the ops they stand for,
+// bitwise; the backward's outputs are written (their NaN starts never read).
+TEST(Bf16Compute, GeluWithItsProductIsTheTwoOps) {
+  const int N = 70, C = 48, OC = 200;
+  const Vh x16 = to_bf16(rnd(size_t(N) * C, 65)), W = to_bf16(rnd(size_t(C) * OC, 66, 0.5f));
+  const Vf bias = rnd(OC, 67);
+  Vh out(size_t(N) * OC), pre(out.size()), out_want(out.size()), pre_want(out.size());
+  matmul_gelu_forward_bf16(out.data(), pre.data(), x16.data(), W.data(), bias.data(), N, C, OC);
+  matmul_forward_bf16(pre_want.data(), x16.data(), W.data(), bias.data(), N, C, OC);
+  gelu_forward_bf16(out_want.data(), pre_want.data(), int64_t(out.size()));
+  EXPECT_EQ(pre, pre_want);
+  EXPECT_EQ(out, out_want);
+  // Backward through a product [N,OC] -> [N,C] on GELU(pre).
+  const Vh dout = to_bf16(rnd(size_t(N) * C, 68)), W2 = to_bf16(rnd(size_t(OC) * C, 69, 0.5f));
+  Vh dpre(pre.size(), 0xffff), dpre_want(pre.size());
+  Vf db(OC, NAN), dW(W2.size(), NAN), scratch(pre.size(), NAN), db_want(OC), dW_want(W2.size()), dg(pre.size());
+  matmul_gelu_backward_bf16(dpre.data(), db.data(), dW.data(), dout.data(), out.data(), W2.data(), pre.data(), N, OC,
+                            C, scratch.data());
+  matmul_backward_bf16(dg.data(), dW_want.data(), dout.data(), out.data(), W2.data(), N, OC, C, /*overwrite=*/true);
+  gelu_backward_bf16(dpre_want.data(), db_want.data(), pre.data(), dg.data(), N, OC, /*overwrite=*/true);
+  EXPECT_EQ(dpre, dpre_want);
+  EXPECT_EQ(db, db_want);
+  EXPECT_EQ(dW, dW_want);
+}
+
 TEST(Bf16Compute, EncoderAddsTheWidenedRows) {
   const int B = 2, T = 5, C = 8, V = 11;
   const Vh wte = to_bf16(rnd(size_t(V) * C, 10)), wpe = to_bf16(rnd(size_t(T) * C, 11));

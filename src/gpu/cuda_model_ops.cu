@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdio>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -66,8 +68,9 @@ struct GemmKey {
   bool ta, tb, bf16;  // bf16: A and B are bf16
   int64_t m, n, k, lda, ldb, ldd;
   uint32_t align_a, align_b, align_d;
-  bool bias = false;    // cuBLASLt's BIAS epilogue: an fp32 vector added to each column of D
-  bool d_bf16 = false;  // D rounded to bf16 by the epilogue (beta 0)
+  GemmEpilogue epilogue = GemmEpilogue::kNone;  // with an fp32 vector
+  bool d_bf16 = false;     // D rounded to bf16 by the epilogue (beta 0)
+  uint32_t align_aux = 0;  // the aux matrix's alignment (GELU epilogues), or 0
   bool operator==(const GemmKey&) const = default;
 };
 
@@ -104,6 +107,31 @@ namespace {
 
 std::string cublas_text(const char* what, cublasStatus_t s) {
   return std::string(what) + ": cuBLASLt " + cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")";
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+bool has_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad;
+}
+
+// Said once per epilogue: where cuBLASLt has no algorithm for one (an older library or GPU), its
+// op runs as separate passes, slower but the same results to a rounding.
+void note_no_epilogue(GemmEpilogue e, const std::string& where) {
+  static std::once_flag told[4];
+  std::call_once(told[static_cast<int>(e)], [&] {
+    std::fprintf(stderr, "zoe: note: cuBLASLt has no %s epilogue for %s here; that op runs as separate passes\n",
+                 e == GemmEpilogue::kBias          ? "BIAS"
+                 : e == GemmEpilogue::kGeluAuxBias ? "GELU_AUX_BIAS"
+                                                             : "DGELU_BGRAD",
+                 where.c_str());
+  });
 }
 
 }  // namespace
@@ -235,28 +263,36 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
     fail(Status::Unsupported(shape_text(what, {m, n, kk, lda, ldb, ldd}) + ": cuBLASLt has no algorithm for this GEMM"));
     return;
   }
-  run(*plan, A, B, beta, D, nullptr, what);
+  const auto st = static_cast<cublasStatus_t>(run(*plan, A, B, beta, D, nullptr, nullptr));
+  if (st != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, st)));
 }
 
 bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda,
-                              const void* B, int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what) {
-  if (m <= 0 || n <= 0) return true;
-  // An empty sum, or a bias cuBLASLt may not take (its epilogue reads it 16 bytes at a time): the
-  // caller's own passes.
-  if (kk <= 0 || (bias && alignment_of(bias) < 16)) return false;
+                              const void* B, int64_t ldb, void* D, bool d_bf16, Epilogue e, const void* bias,
+                              const void* aux, const char* what) {
+  if (m <= 0 || n <= 0) return e != Epilogue::kDGeluBGrad;  // (a bias gradient is still to write)
+  // An empty sum, or a vector or aux matrix cuBLASLt may not take (its epilogue reads and writes
+  // them 16 bytes at a time; aux's leading dimension is m): the caller's own passes.
+  const bool vector_ok = e == Epilogue::kNone || (bias && alignment_of(bias) >= 16);
+  const bool aux_ok = !has_aux(e) || (aux && alignment_of(aux) >= 16 && m % 8 == 0);
+  if (kk <= 0 || !vector_ok || !aux_ok) return false;
   GemmKey key{ta, false, bf16, m, n, kk, lda, ldb, m, alignment_of(A), alignment_of(B), alignment_of(D)};
-  key.bias = bias != nullptr;
+  key.epilogue = e;
   key.d_bf16 = d_bf16;
-  Gemm::Plan* plan = plan_for(key, what);
+  key.align_aux = aux ? alignment_of(aux) : 0;
+  Gemm::Plan* plan = plan_for(key, what, aux);
   if (!plan) return true;  // the error is recorded
   if (!plan->supported) return false;
-  run(*plan, A, B, 0.f, D, bias, what);
+  // A call the heuristic offered an algorithm for and cuBLASLt then refuses is an error (named,
+  // as any): a bad pointer of ours, not a missing feature.
+  const auto st = static_cast<cublasStatus_t>(run(*plan, A, B, 0.f, D, bias, aux));
+  if (st != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, st)));
   return true;
 }
 
 // The cached plan for key, made on first use: nullptr on an error (recorded); a plan with
 // supported false where cuBLASLt's heuristic offers no algorithm.
-GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
+GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const void* aux) {
   if (!gemm_->handle) {
     fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
     return nullptr;
@@ -278,13 +314,24 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
   cublasStatus_t s = cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-  if (key.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_32F;
+  if (key.epilogue != Epilogue::kNone) {  // the vector fp32 (a bias, or DGELU_BGRAD's gradient)
+    const cublasLtEpilogue_t epilogue = lt_epilogue(key.epilogue);
+    const int32_t bias_type = CUDA_R_32F;
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+  }
+  if (has_aux(key.epilogue)) {  // GELU's input: D's type and shape, contiguous
+    const int64_t aux_ld = key.m;
+    const int32_t aux_type = dt;
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                         sizeof aux_type);
   }
   // Layouts describe the matrices as stored: op(A) is m x k, so A is k x m when transposed.
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p.a, ab, key.ta ? kk : m, key.ta ? m : kk, key.lda);
@@ -305,7 +352,7 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
   // No algorithm: none found, or (an epilogue or bf16 D, which not every GPU and cuBLASLt has)
   // the heuristic's NOT_SUPPORTED. A plain product's NOT_SUPPORTED is an error, as any other.
-  const bool fused = key.bias || key.d_bf16;
+  const bool fused = key.epilogue != Epilogue::kNone || key.d_bf16;
   const bool none = (s == CUBLAS_STATUS_SUCCESS && (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)) ||
                     (fused && s == CUBLAS_STATUS_NOT_SUPPORTED);
   if (s != CUBLAS_STATUS_SUCCESS && !none) {
@@ -317,6 +364,7 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
     Gemm::destroy(p);
     p.key = key;
     p.supported = false;
+    if (key.epilogue != Epilogue::kNone) note_no_epilogue(key.epilogue, shape_text(what, {m, n, kk}));
   } else {
     p.algo = result.algo;
   }
@@ -324,16 +372,19 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what) {
   return &gemm_->plans.back();
 }
 
-void CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const float* bias,
-                       const char* what) {
+int CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias,
+                      const void* aux) {
+  // The plan's descriptor carries the vector and the aux matrix: set per call, before the call.
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-  if (plan.key.bias)  // the plan's descriptor carries the vector: set per call, before the call
+  if (plan.key.epilogue != Epilogue::kNone)
     s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  if (s == CUBLAS_STATUS_SUCCESS && has_aux(plan.key.epilogue))
+    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
   const float alpha = 1.f;
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmul(gemm_->handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d, &plan.algo,
                        gemm_->workspace, gemm_->workspace_bytes, stream_);
-  if (s != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, s)));
+  return s;
 }
 
 // ---- GEMM ops -------------------------------------------------------------------------------------
@@ -357,7 +408,9 @@ void CudaModelOps::matmul_forward(float* out, const float* inp, const float* W, 
   if (N == 0 || OC == 0) return;
   // The bias in the product's epilogue; else (no such algorithm, an unaligned bias) it seeds out
   // and the GEMM adds onto it (beta = 1), as the CPU does.
-  if (bias && gemm_fused(false, false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward")) return;
+  if (bias && gemm_fused(false, false, OC, N, C, W, OC, inp, C, out, false, Epilogue::kBias, bias, nullptr,
+                          "matmul_forward"))
+    return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -430,7 +483,9 @@ void CudaModelOps::matmul_forward_bf16(float* out, const uint16_t* inp, const ui
     return;
   }
   if (N == 0 || OC == 0) return;
-  if (bias && gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, false, bias, "matmul_forward_bf16")) return;
+  if (bias && gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, false, Epilogue::kBias, bias, nullptr,
+                          "matmul_forward_bf16"))
+    return;
   if (bias) {
     const int64_t n = int64_t{N} * OC;
     ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::fill_rows_kernel)(out, bias, n, OC);
@@ -448,7 +503,9 @@ void CudaModelOps::matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const
   }
   if (N == 0 || OC == 0) return;
   // Rounded by the product's epilogue, the bias with it; else through an fp32 scratch and a pass.
-  if (gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, true, bias, "matmul_forward_bf16")) return;
+  if (gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, true, bias ? Epilogue::kBias : Epilogue::kNone, bias,
+                 nullptr, "matmul_forward_bf16"))
+    return;
   auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * OC));
   if (!f) return;
   matmul_forward_bf16(f, inp, W, bias, N, C, OC);
@@ -463,12 +520,12 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, float* dbias, co
     fail(Status::Invalid(shape_text("matmul_backward_bf16: negative size", {N, C, OC})));
     return;
   }
+  // dout rounded into scratch, then the bf16-dout op's products (named by this op's scope).
   uint16_t* dout16 = scratch;
-  if (dinp || dW) round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
-  if (dinp)
-    gemm_bf16(true, false, C, N, OC, W, OC, dout16, OC, dinp, C, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dinp");
-  if (dW)
-    gemm_bf16(false, true, OC, C, N, dout16, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dW");
+  if (dinp || dW) {
+    round_to_bf16(dout16, dout, int64_t{N} * OC, "matmul_backward_bf16 round dout");
+    matmul_backward_bf16(dinp, dW, static_cast<const uint16_t*>(dout16), inp, W, N, C, OC, overwrite);
+  }
   if (dbias && overwrite) zero(dbias, OC);
   if (dbias) column_reduce(dbias, k::Rows{dout, OC}, N, OC, "matmul_backward_bf16 dbias");
 }
@@ -486,6 +543,41 @@ void CudaModelOps::matmul_backward_bf16(float* dinp, float* dW, const uint16_t* 
     gemm_bf16(false, true, OC, C, N, dout, OC, inp, C, dW, OC, overwrite ? 0.f : 1.f, "matmul_backward_bf16 dW");
 }
 
+// c_fc with GELU in its epilogue (GELU_AUX_BIAS: GELU's input stored rounded into pre on the
+// way), else the two ops.
+void CudaModelOps::matmul_gelu_forward_bf16(uint16_t* out, uint16_t* pre, const uint16_t* inp, const uint16_t* W,
+                                            const float* bias, int N, int C, int OC) {
+  const OpScope scope(this, "matmul_gelu_forward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_gelu_forward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  if (N == 0 || OC == 0) return;
+  if (bias && gemm_fused(true, false, OC, N, C, W, OC, inp, C, out, true, Epilogue::kGeluAuxBias, bias, pre,
+                         "matmul_gelu_forward_bf16"))
+    return;
+  matmul_forward_bf16(pre, inp, W, bias, N, C, OC);
+  gelu_forward_bf16(out, pre, int64_t{N} * OC);
+}
+
+// c_proj's dinp with GELU's backward in its epilogue (DGELU_BGRAD: GELU' of pre applied, the bias
+// gradient summed before the rounding), else the product into scratch and GELU's backward.
+void CudaModelOps::matmul_gelu_backward_bf16(uint16_t* dpre, float* dbias_pre, float* dW, const uint16_t* dout,
+                                             const uint16_t* inp, const uint16_t* W, const uint16_t* pre, int N, int C,
+                                             int OC, float* scratch) {
+  const OpScope scope(this, "matmul_gelu_backward_bf16", {{"N", N}, {"C", C}, {"OC", OC}});
+  if (N < 0 || C < 0 || OC < 0) {
+    fail(Status::Invalid(shape_text("matmul_gelu_backward_bf16: negative size", {N, C, OC})));
+    return;
+  }
+  matmul_backward_bf16(nullptr, dW, dout, inp, W, N, C, OC, /*overwrite=*/true);
+  if (dbias_pre && gemm_fused(true, true, C, N, OC, W, OC, dout, OC, dpre, true, Epilogue::kDGeluBGrad, dbias_pre, pre,
+                              "matmul_gelu_backward_bf16 dpre"))
+    return;
+  matmul_backward_bf16(scratch, nullptr, dout, inp, W, N, C, OC, /*overwrite=*/true);
+  gelu_backward_bf16(dpre, dbias_pre, pre, scratch, N, C, /*overwrite=*/true);
+}
+
 // The head's logits rounded by the product's epilogue (else through an fp32 scratch of N*V and a
 // pass); its input and dlogits come in bf16, so nothing is rounded on the way in.
 void CudaModelOps::lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, const uint16_t* wte, int N, int C,
@@ -496,7 +588,9 @@ void CudaModelOps::lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, c
     return;
   }
   if (N == 0 || V == 0) return;
-  if (gemm_fused(true, true, V, N, C, wte, C, inp, C, logits, true, nullptr, "lm_head_forward_bf16")) return;
+  if (gemm_fused(true, true, V, N, C, wte, C, inp, C, logits, true, Epilogue::kNone, nullptr, nullptr,
+                 "lm_head_forward_bf16"))
+    return;
   auto* f = static_cast<float*>(scratch(sizeof(float) * int64_t{N} * V));
   if (!f) return;
   gemm_bf16(true, false, V, N, C, wte, C, inp, C, f, V, 0.f, "lm_head_forward_bf16");

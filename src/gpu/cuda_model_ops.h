@@ -38,6 +38,10 @@ namespace zoe::gpu {
 class CudaOpTimer;
 struct GemmKey;   // a cuBLASLt configuration (cuda_model_ops.cu)
 struct GemmPlan;  // its cached descriptors and algorithm
+// cuBLASLt's epilogues zoe uses: kBias adds bias[m] to each column of D; kGeluAuxBias adds it,
+// stores the sums into aux (D's type and shape) and applies GELU (tanh form); kDGeluBGrad
+// multiplies D by GELU' of aux and WRITES D's fp32 row sums (before D's rounding) into bias.
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad };
 
 class CudaModelOps final : public ModelOps {
  public:
@@ -106,14 +110,17 @@ class CudaModelOps final : public ModelOps {
                  const uint16_t* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
   void gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
                 const void* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
-  // D[m x n] = op(A) B (+ bias[m] on each column: cuBLASLt's BIAS epilogue), D contiguous, fp32
-  // or rounded to bf16 by the epilogue; beta 0. False, with nothing queued, where cuBLASLt has
-  // no algorithm for that epilogue here, or the bias is not 16-byte aligned: the caller then
-  // seeds the bias (and rounds) in passes of its own, as before.
+  using Epilogue = GemmEpilogue;
+  // D[m x n] = op(A) B through `e`, D contiguous, fp32 or rounded to bf16 by the epilogue; beta
+  // 0. False, with nothing queued, where cuBLASLt has no algorithm for it here (said once on
+  // stderr), or the bias or aux is missing or not 16-byte aligned, or aux's rows are not a
+  // multiple of 8: the caller then runs passes of its own, as before.
   bool gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
-                  int64_t ldb, void* D, bool d_bf16, const float* bias, const char* what);
-  GemmPlan* plan_for(const GemmKey& key, const char* what);
-  void run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const float* bias, const char* what);
+                  int64_t ldb, void* D, bool d_bf16, Epilogue e, const void* bias, const void* aux, const char* what);
+  // `aux`: the epilogue's aux matrix, whose address the heuristic weighs (null: none).
+  GemmPlan* plan_for(const GemmKey& key, const char* what, const void* aux = nullptr);
+  // Queues the product; cuBLASLt's status (a refusal queues nothing).
+  int run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias, const void* aux);
   void round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what);
   // dst[c] += sum over rows r < N of val(r, c), c < ncols, in a fixed order (defined and used in
   // cuda_model_ops.cu only).

@@ -55,8 +55,9 @@ BlockBuffers::BlockBuffers(const BlockDims& d, bool bf16)
     : acts_mem(block_acts_numel(d, bf16)), scratch(block_scratch_numel(d, bf16)),
       acts(block_acts_bind(acts_mem.data(), d, bf16)) {}
 
-// The widest rounded dout: c_fc's [BT,4C] output gradient.
-int64_t block_bf16_scratch_numel(const BlockDims& d) { return int64_t{d.B} * d.T * 4 * d.C; }
+// The most rounded douts held at once: c_fc's [BT,4C], made while c_proj's products still read
+// the block's own [BT,C] (block_backward).
+int64_t block_bf16_scratch_numel(const BlockDims& d) { return int64_t{d.B} * d.T * 5 * d.C; }
 
 std::array<std::pair<int64_t, int64_t>, 8> block_vectors(int C) {
   const auto sizes = block_tensor_sizes(C);
@@ -164,9 +165,12 @@ void forward_saved(ModelOps& ops, const BlockActs& a, const BlockWeights& w, con
   forward(ops, m.attproj, a.res1, {a.atty, a.atty_bf16}, p.attproj_b, BT, C, C);
   ops.residual_forward(a.res1, a.res1, inp, int64_t{BT} * C);
   layernorm(ops, a.ln2, a.ln2_bf16, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, BT, C);
-  forward(ops, m.fc, {a.fc, a.fc_bf16}, {a.ln2, a.ln2_bf16}, p.fc_b, BT, C, 4 * C);
-  if (w.bf16) ops.gelu_forward_bf16(a.fc_gelu_bf16, a.fc_bf16, int64_t{BT} * 4 * C);
-  else ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
+  if (w.bf16) {  // c_fc and its GELU in one op: a GPU runs the GELU in the product's epilogue
+    ops.matmul_gelu_forward_bf16(a.fc_gelu_bf16, a.fc_bf16, a.ln2_bf16, m.fc.bf16, p.fc_b, BT, C, 4 * C);
+    return;
+  }
+  forward(ops, m.fc, a.fc, {a.ln2, a.ln2_bf16}, p.fc_b, BT, C, 4 * C);
+  ops.gelu_forward(a.fc_gelu, a.fc, int64_t{BT} * 4 * C);
 }
 
 }  // namespace
@@ -199,20 +203,23 @@ void block_backward(ModelOps& ops, float* dinp, float* dparams, const float* dou
   // write overwrites it (a product's dinp, GELU's gradient, a copy): no zeroing pass, but for the
   // fp32 attention's dqkv, which its kernel accumulates.
   check_acts(a, w);
+  // bf16 compute: c_fc's dout, rounded, beside the block's own rounded dout at the scratch's start.
+  uint16_t* dfc16 = w.bf16 ? w.scratch + BTC : nullptr;
   if (w.bf16 && dout_rounded.given) {  // dout rounded, and its sums, by the LayerNorm above
-    ops.matmul_backward_bf16(buf_a, g.fcproj_w, w.scratch, a.fc_gelu_bf16, m.fcproj.bf16, BT, 4 * C, C,
-                             /*overwrite=*/true);
+    // c_proj's products and GELU's backward in one op (a GPU runs GELU's in the product's epilogue).
+    ops.matmul_gelu_backward_bf16(dfc16, g.fc_b, g.fcproj_w, w.scratch, a.fc_gelu_bf16, m.fcproj.bf16, a.fc_bf16, BT,
+                                  4 * C, C, buf_a);
     ops.copy(g.fcproj_b, dout_rounded.sums, C);
   } else {
     backward(ops, m.fcproj, buf_a, g.fcproj_w, g.fcproj_b, dout, {a.fc_gelu, a.fc_gelu_bf16}, BT, 4 * C, C);
+    if (w.bf16) ops.gelu_backward_bf16(dfc16, g.fc_b, a.fc_bf16, buf_a, BT, 4 * C, /*overwrite=*/true);
   }
   if (w.bf16) {
     // Each gradient a product reads comes rounded, with its layer's bias gradient, out of the
     // pass that makes it (GELU's, LayerNorm's, the attention's backward); the residual's
     // gradient is folded into LayerNorm's (no copies). One scratch takes each rounded dout in turn.
     uint16_t* dout16 = w.scratch;
-    ops.gelu_backward_bf16(dout16, g.fc_b, a.fc_bf16, buf_a, BT, 4 * C, /*overwrite=*/true);
-    ops.matmul_backward_bf16(dln, g.fc_w, dout16, a.ln2_bf16, m.fc.bf16, BT, C, 4 * C, /*overwrite=*/true);
+    ops.matmul_backward_bf16(dln, g.fc_w, dfc16, a.ln2_bf16, m.fc.bf16, BT, C, 4 * C, /*overwrite=*/true);
     ops.layernorm_backward_bf16(dres1, dout16, g.attproj_b, g.ln2_w, g.ln2_b, /*dres=*/dout, dln, a.res1, p.ln2_w,
                                 a.ln2_mean, a.ln2_rstd, BT, C);
     // Attention branch; dout is not read below, so dinp may alias it.

@@ -167,6 +167,19 @@ void matmul_backward_bf16(float* dinp, float* dW, const uint16_t* dout, const ui
   if (dW) bgemm(kTrans, kNoTrans, C, OC, N, inp, C, dout, OC, overwrite ? 0.f : 1.f, dW, OC);
 }
 
+// The CPU has no product epilogue to run GELU in: the two ops, one after the other.
+void matmul_gelu_forward_bf16(uint16_t* out, uint16_t* pre, const uint16_t* inp, const uint16_t* W, const float* bias,
+                              int N, int C, int OC) {
+  matmul_forward_bf16(pre, inp, W, bias, N, C, OC);
+  gelu_forward_bf16(out, pre, int64_t{N} * OC);
+}
+
+void matmul_gelu_backward_bf16(uint16_t* dpre, float* dbias_pre, float* dW, const uint16_t* dout, const uint16_t* inp,
+                               const uint16_t* W, const uint16_t* pre, int N, int C, int OC, float* scratch) {
+  matmul_backward_bf16(scratch, dW, dout, inp, W, N, C, OC, /*overwrite=*/true);
+  gelu_backward_bf16(dpre, dbias_pre, pre, scratch, N, C, /*overwrite=*/true);
+}
+
 // The LM head in bf16 compute: its input, logits and dlogits are bf16 already (ln_f's LayerNorm
 // and the loss wrote them so), so no operand is rounded here.
 void lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, const uint16_t* wte, int N, int C, int V) {

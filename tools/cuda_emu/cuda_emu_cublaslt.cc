@@ -1,13 +1,19 @@
 // cuBLASLt behind the same calls: a column-major GEMM (fp32, TF32-rounded fp32, or bf16 widened
-// exactly, into fp32 or, bf16 operands, rounded to bf16; the product by OpenBLAS) with the BIAS
-// epilogue (an fp32 vector added to each column of D, read 16-byte aligned), that checks that the
-// layouts make a product and that the pointers keep the alignments promised to the heuristic; a
-// matmul is queued on its stream like a kernel.
+// exactly, into fp32 or, bf16 operands, rounded to bf16; the product by OpenBLAS) with the
+// epilogues zoe asks for: BIAS (an fp32 vector added to each column of D), GELU_AUX_BIAS (then
+// GELU, tanh form, with the pre-GELU values stored rounded as D is into the aux matrix) and
+// DGELU_BGRAD (the product times GELU' of the aux matrix, and the fp32 bias gradient: each row's
+// sum of those values before D's rounding, written). Vectors and the aux matrix are read or
+// written 16 bytes at a time (so 16-byte aligned), the aux's leading dimension a multiple of 8 no
+// less than D's rows, as cuBLASLt requires. It checks that the layouts make a product and that
+// the pointers keep the alignments promised to the heuristic; a matmul is queued on its stream
+// like a kernel.
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
 #include <cblas.h>
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -22,7 +28,26 @@ struct DescData {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   int32_t bias_type = -1;  // -1: D's type, as cuBLASLt's default
   const void* bias = nullptr;
+  const void* aux = nullptr;
+  int64_t aux_ld = 0;
+  int32_t aux_type = -1;  // -1: D's type
 };
+
+bool has_bias(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+bool has_aux(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+
+// GELU, tanh form (GPT-2's, and what PyTorch runs where cuBLASLt's epilogue is not used), and
+// its derivative, in fp32.
+constexpr float kGeluScale = 0.7978845608028654f, kGeluCube = 0.044715f;
+float gelu(float x) { return 0.5f * x * (1.f + std::tanh(kGeluScale * (x + kGeluCube * x * x * x))); }
+float gelu_grad(float x) {
+  const float t = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluScale * (1.f + 3.f * kGeluCube * x * x);
+}
 struct LayoutData {
   cudaDataType_t type;
   uint64_t rows, cols;
@@ -93,7 +118,8 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     return tf32 ? to_tf32(f) : f;
   };
   const auto* Cf = static_cast<const float*>(Cp);
-  const auto* bias = static_cast<const float*>(o.epilogue == CUBLASLT_EPILOGUE_BIAS ? o.bias : nullptr);
+  const bool bgrad = o.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  const auto* bias = static_cast<const float*>(has_bias(o.epilogue) && !bgrad ? o.bias : nullptr);
   const int64_t m = Dl.rows, n = Dl.cols;
   const int64_t k = o.ta == CUBLAS_OP_N ? A.cols : A.rows;
   // op(A) and op(B) as dense column-major fp32 (widened, TF32-rounded), then one OpenBLAS sgemm:
@@ -108,14 +134,36 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, a.data(), static_cast<blasint>(m), b.data(), static_cast<blasint>(k),
                 0.f, d.data(), static_cast<blasint>(m));
-  // beta C (fp32 only: a bf16 D is written with beta 0), then the bias, then D's rounding.
+  // An element of D's type (the aux matrix has D's type too), stored or loaded.
+  const bool d16 = Dl.type == CUDA_R_16BF;
+  auto store = [d16](void* p, int64_t x, float v) {
+    if (d16) static_cast<uint16_t*>(p)[x] = emu::round_bf16(v);
+    else static_cast<float*>(p)[x] = v;
+  };
+  auto element = [d16](const void* p, int64_t x) {
+    if (!d16) return static_cast<const float*>(p)[x];
+    const uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  // beta C (fp32 only: a bf16 D is written with beta 0), then the bias, then the GELU epilogues
+  // (GELU with its input into aux; or GELU' of aux, summed into the bias gradient), then D's rounding.
+  std::vector<float> bias_grad(bgrad ? static_cast<size_t>(m) : 0, 0.f);
   for (int64_t j = 0; j < n; j++)
     for (int64_t i = 0; i < m; i++) {
       float v = d[j * m + i] + (beta != 0.f ? beta * Cf[j * Cl.ld + i] : 0.f);
       if (bias) v += bias[i];
-      if (Dl.type == CUDA_R_16BF) static_cast<uint16_t*>(Dp)[j * Dl.ld + i] = emu::round_bf16(v);
-      else static_cast<float*>(Dp)[j * Dl.ld + i] = v;
+      if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        store(const_cast<void*>(o.aux), j * o.aux_ld + i, v);
+        v = gelu(v);
+      } else if (bgrad) {
+        v *= gelu_grad(element(o.aux, j * o.aux_ld + i));
+        bias_grad[i] += v;
+      }
+      store(Dp, j * Dl.ld + i, v);
     }
+  if (bgrad) std::memcpy(const_cast<void*>(o.bias), bias_grad.data(), bias_grad.size() * sizeof(float));
 }
 
 }  // namespace
@@ -161,6 +209,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return set(&x->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set(&x->bias_type, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set(&x->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return set(&x->aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set(&x->aux_ld, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return set(&x->aux_type, buf, size);
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
   }
 }
@@ -217,13 +268,19 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   const uint64_t am = o->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = o->ta == CUBLAS_OP_N ? A->cols : A->rows;
   const uint64_t bk = o->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = o->tb == CUBLAS_OP_N ? B->cols : B->rows;
   // The products zoe asks for: fp32 x fp32 or bf16 x bf16, into fp32 (or bf16 from bf16), C of
-  // D's type (as cuBLASLt's tables allow); no epilogue but BIAS, whose vector is fp32.
+  // D's type (as cuBLASLt's tables allow); no epilogues but BIAS, GELU_AUX_BIAS and DGELU_BGRAD,
+  // whose vector is fp32 and aux matrix of D's type, its leading dimension a multiple of 8 no
+  // less than D's rows.
   const bool types_ok = A->type == B->type && (A->type == CUDA_R_32F || A->type == CUDA_R_16BF) &&
                         Cl->type == Dl->type && (Dl->type == CUDA_R_32F || (Dl->type == CUDA_R_16BF && A->type == CUDA_R_16BF)) &&
                         (A->type == CUDA_R_32F || o->compute == CUBLAS_COMPUTE_32F);
   const int32_t bias_type = o->bias_type == -1 ? static_cast<int32_t>(Dl->type) : o->bias_type;
+  const int32_t aux_type = o->aux_type == -1 ? static_cast<int32_t>(Dl->type) : o->aux_type;
+  const bool aux_ok = !has_aux(o->epilogue) ||
+                      (aux_type == static_cast<int32_t>(Dl->type) && o->aux_ld % 8 == 0 &&
+                       o->aux_ld >= static_cast<int64_t>(Dl->rows));
   const bool epilogue_ok = o->epilogue == CUBLASLT_EPILOGUE_DEFAULT ||
-                           (o->epilogue == CUBLASLT_EPILOGUE_BIAS && bias_type == CUDA_R_32F);
+                           (has_bias(o->epilogue) && bias_type == CUDA_R_32F && aux_ok);
   if (!types_ok || !epilogue_ok) {
     *found = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -262,13 +319,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                                   {static_cast<const char*>(Bp), span_bytes(B), false},
                                   {static_cast<const char*>(Dp), span_bytes(Dl), true}};
   if (beta != 0.f) uses.push_back({static_cast<const char*>(Cp), span_bytes(Cl), false});
-  if (o.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+  if (has_bias(o.epilogue)) {
     if (o.bias == nullptr || alignment(o.bias) < 16) {
-      if (o.bias) std::fprintf(stderr, "cuda_emu: the bias epilogue's vector %p is not 16-byte aligned\n", o.bias);
-      else std::fprintf(stderr, "cuda_emu: the bias epilogue has no vector (CUBLASLT_MATMUL_DESC_BIAS_POINTER unset)\n");
+      if (o.bias) std::fprintf(stderr, "cuda_emu: the epilogue's bias vector %p is not 16-byte aligned\n", o.bias);
+      else std::fprintf(stderr, "cuda_emu: the epilogue has no bias vector (CUBLASLT_MATMUL_DESC_BIAS_POINTER unset)\n");
       return CUBLAS_STATUS_INVALID_VALUE;
     }
-    uses.push_back({static_cast<const char*>(o.bias), Dl.rows * sizeof(float), false});
+    // DGELU_BGRAD writes the bias gradient; the others read the bias.
+    uses.push_back({static_cast<const char*>(o.bias), Dl.rows * sizeof(float), o.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD});
+  }
+  if (has_aux(o.epilogue)) {
+    if (o.aux == nullptr || alignment(o.aux) < 16) {
+      if (o.aux) std::fprintf(stderr, "cuda_emu: the epilogue's aux matrix %p is not 16-byte aligned\n", o.aux);
+      else std::fprintf(stderr, "cuda_emu: the epilogue has no aux matrix (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER unset)\n");
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    // GELU_AUX_BIAS writes the GELU input; DGELU_BGRAD reads it.
+    const LayoutData aux{Dl.type, Dl.rows, Dl.cols, o.aux_ld};
+    uses.push_back({static_cast<const char*>(o.aux), span_bytes(aux), o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS});
   }
   emu::enqueue(stream, "cublasLtMatmul", std::move(uses),
                [=] { gemm(o, A, B, Cl, Dl, alpha, beta, Ap, Bp, Cp, Dp); });

@@ -156,7 +156,18 @@ check "the attention backward's row term D left out (attention_rowdot_kernel)" c
 mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);" \
   "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the bias pointer never given"
 check "the bias epilogue run without its vector (CudaModelOps::run)" cuda_model_ops_gpu_test_emu \
-  "the bias epilogue has no vector" $(ops_test '*.Matmul')
+  "the epilogue has no bias vector" $(ops_test '*.Matmul')
+
+# --- GELU in the products' epilogues (GELU_AUX_BIAS, DGELU_BGRAD) ---
+mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);" \
+  "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the aux matrix of the plan's first call kept"
+check "a GELU epilogue writing or reading the aux matrix of the plan's first call (CudaModelOps::run)" \
+  cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
+
+mutate src/gpu/cuda_model_ops.cu "W, OC, inp, C, out, true, Epilogue::kGeluAuxBias, bias, pre," \
+  "W, OC, inp, C, pre, true, Epilogue::kGeluAuxBias, bias, out,"
+check "GELU's output and its input swapped in the epilogue (matmul_gelu_forward_bf16)" \
+  cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
 
 mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, copied_);" \
   "  st = Status::Ok();  // mutation: the compute stream does not wait for the upload"
