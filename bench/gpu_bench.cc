@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -12,8 +13,10 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
 
 #include "kernels/adam.h"
+#include "plan_calibration.h"
 #include "step_bench.h"
 #ifdef ZOE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -268,6 +271,53 @@ Status bf16_split(const StepBenchOptions& s, nlohmann::json& split, std::FILE* h
   return Status::Ok();
 }
 
+// The measured rate (bytes a second) of one of bench_copies' rows; 0 where it is absent.
+double copy_rate(const nlohmann::json& results, const char* name) {
+  for (const auto& r : results)
+    if (r["case"] == name) return r["measured"].get<double>() * 1e9;
+  return 0;
+}
+
+// What the offloaded step cannot beat, each part measured in this run: the GPU's compute (the
+// resident step less its optimizer), the link (the step's host <-> device bytes at the copies'
+// measured rates, the two directions at once), the disk (its NVMe bytes at the store's rates
+// there, reads and writes in turn) and the CPU Adam (every parameter, on the step's threads).
+// The bound is the slowest of them: the step at 1.0 would hide all the others behind it.
+Result<nlohmann::json> offload_bound(const GpuBenchOptions& o, const StepTiming& resident, const StepTiming& off,
+                                     const nlohmann::json& results, int threads) {
+  const double h2d = copy_rate(results, "h2d_path"), d2h = copy_rate(results, "d2h_path");
+  std::error_code ec;
+  std::filesystem::create_directories(o.nvme_dir, ec);
+  ZOE_ASSIGN_OR_RETURN(nlohmann::json disk,
+                       measure_nvme_rates(o.nvme_dir, o.smoke ? uint64_t{16} << 20 : uint64_t{512} << 20));
+  double adam = 0;
+  {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    adam = measure_cpu_adam(DType::kF32);
+  }
+  const nlohmann::json parts = {
+      {"compute_s", resident.step_s - resident.optimizer},
+      {"link_s", std::max(h2d > 0 ? off.h2d_bytes / h2d : 0.0, d2h > 0 ? off.d2h_bytes / d2h : 0.0)},
+      {"disk_s", off.nvme_read_bytes / disk["read_Bps"].get<double>() +
+                     off.nvme_written_bytes / disk["write_Bps"].get<double>()},
+      {"cpu_adam_s", double(off.params) / adam},
+      {"h2d_bytes", off.h2d_bytes}, {"d2h_bytes", off.d2h_bytes}, {"h2d_Bps", h2d}, {"d2h_Bps", d2h},
+      {"nvme_read_bytes", off.nvme_read_bytes}, {"nvme_written_bytes", off.nvme_written_bytes},
+      {"nvme_read_Bps", disk["read_Bps"]}, {"nvme_write_Bps", disk["write_Bps"]},
+      {"cpu_adam_elems_per_s", adam}, {"threads", threads}};
+  std::string slowest;
+  double bound = 0;
+  for (const char* part : {"compute_s", "link_s", "disk_s", "cpu_adam_s"})
+    if (parts[part].get<double>() > bound) bound = parts[part].get<double>(), slowest = part;
+  nlohmann::json r = row("gpt2 124M offloaded step vs bound s", off.step_s, bound, "s",
+                         fmt::format("max(GPU compute {:.3f}, link {:.3f}, disk {:.3f}, CPU Adam {:.3f}): {}",
+                                     parts["compute_s"].get<double>(), parts["link_s"].get<double>(),
+                                     parts["disk_s"].get<double>(), parts["cpu_adam_s"].get<double>(),
+                                     slowest.substr(0, slowest.size() - 2)));
+  r["parts"] = parts;
+  return r;
+}
+
 // GPT-2 124M at B 8, T 1024 in fp32: zoe resident against PyTorch, then zoe offloaded.
 Status bench_gpt2_gpu(const GpuBenchOptions& o, double bf16_peak, nlohmann::json& results, nlohmann::json& split,
                       std::FILE* human) {
@@ -328,11 +378,15 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, double bf16_peak, nlohmann::json
   uint64_t transient = resident.peak_device_bytes - resident.persistent_device_bytes;
   uint64_t largest_unit = uint64_t(s.shape.vocab_size + s.shape.n_positions) * s.shape.n_embd * 4;
   off.device_budget = transient + resident.persistent_device_bytes / 4 + 2 * largest_unit;
-  ZOE_ASSIGN_OR_RETURN(StepTiming offloaded, time_zoe_step(off, 1));
+  // On every core, as its users run it: the CPU Adam and the NVMe threads share them.
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ZOE_ASSIGN_OR_RETURN(StepTiming offloaded, time_zoe_step(off, threads));
   nlohmann::json r = row("gpt2 124M offloaded step s", offloaded.step_s, resident.step_s, "s",
                          "the same step fully resident (stage 0)");
   r["device_budget"] = off.device_budget;
   results.push_back(r);
+  ZOE_ASSIGN_OR_RETURN(nlohmann::json bound, offload_bound(o, resident, offloaded, results, threads));
+  results.push_back(bound);
   return Status::Ok();
 }
 

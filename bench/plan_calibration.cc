@@ -37,32 +37,6 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-// The CPU Adam over n fp32 elements of state with gradients and weights in the job's dtype, best
-// of three: elements a second on all the process's threads.
-double measure_adam(DType dtype) {
-  const size_t n = size_t{16} << 20;
-  std::vector<float> master(n, 0.5f), m(n, 0.f), v(n, 0.f);
-  std::vector<uint16_t> grad(n, 0x3c00), param(n, 0);
-  std::vector<float> grad32(dtype == DType::kF32 ? n : 0, 1e-3f);
-  AdamRange r;
-  r.grad = dtype == DType::kF32 ? static_cast<const void*>(grad32.data()) : grad.data();
-  r.grad_dtype = dtype;
-  r.master = master.data();
-  r.exp_avg = m.data();
-  r.exp_avg_sq = v.data();
-  r.param_out = dtype == DType::kF32 ? nullptr : param.data();
-  r.param_dtype = dtype;
-  r.n = n;
-  AdamHyper h;
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const double t0 = now_s();
-    adam_step(h, r, best_isa(), 0);
-    if (rep > 0) best = std::min(best, now_s() - t0);
-  }
-  return double(n) / best;
-}
-
 // memcpy of 256 MiB, best of three after a warm-up: bytes a second.
 double measure_copy() {
   const size_t n = size_t{256} << 20;
@@ -74,43 +48,6 @@ double measure_copy() {
     if (rep > 0) best = std::min(best, now_s() - t0);
   }
   return double(n) / best;
-}
-
-// The store's read and write rates at the best of its 1 MiB cases, on a file of `bytes` in a
-// directory it makes for itself under `path` (mkdtemp: never one that was there) and removes.
-Result<nlohmann::json> measure_nvme(const std::string& path, uint64_t bytes) {
-  NvmeBenchOptions o;
-  std::string tmpl = (std::filesystem::path(path) / "zoe-plan-calibration-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data()))
-    return Status::Io("cannot make a calibration directory under " + path + ": " + std::strerror(errno));
-  o.dir = tmpl;
-  o.file_bytes = bytes;
-  o.block_sizes = {1u << 20};
-  o.queue_depths = {8, 32};
-  o.reps = 1;
-  o.checksum_rows = false;
-  o.fio = "/nonexistent/fio";  // zoe's rates only: the referee is `zoe bench nvme`'s business
-  nlohmann::json out;
-  Status st = bench_nvme(o, &out, nullptr);
-  std::error_code ec;
-  std::filesystem::remove_all(o.dir, ec);
-  ZOE_RETURN_IF_ERROR(st);
-  // The depth whose read and write together move a byte each way fastest.
-  std::map<unsigned, std::pair<double, double>> by_depth;
-  for (const auto& r : out["results"]) {
-    if (!r["zoe_GBps"].is_number()) continue;
-    auto& rw = by_depth[r["queue_depth"].get<unsigned>()];
-    (r["op"] == "read" ? rw.first : rw.second) = r["zoe_GBps"].get<double>() * 1e9;
-  }
-  double best = 0;
-  nlohmann::json pick;
-  for (const auto& [qd, rw] : by_depth)
-    if (rw.first > 0 && rw.second > 0 && 1 / (1 / rw.first + 1 / rw.second) > best) {
-      best = 1 / (1 / rw.first + 1 / rw.second);
-      pick = {{"read_Bps", rw.first}, {"write_Bps", rw.second}, {"block_size", 1 << 20}, {"queue_depth", qd}};
-    }
-  if (pick.is_null()) return Status::Runtime("the NVMe store moved nothing on " + path);
-  return pick;
 }
 
 // The collectives' bus bandwidth over the ranks (nccl-tests' convention: the bytes each rank
@@ -192,6 +129,70 @@ Result<std::pair<double, double>> measure_pass(const Config& job, const std::str
 
 }  // namespace
 
+// The CPU Adam over n fp32 elements of state with gradients and weights in the job's dtype, best
+// of three: elements a second on all the process's threads.
+double measure_cpu_adam(DType dtype) {
+  const size_t n = size_t{16} << 20;
+  std::vector<float> master(n, 0.5f), m(n, 0.f), v(n, 0.f);
+  std::vector<uint16_t> grad(n, 0x3c00), param(n, 0);
+  std::vector<float> grad32(dtype == DType::kF32 ? n : 0, 1e-3f);
+  AdamRange r;
+  r.grad = dtype == DType::kF32 ? static_cast<const void*>(grad32.data()) : grad.data();
+  r.grad_dtype = dtype;
+  r.master = master.data();
+  r.exp_avg = m.data();
+  r.exp_avg_sq = v.data();
+  r.param_out = dtype == DType::kF32 ? nullptr : param.data();
+  r.param_dtype = dtype;
+  r.n = n;
+  AdamHyper h;
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const double t0 = now_s();
+    adam_step(h, r, best_isa(), 0);
+    if (rep > 0) best = std::min(best, now_s() - t0);
+  }
+  return double(n) / best;
+}
+
+// The store's read and write rates at the best of its 1 MiB cases, on a file of `bytes` in a
+// directory it makes for itself under `path` (mkdtemp: never one that was there) and removes.
+Result<nlohmann::json> measure_nvme_rates(const std::string& path, uint64_t bytes) {
+  NvmeBenchOptions o;
+  std::string tmpl = (std::filesystem::path(path) / "zoe-plan-calibration-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data()))
+    return Status::Io("cannot make a calibration directory under " + path + ": " + std::strerror(errno));
+  o.dir = tmpl;
+  o.file_bytes = bytes;
+  o.block_sizes = {1u << 20};
+  o.queue_depths = {8, 32};
+  o.reps = 1;
+  o.checksum_rows = false;
+  o.fio = "/nonexistent/fio";  // zoe's rates only: the referee is `zoe bench nvme`'s business
+  nlohmann::json out;
+  Status st = bench_nvme(o, &out, nullptr);
+  std::error_code ec;
+  std::filesystem::remove_all(o.dir, ec);
+  ZOE_RETURN_IF_ERROR(st);
+  // The depth whose read and write together move a byte each way fastest.
+  std::map<unsigned, std::pair<double, double>> by_depth;
+  for (const auto& r : out["results"]) {
+    if (!r["zoe_GBps"].is_number()) continue;
+    auto& rw = by_depth[r["queue_depth"].get<unsigned>()];
+    (r["op"] == "read" ? rw.first : rw.second) = r["zoe_GBps"].get<double>() * 1e9;
+  }
+  double best = 0;
+  nlohmann::json pick;
+  for (const auto& [qd, rw] : by_depth)
+    if (rw.first > 0 && rw.second > 0 && 1 / (1 / rw.first + 1 / rw.second) > best) {
+      best = 1 / (1 / rw.first + 1 / rw.second);
+      pick = {{"read_Bps", rw.first}, {"write_Bps", rw.second}, {"block_size", 1 << 20}, {"queue_depth", qd}};
+    }
+  if (pick.is_null()) return Status::Runtime("the NVMe store moved nothing on " + path);
+  return pick;
+}
+
+
 int PlanCalibration::ranks() const { return o_.comm ? o_.comm->size() : 1; }
 
 Status PlanCalibration::together() const { return ranks() > 1 ? o_.comm->barrier() : Status::Ok(); }
@@ -218,7 +219,7 @@ Result<PlanRates> PlanCalibration::rates() {
   bool cached = !o_.recalibrate && m.contains(dkey);
   if (!cached) {
     ZOE_RETURN_IF_ERROR(together());
-    m[dkey] = measure_adam(job_.dtype);
+    m[dkey] = measure_cpu_adam(job_.dtype);
   }
   say("cpu adam", fmt::format("{:.0f} M elements/s", m[dkey].get<double>() / 1e6), cached);
   cached = !o_.recalibrate && m.contains("copy_Bps");
@@ -239,7 +240,7 @@ Result<PlanRates> PlanCalibration::rates() {
       // Plain reads and writes on a file of an eighth of the state, 512 MiB to 1 GiB.
       const uint64_t file = std::clamp<uint64_t>(uint64_t(model_elems()) * 16 / 8 / ranks(),
                                                  uint64_t{512} << 20, uint64_t{1} << 30) >> 20 << 20;
-      ZOE_ASSIGN_OR_RETURN(m["nvme"][canon], measure_nvme(path, file));
+      ZOE_ASSIGN_OR_RETURN(m["nvme"][canon], measure_nvme_rates(path, file));
       m["nvme"][canon]["file_bytes"] = file;
       // The pass itself at both depths (reads and write-backs at once, as a disk moves them more
       // slowly than apart): the faster depth is the plan's.

@@ -19,6 +19,14 @@ namespace zoe {
 
 class Comm;
 
+// What a plan measures, for the other benches too. The CPU Adam's elements a second on the
+// process's threads (fp32 state; gradients and weights in `dtype`), best of three.
+double measure_cpu_adam(DType dtype);
+// The NVMe store's read and write rates at its best 1 MiB case (depth 8 or 32) on a file of
+// `bytes` in a directory of its own under `path`: {"read_Bps", "write_Bps", "block_size",
+// "queue_depth"}.
+Result<nlohmann::json> measure_nvme_rates(const std::string& path, uint64_t bytes);
+
 struct PlanCalibrationOptions {
   std::string cache_path = "out/plan/calibration.json";
   bool recalibrate = false;     // measure even when the cache has the figures

@@ -70,6 +70,8 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     ZOE_ASSIGN_OR_RETURN(Batch b, source->next());
     Profiler::get().take_step_times();
     if (o.op_times) (void)dev.ops().take_op_seconds();  // from this step on
+    const uint64_t up0 = dev.copied_bytes(Stream::kH2D), down0 = dev.copied_bytes(Stream::kD2H);
+    const ZeroEngine::SchedStats io0 = engine->sched_stats();
     auto t0 = std::chrono::steady_clock::now();
     ZOE_ASSIGN_OR_RETURN(double loss, model.train_micro_step(*engine, b, 1.0f));
     ZOE_ASSIGN_OR_RETURN(StepResult r, engine->step(kLr));
@@ -82,10 +84,16 @@ Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads) {
     if (o.op_times)
       for (const auto& [op, sec] : dev.ops().take_op_seconds()) t.op_s[op] += sec / o.iters;
     secs.push_back(s);
+    const ZeroEngine::SchedStats io1 = engine->sched_stats();
+    t.h2d_bytes += double(dev.copied_bytes(Stream::kH2D) - up0) / o.iters;
+    t.d2h_bytes += double(dev.copied_bytes(Stream::kD2H) - down0) / o.iters;
+    t.nvme_read_bytes += double(io1.nvme_read_bytes - io0.nvme_read_bytes) / o.iters;
+    t.nvme_written_bytes += double(io1.nvme_written_bytes - io0.nvme_written_bytes) / o.iters;
     t.forward += buckets[int(Bucket::kForward)] / o.iters;
     t.backward += buckets[int(Bucket::kBackward)] / o.iters;
     t.optimizer += buckets[int(Bucket::kOptimizer)] / o.iters;
   }
+  t.params = gpt2::total_numel(o.shape);
   t.step_s = *std::min_element(secs.begin(), secs.end());
   t.median_s = median(secs);
   LedgerSnapshot l = dev.ledger().snapshot();

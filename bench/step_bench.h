@@ -50,6 +50,10 @@ struct StepTiming {
   double first_loss = 0, last_loss = 0;
   uint64_t peak_device_bytes = 0, persistent_device_bytes = 0;  // the ledger's, after the run
   std::map<std::string, double> op_s;  // seconds per step in each model op (ModelOps::take_op_seconds)
+  // Bytes a timed step moved, on average: host -> device and back (Device::copied_bytes), and
+  // what the NVMe stores read and wrote.
+  double h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_written_bytes = 0;
+  int64_t params = 0;  // the model's parameters
 };
 Result<StepTiming> time_zoe_step(const StepBenchOptions& o, int threads);
 Result<std::string> find_torch_python(const StepBenchOptions& o);

@@ -113,8 +113,23 @@ TEST(BenchGpu, ASmokeRunHasEveryRowAndTheStepsSplit) {
     EXPECT_GT(r["measured"].get<double>(), 0) << r.dump();
     EXPECT_GT(r["baseline"].get<double>(), 0) << r.dump();
   }
-  for (const char* want : {"bf16 GEMM 256^3 TFLOP/s", "gpt2 bf16 model TFLOP/s", "gpt2 124M offloaded step s"})
+  for (const char* want : {"bf16 GEMM 256^3 TFLOP/s", "gpt2 bf16 model TFLOP/s", "gpt2 124M offloaded step s",
+                           "gpt2 124M offloaded step vs bound s"})
     EXPECT_NE(std::find(cases.begin(), cases.end(), want), cases.end()) << want << " missing from " << j.dump();
+  // The offloaded step's bound: every part measured, and the step moved bytes over the link and
+  // the disk (parameters and optimizer state on NVMe).
+  for (const auto& r : j["results"]) {
+    if (r["case"] != "gpt2 124M offloaded step vs bound s") continue;
+    const nlohmann::json& parts = r["parts"];
+    for (const char* key : {"compute_s", "link_s", "disk_s", "cpu_adam_s", "h2d_bytes", "d2h_bytes",
+                            "nvme_read_bytes", "nvme_written_bytes"})
+      EXPECT_GT(parts.value(key, 0.0), 0) << key << ": " << r.dump();
+    EXPECT_NEAR(r["baseline"].get<double>(),
+                std::max({parts["compute_s"].get<double>(), parts["link_s"].get<double>(),
+                          parts["disk_s"].get<double>(), parts["cpu_adam_s"].get<double>()}),
+                1e-12)
+        << r.dump();
+  }
   const nlohmann::json& split = j["bf16_split"];
   for (const char* key : {"step_ms", "products_ms", "attention_forward_ms", "attention_backward_ms", "elementwise_ms"})
     EXPECT_GT(split.value(key, 0.0), 0) << key << ": " << split.dump();

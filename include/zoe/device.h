@@ -89,6 +89,9 @@ class Device {
   // first, so what kernels enqueued before is what moves.
   virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Bytes the copies above have moved on `stream` since the device was made (upload on kH2D,
+  // download on kD2H): what a bench holds against the link's rate. 0 where a device does not count.
+  virtual uint64_t copied_bytes(Stream /*stream*/) const { return 0; }
   virtual Status zero(void* dst, size_t bytes, Stream stream = Stream::kCompute) = 0;
 
   virtual Event record(Stream stream) = 0;

@@ -218,8 +218,10 @@ Status CudaDevice::copy(void* dst, const void* src, size_t bytes, Stream stream)
   if (bytes == 0) return Status::Ok();
   if (!dst || !src) return Status::Invalid("copy: null pointer");
   ZOE_RETURN_IF_ERROR(make_current());
-  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, this->stream(stream)),
-               [&] { return fmt::format("cudaMemcpyAsync of {} bytes", bytes); });
+  ZOE_RETURN_IF_ERROR(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, this->stream(stream)),
+                            [&] { return fmt::format("cudaMemcpyAsync of {} bytes", bytes); }));
+  copied_[static_cast<int>(stream)] += bytes;
+  return Status::Ok();
 }
 
 Status CudaDevice::sync_copy(void* dst, const void* src, size_t bytes, Stream copy_stream, const char* what) {
@@ -230,6 +232,7 @@ Status CudaDevice::sync_copy(void* dst, const void* src, size_t bytes, Stream co
   cudaStream_t s = stream(copy_stream);
   ZOE_RETURN_IF_ERROR(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
                             [&] { return fmt::format("cudaMemcpyAsync ({}) of {} bytes", what, bytes); }));
+  copied_[static_cast<int>(copy_stream)] += bytes;
   return check(cudaStreamSynchronize(s), [&] { return fmt::format("{} of {} bytes", what, bytes); });
 }
 

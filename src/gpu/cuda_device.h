@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,7 @@ class CudaDevice final : public Device {
   Status copy(void* dst, const void* src, size_t bytes, Stream stream) override;
   Status upload(void* dst, const void* host_src, size_t bytes) override;
   Status download(void* host_dst, const void* src, size_t bytes) override;
+  uint64_t copied_bytes(Stream stream) const override { return copied_[static_cast<int>(stream)].load(); }
   Status zero(void* dst, size_t bytes, Stream stream = Stream::kCompute) override;
 
   Event record(Stream stream) override;
@@ -101,6 +103,7 @@ class CudaDevice final : public Device {
 
   const int gpu_;
   std::array<cudaStream_t, kNumStreams> streams_{};
+  std::array<std::atomic<uint64_t>, kNumStreams> copied_{};  // copied_bytes (any thread copies)
   int max_blocks_ = 1;  // blocks of the element-wise kernels: 8 per SM (full occupancy at 256 threads)
 
   std::unique_ptr<gpu::CachingAllocator> device_mem_, host_mem_;
