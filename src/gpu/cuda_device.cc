@@ -71,10 +71,15 @@ CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget, bool a
         return p;
       },
       [](void* p) {
-        const cudaError_t e = cudaFree(p);
-        if (e != cudaSuccess) {
+        // A segment goes back only when the cache is released (a request would pass the budget)
+        // or at the end, and work still queued may read a block of it: blocks are freed into the
+        // cache in flight, their next user ordered after by events. cudaFree waits for the device
+        // anyway; the wait is made here, where it is meant (and where the emulation checks it).
+        const cudaError_t sync = cudaDeviceSynchronize(), e = cudaFree(p);
+        if (sync != cudaSuccess || e != cudaSuccess) {
           cudaGetLastError();
-          std::fprintf(stderr, "zoe: CUDA cudaFree failed: %s\n", cuda_error(e).c_str());
+          std::fprintf(stderr, "zoe: CUDA %s failed: %s\n", sync != cudaSuccess ? "cudaDeviceSynchronize before cudaFree" : "cudaFree",
+                       cuda_error(sync != cudaSuccess ? sync : e).c_str());
         }
       }};
   gpu::RawMemory host_raw{
@@ -89,10 +94,13 @@ CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget, bool a
         return p;
       },
       [](void* p) {
-        const cudaError_t e = cudaFreeHost(p);
-        if (e != cudaSuccess) {
+        // (As for device segments: queued copies and kernels may still read a block of it.)
+        const cudaError_t sync = cudaDeviceSynchronize(), e = cudaFreeHost(p);
+        if (sync != cudaSuccess || e != cudaSuccess) {
           cudaGetLastError();
-          std::fprintf(stderr, "zoe: CUDA cudaFreeHost failed: %s\n", cuda_error(e).c_str());
+          std::fprintf(stderr, "zoe: CUDA %s failed: %s\n",
+                       sync != cudaSuccess ? "cudaDeviceSynchronize before cudaFreeHost" : "cudaFreeHost",
+                       cuda_error(sync != cudaSuccess ? sync : e).c_str());
         }
       }};
   device_mem_ = std::make_unique<gpu::CachingAllocator>(device_budget, std::move(device_raw), &ledger_, Tier::kDevice,
