@@ -37,7 +37,7 @@ Config bench_config(const OffloadBenchOptions& o, const std::string& nvme_dir, u
   c.micro_batch = o.B;
   c.lr = 1e-4;
   c.grad_clip = 1.0;
-  c.device = "cpu";
+  c.device = o.device;
   c.checksums = o.checksums;
   c.aio_block_size = o.aio_block_size;
   c.aio_queue_depth = o.aio_queue_depth;
@@ -202,8 +202,8 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   const double compute_s = compute->median_s(), io_s = io->median_s(), bound = std::max(compute_s, io_s);
   const uint64_t state = compute->persistent();
   std::string shape = fmt::format(
-      "gpt2 L{} C{} B{} T{} bf16 stage 3, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s){}",
-      o.shape.n_layer, o.shape.n_embd, o.B, o.T, state / 1e6, double(state) / budget, threads,
+      "gpt2 L{} C{} B{} T{} bf16 stage 3 on {}, state {:.0f} MB = {:.1f}x the device budget, {} compute thread(s){}",
+      o.shape.n_layer, o.shape.n_embd, o.B, o.T, o.device, state / 1e6, double(state) / budget, threads,
       o.checksums ? "" : ", no checksums");
   const std::string aio = fmt::format("aio.block_size {}, aio.queue_depth {}", o.aio_block_size, o.aio_queue_depth);
   if (human)

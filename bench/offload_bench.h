@@ -26,6 +26,9 @@ struct OffloadBenchOptions {
   bool checksums = true;   // zoe.checksums of the offloaded engines: xxh3 sums per swap block
   int64_t aio_block_size = int64_t{1} << 20;  // aio.block_size, aio.queue_depth of their stores
   int aio_queue_depth = 8;
+  // zoe.device of every case: cpu, or cuda (the GPU's offloaded step against its compute-only and
+  // I/O-only steps on the same GPU).
+  std::string device = "cpu";
 };
 
 Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FILE* human);

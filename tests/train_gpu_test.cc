@@ -140,6 +140,34 @@ TEST(BenchGpu, ASmokeRunHasEveryRowAndTheStepsSplit) {
 #endif
 }
 
+// `zoe bench offload --device cuda`: the GPU's offloaded step (parameters and optimizer state on
+// NVMe, the device a quarter of the state) against its compute-only and I/O-only steps on the same
+// GPU, within its budget, the ratio the step over the larger of the two.
+TEST(BenchOffloadGpu, TheOffloadedStepOnTheGpuAgainstItsComputeAndIoSteps) {
+#ifndef ZOE_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)";
+#else
+  std::string why;
+  if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU: " << why;
+  std::string dir = make_temp_dir("bench-offload-gpu"), out;
+  ASSERT_EQ(run_command(kZoe + " bench offload --device cuda --smoke --json --dir " + dir + "/swap > " + dir + "/o.json",
+                        &out),
+            0)
+      << out << slurp(dir + "/o.json");
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir + "/o.json"));
+  ASSERT_EQ(j.at("results").size(), 2u) << j.dump();
+  for (const auto& r : j["results"]) {
+    EXPECT_NE(r.at("case").get<std::string>().find("on cuda"), std::string::npos) << r.dump();
+    const double step = r.at("step_s"), compute = r.at("compute_only_s"), io = r.at("io_only_s");
+    EXPECT_GT(step, 0);
+    EXPECT_GT(compute, 0);
+    EXPECT_GT(io, 0);
+    EXPECT_DOUBLE_EQ(r.at("ratio").get<double>(), step / std::max(compute, io));
+    EXPECT_LE(r.at("peak_device_bytes").get<uint64_t>(), r.at("device_budget_bytes").get<uint64_t>()) << r.dump();
+  }
+#endif
+}
+
 #ifdef ZOE_CUDA_EMU
 // --- failures on the emulated GPU: tools/cuda_emu fails the call that CUDA_EMU_FAIL names ------
 

@@ -102,6 +102,14 @@ int bench_command(const BenchArgs& a) {
     if (a.aio_queue_depth > 0) o.aio_queue_depth = a.aio_queue_depth;
     if (a.threads.size() > 1) return report_error(Status::Invalid("bench offload: one --threads"));
     if (!a.threads.empty()) o.threads = a.threads[0];
+    if (!a.device.empty()) o.device = a.device;
+    if (a.smoke) {  // a model the emulated GPU steps in seconds (a CUDA device's allocator needs a
+                    // budget of a few MB), one round without warm-up
+      o.shape = {/*n_layer=*/4, /*n_head=*/3, /*n_embd=*/192, /*vocab_size=*/256, /*n_positions=*/64};
+      o.T = 32;
+      o.warmup = 0;
+      o.iters = 1;
+    }
     st = bench_offload(o, &out, human);
   } else if (a.what == "copy") {
     st = Status::Unsupported(fmt::format("bench '{}' is not available in this build yet", a.what));

@@ -60,7 +60,8 @@ struct BenchArgs {
   int iters = 0;
   bool no_torch = false;
   bool torch_compile = false;       // --torch-compile: `bench gpu`'s row against torch.compile + autocast
-  bool smoke = false;               // --smoke: `bench gpu` at toy sizes
+  bool smoke = false;               // --smoke: `bench gpu`, `bench offload` at toy sizes
+  std::string device;               // --device: `bench offload`'s device (cpu, cuda; default cpu)
   std::string python;
   std::string dir;                  // --dir: where `bench nvme` puts its test file
   std::string trace;                // --trace: `bench offload` keeps one step's timeline

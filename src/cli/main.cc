@@ -40,7 +40,10 @@ int main(int argc, char** argv) {
   bench->add_flag("--no-torch", ba.no_torch, "skip the PyTorch rows");
   bench->add_flag("--torch-compile", ba.torch_compile,
                   "gpu: also the bf16 row against torch.compile + autocast (its compile takes a minute or more)");
-  bench->add_flag("--smoke", ba.smoke, "gpu: every row at toy sizes without the peer, to check that the bench runs");
+  bench->add_flag("--smoke", ba.smoke,
+                  "gpu: every row at toy sizes without the peer; offload: a toy model; to check that the bench runs");
+  bench->add_option("--device", ba.device, "offload: the device the cases train on (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   bench->add_option("--python", ba.python, "python interpreter with torch for the peer rows");
   bench->add_option("--dir", ba.dir, "nvme: directory for the test file (default out/bench-nvme); offload: the swap "
                                      "directory (default out/bench-offload)");
