@@ -35,6 +35,7 @@
 namespace zoe {
 #ifdef ZOE_CUDA_EMU
 extern "C" unsigned long long cuda_emu_calls(const char* kind);  // tools/cuda_emu/cuda_emu.h
+extern "C" void cuda_emu_fail_next(const char* kind);
 #endif
 
 namespace {
@@ -49,10 +50,12 @@ using Vi = std::vector<int32_t>;
 const bool kFull = std::getenv("ZOE_EMU_FULL") != nullptr;
 constexpr bool kEmulated = true;
 unsigned long long emu_calls(const char* kind) { return cuda_emu_calls(kind); }
+void emu_fail_next(const char* kind) { cuda_emu_fail_next(kind); }
 #else
 constexpr bool kFull = true;
 constexpr bool kEmulated = false;
 unsigned long long emu_calls(const char*) { return 0; }
+void emu_fail_next(const char*) {}
 #endif
 
 constexpr double kFwdTol = 1e-5;  // forward outputs and the loss
@@ -870,6 +873,27 @@ TEST_F(CudaModelOpsTest, Bf16Products) {
   check_bf16_linear(*this, 33, 16, 64, 91);
   if (!kFull) return;
   check_bf16_linear(*this, 1024, 768, 3072, 93);
+}
+
+// Where cuBLASLt has no algorithm that rounds the head's logits (the emulation's heuristic is
+// made to fail once), they are rounded from an fp32 product made rows at a time through a
+// bounded scratch, not N*V floats: the same logits, here in four products of 30, 30, 30, 10 rows.
+TEST_F(CudaModelOpsTest, Bf16LmHeadWithoutTheEpilogueRoundsRowsAtATime) {
+  if (!kEmulated) GTEST_SKIP() << "the emulation's fault injection takes this path";
+  const int N = 100, C = 8, V = 1000;
+  auto& ops = static_cast<gpu::CudaModelOps&>(gpu());
+  ops.set_head_scratch_floats(30 * V);
+  const auto inp16 = bf16_weights(int64_t{N} * C, 130), W = bf16_weights(int64_t{V} * C, 131);
+  std::vector<uint16_t> want(int64_t{N} * V);
+  cpu().lm_head_forward_bf16(want.data(), inp16.data(), W.data(), N, C, V);
+  DevH d_inp(inp16), d_W(W), d_logits(want.size());
+  const unsigned long long products = emu_calls("cublasLtMatmul");
+  emu_fail_next("cublasLtMatmulAlgoGetHeuristic");
+  ops.lm_head_forward_bf16(d_logits.get(), d_inp.get(), d_W.get(), N, C, V);
+  sync();
+  ASSERT_TRUE(status().ok()) << status().message();
+  EXPECT_EQ(emu_calls("cublasLtMatmul") - products, 4u);
+  EXPECT_LT(rel_err(widened(d_logits.download()), widened(want)), 1.0 / 128 + kFwdTol);
 }
 
 TEST_F(CudaModelOpsTest, Bf16LmHeadAndLoss) {

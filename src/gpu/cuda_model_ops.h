@@ -70,6 +70,9 @@ class CudaModelOps final : public ModelOps {
   // as their tiles load (cuda_attention.cuh: the reference the tests hold the first to).
   enum class AttentionKernels { kTensorCores, kFp32 };
   void set_attention_kernels(AttentionKernels k) { attention_kernels_ = k; }
+  // Where cuBLASLt has no algorithm that rounds the LM head's logits, they are rounded from an fp32
+  // product made rows at a time through a scratch of at most this many floats (tests make it small).
+  void set_head_scratch_floats(int64_t n) { head_scratch_floats_ = n; }
 
   // The op set (ops/model_ops.def). Of the bf16 ops, matmul_forward_bf16 with a bf16 out rounds
   // in the product's epilogue where cuBLASLt has one (else through scratch).
@@ -148,6 +151,7 @@ class CudaModelOps final : public ModelOps {
   cudaStream_t stream_;
   bool allow_tf32_;
   AttentionKernels attention_kernels_ = AttentionKernels::kTensorCores;
+  int64_t head_scratch_floats_ = int64_t{16} << 20;  // 64 MiB
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<CudaOpTimer> timer_;  // after the first take_op_seconds()
   std::array<void*, 2> scratch_{};  // by ScratchSlot

@@ -219,4 +219,6 @@ unsigned long long cuda_emu_pageable_copies(void);
 // Calls so far of one kind that the emulation can fail (cuda_emu_faults.cc: cudaEventSynchronize,
 // launch, ...; "any" for all).
 unsigned long long cuda_emu_calls(const char* kind);
+// The next call of that kind fails, as CUDA_EMU_FAIL=<kind>:<the count so far + 1> would.
+void cuda_emu_fail_next(const char* kind);
 }

@@ -85,6 +85,12 @@ bool injected(const char* call, const char* detail) {
 
 }  // namespace emu
 
+void cuda_emu_fail_next(const char* kind) {
+  Faults& f = faults();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.fail_at[kind] = f.count[kind] + 1;
+}
+
 unsigned long long cuda_emu_calls(const char* kind) {
   Faults& f = faults();
   std::lock_guard<std::mutex> lock(f.mu);

@@ -164,11 +164,6 @@ mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.de
 check "a GELU epilogue writing or reading the aux matrix of the plan's first call (CudaModelOps::run)" \
   cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
 
-mutate src/gpu/cuda_model_ops.cu "W, OC, inp, C, out, true, Epilogue::kGeluAuxBias, bias, pre," \
-  "W, OC, inp, C, pre, true, Epilogue::kGeluAuxBias, bias, out,"
-check "GELU's output and its input swapped in the epilogue (matmul_gelu_forward_bf16)" \
-  cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
-
 mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, copied_);" \
   "  st = Status::Ok();  // mutation: the compute stream does not wait for the upload"
 check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
