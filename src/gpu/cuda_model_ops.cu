@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -124,13 +125,12 @@ bool has_aux(GemmEpilogue e) {
 // Said once per epilogue: where cuBLASLt has no algorithm for one (an older library or GPU), its
 // op runs as separate passes, slower but the same results to a rounding.
 void note_no_epilogue(GemmEpilogue e, const std::string& where) {
-  static std::once_flag told[4];
-  std::call_once(told[static_cast<int>(e)], [&] {
+  static constexpr const char* kNames[] = {"no", "BIAS", "GELU_AUX_BIAS", "DGELU_BGRAD"};  // GemmEpilogue's order
+  static std::once_flag told[std::size(kNames)];
+  const int i = static_cast<int>(e);
+  std::call_once(told[i], [&] {
     std::fprintf(stderr, "zoe: note: cuBLASLt has no %s epilogue for %s here; that op runs as separate passes\n",
-                 e == GemmEpilogue::kBias          ? "BIAS"
-                 : e == GemmEpilogue::kGeluAuxBias ? "GELU_AUX_BIAS"
-                                                             : "DGELU_BGRAD",
-                 where.c_str());
+                 kNames[i], where.c_str());
   });
 }
 
@@ -263,8 +263,7 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
     fail(Status::Unsupported(shape_text(what, {m, n, kk, lda, ldb, ldd}) + ": cuBLASLt has no algorithm for this GEMM"));
     return;
   }
-  const auto st = static_cast<cublasStatus_t>(run(*plan, A, B, beta, D, nullptr, nullptr));
-  if (st != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, st)));
+  run(*plan, A, B, beta, D, nullptr, nullptr, what);
 }
 
 bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda,
@@ -285,8 +284,7 @@ bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t 
   if (!plan->supported) return false;
   // A call the heuristic offered an algorithm for and cuBLASLt then refuses is an error (named,
   // as any): a bad pointer of ours, not a missing feature.
-  const auto st = static_cast<cublasStatus_t>(run(*plan, A, B, 0.f, D, bias, aux));
-  if (st != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, st)));
+  run(*plan, A, B, 0.f, D, bias, aux, what);
   return true;
 }
 
@@ -370,8 +368,8 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const voi
   return &gemm_->plans.back();
 }
 
-int CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias,
-                      const void* aux) {
+void CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias,
+                       const void* aux, const char* what) {
   // The plan's descriptor carries the vector and the aux matrix: set per call, before the call.
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
   if (plan.key.epilogue != Epilogue::kNone)
@@ -382,7 +380,7 @@ int CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, 
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmul(gemm_->handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d, &plan.algo,
                        gemm_->workspace, gemm_->workspace_bytes, stream_);
-  return s;
+  if (s != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, s)));
 }
 
 // ---- GEMM ops -------------------------------------------------------------------------------------
@@ -576,8 +574,8 @@ void CudaModelOps::matmul_gelu_backward_bf16(uint16_t* dpre, float* dbias_pre, f
   gelu_backward_bf16(dpre, dbias_pre, pre, scratch, N, C, /*overwrite=*/true);
 }
 
-// The head's logits rounded by the product's epilogue (else through an fp32 scratch of N*V and a
-// pass); its input and dlogits come in bf16, so nothing is rounded on the way in.
+// The head's logits rounded by the product's epilogue (else from an fp32 product, rows at a time);
+// its input and dlogits come in bf16, so nothing is rounded on the way in.
 void CudaModelOps::lm_head_forward_bf16(uint16_t* logits, const uint16_t* inp, const uint16_t* wte, int N, int C,
                                         int V) {
   const OpScope scope(this, "lm_head_forward_bf16", {{"N", N}, {"C", C}, {"V", V}});

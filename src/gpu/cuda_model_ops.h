@@ -122,8 +122,9 @@ class CudaModelOps final : public ModelOps {
                   int64_t ldb, void* D, bool d_bf16, Epilogue e, const void* bias, const void* aux, const char* what);
   // `aux`: the epilogue's aux matrix, whose address the heuristic weighs (null: none).
   GemmPlan* plan_for(const GemmKey& key, const char* what, const void* aux = nullptr);
-  // Queues the product; cuBLASLt's status (a refusal queues nothing).
-  int run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias, const void* aux);
+  // Queues the product (a failure is recorded, naming `what`).
+  void run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias, const void* aux,
+           const char* what);
   void round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what);
   // dst[c] += sum over rows r < N of val(r, c), c < ncols, in a fixed order (defined and used in
   // cuda_model_ops.cu only).

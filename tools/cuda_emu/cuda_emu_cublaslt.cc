@@ -107,15 +107,17 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
           const void* Bp, const void* Cp, void* Dp) {
   // Element x of a matrix of `type` (fp32, or bf16 widened exactly).
   const bool tf32 = o.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-  auto load = [tf32](const void* p, cudaDataType_t type, int64_t x) {
-    if (type == CUDA_R_16BF) {
-      uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
-      float f;
-      std::memcpy(&f, &u, sizeof f);
-      return f;
-    }
-    const float f = static_cast<const float*>(p)[x];
-    return tf32 ? to_tf32(f) : f;
+  auto element = [](const void* p, cudaDataType_t type, int64_t x) {
+    if (type != CUDA_R_16BF) return static_cast<const float*>(p)[x];
+    const uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  // An operand as the product reads it: fp32 rounded to TF32 under the TF32 compute type.
+  auto load = [tf32, element](const void* p, cudaDataType_t type, int64_t x) {
+    const float f = element(p, type, x);
+    return tf32 && type != CUDA_R_16BF ? to_tf32(f) : f;
   };
   const auto* Cf = static_cast<const float*>(Cp);
   const bool bgrad = o.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
@@ -134,18 +136,11 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, a.data(), static_cast<blasint>(m), b.data(), static_cast<blasint>(k),
                 0.f, d.data(), static_cast<blasint>(m));
-  // An element of D's type (the aux matrix has D's type too), stored or loaded.
+  // An element of D's type (the aux matrix has D's type too), stored.
   const bool d16 = Dl.type == CUDA_R_16BF;
   auto store = [d16](void* p, int64_t x, float v) {
     if (d16) static_cast<uint16_t*>(p)[x] = emu::round_bf16(v);
     else static_cast<float*>(p)[x] = v;
-  };
-  auto element = [d16](const void* p, int64_t x) {
-    if (!d16) return static_cast<const float*>(p)[x];
-    const uint32_t u = uint32_t{static_cast<const uint16_t*>(p)[x]} << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
   };
   // beta C (fp32 only: a bf16 D is written with beta 0), then the bias, then the GELU epilogues
   // (GELU with its input into aux; or GELU' of aux, summed into the bias gradient), then D's rounding.
@@ -158,7 +153,7 @@ void gemm(DescData o, LayoutData A, LayoutData B, LayoutData Cl, LayoutData Dl, 
         store(const_cast<void*>(o.aux), j * o.aux_ld + i, v);
         v = gelu(v);
       } else if (bgrad) {
-        v *= gelu_grad(element(o.aux, j * o.aux_ld + i));
+        v *= gelu_grad(element(o.aux, Dl.type, j * o.aux_ld + i));
         bias_grad[i] += v;
       }
       store(Dp, j * Dl.ld + i, v);
