@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,12 +20,16 @@
 #include "kernels/adam.h"
 #include "model/gpt2_model.h"
 #include "bench_process.h"
+#include "nvme/io_error.h"
 #include "nvme_bench.h"
 #include "sched/zero_engine.h"
 #include "train/backend.h"
 #include "train/engine_options.h"
 #include "bench_engine.h"
 #include "train/trainer.h"
+#ifdef ZOE_HAVE_CUDA
+#include "gpu/gpu_info.h"
+#endif
 
 namespace zoe {
 namespace {
@@ -35,6 +40,103 @@ std::string cpu_model() {
   while (std::getline(f, line))
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown CPU";
+}
+
+// The GPU a cuda job runs on, by name (the first: a machine's GPUs are alike).
+std::string gpu_model() {
+#ifdef ZOE_HAVE_CUDA
+  std::string why;
+  const std::vector<gpu::GpuInfo> gpus = gpu::list_gpus(&why);
+  if (!gpus.empty()) return gpus.front().name;
+  return "no GPU (" + why + ")";
+#else
+  return "no GPU (built without CUDA)";
+#endif
+}
+
+// The best of three timings of fn after a warm-up, seconds.
+Result<double> best_of_three(const std::function<Status()>& fn) {
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const double t0 = now_s();
+    ZOE_RETURN_IF_ERROR(fn());
+    if (rep > 0) best = std::min(best, now_s() - t0);
+  }
+  return best;
+}
+
+// A device of its own (the job's GPU), through the Device interface as the engine uses it: its
+// Adam over state in its memory (bf16 or fp32 gradients and weights as the job's, fp32 state), in
+// elements a second, sized up until a call takes 20 ms (at most 64 M elements); pinned host <->
+// device copies each way and a copy within its memory, 256 MiB, in bytes a second. Each within
+// the job's device budget (a quarter of it for a copy's buffer, half for Adam's state).
+Result<nlohmann::json> measure_gpu(const Config& job) {
+  Config c = job;
+  c.stage = 0;
+  c.offload_optimizer = c.offload_param = OffloadConfig{};
+  const size_t kCopy = std::min<size_t>(size_t{256} << 20, job.device_memory_budget / 4 >> 20 << 20);
+  const size_t per = dtype_size(job.dtype) * (job.dtype == DType::kF32 ? 1 : 2) + 12;  // gradient, state, weight copy
+  const size_t kMostAdam = std::min<size_t>(size_t{64} << 20, job.device_memory_budget / 2 / per);
+  if (kCopy == 0 || kMostAdam < (size_t{1} << 16))
+    return Status::Invalid("zoe.device_memory_budget " + bytes_text(job.device_memory_budget) +
+                           " leaves no room to measure the GPU (4 MiB at least)");
+  c.device_memory_budget = std::min<uint64_t>(job.device_memory_budget, kMostAdam * per + 2 * kCopy + (64 << 20));
+  c.host_memory_budget = kCopy + (64 << 20);
+  auto comm = make_self_comm();
+  ZOE_ASSIGN_OR_RETURN(Backend be, make_backend(c, *comm));
+  Device& dev = *be.device;
+  nlohmann::json out;
+  {
+    ZOE_ASSIGN_OR_RETURN(Buffer host, dev.alloc(kCopy, Tier::kHost, Kind::kStaging));
+    ZOE_ASSIGN_OR_RETURN(Buffer a, dev.alloc(kCopy, Tier::kDevice, Kind::kStaging));
+    ZOE_ASSIGN_OR_RETURN(Buffer b, dev.alloc(kCopy, Tier::kDevice, Kind::kStaging));
+    Status st = dev.zero(a.data, kCopy);
+    if (st.ok()) st = dev.synchronize();  // the copies run on other streams
+    std::memset(host.data, 0, kCopy);
+    auto over = [&](const Buffer& dst, const Buffer& src, Stream s) -> Status {
+      ZOE_RETURN_IF_ERROR(dev.copy_async(dst, 0, src, 0, kCopy, s));
+      return dev.wait(dev.record(s));
+    };
+    for (auto [name, dst, src, s] : {std::tuple{"h2d_Bps", &a, &host, Stream::kH2D},
+                                     std::tuple{"d2h_Bps", &host, &a, Stream::kD2H},
+                                     std::tuple{"d2d_Bps", &b, &a, Stream::kCompute}}) {
+      if (!st.ok()) break;
+      Result<double> t = best_of_three([&] { return over(*dst, *src, s); });
+      if (t.ok()) out[name] = double(kCopy) / *t;
+      else st = t.status();
+    }
+    for (Buffer* x : {&host, &a, &b}) dev.free(*x);
+    ZOE_RETURN_IF_ERROR(st);
+  }
+  const size_t w = dtype_size(job.dtype);
+  for (size_t n = size_t{1} << 16;; n = std::min(n * 4, kMostAdam)) {
+    ZOE_ASSIGN_OR_RETURN(Buffer state, dev.alloc(n * per + 8, Tier::kDevice, Kind::kStaging));
+    char* at = state.as<char>();
+    AdamRange r;
+    r.grad = at;
+    r.grad_dtype = job.dtype;
+    r.master = reinterpret_cast<float*>(at + n * w);
+    r.exp_avg = r.master + n;
+    r.exp_avg_sq = r.exp_avg + n;
+    r.param_out = job.dtype == DType::kF32 ? nullptr : static_cast<void*>(r.exp_avg_sq + n);
+    r.param_dtype = job.dtype;
+    r.n = n;
+    AdamHyper h;
+    auto* nonfinite = reinterpret_cast<uint64_t*>(at + n * per);
+    Status st = dev.zero(state.data, n * per + 8);
+    Result<double> t = st.ok() ? best_of_three([&]() -> Status {
+      ZOE_RETURN_IF_ERROR(dev.adam(h, &r, 1, nonfinite));
+      return dev.synchronize();
+    })
+                               : Result<double>(st);
+    dev.free(state);
+    ZOE_RETURN_IF_ERROR(t.status());
+    if (*t >= 0.02 || n >= kMostAdam) {
+      out["adam_elems_per_s"] = double(n) / *t;
+      break;
+    }
+  }
+  return out;
 }
 
 // memcpy of 256 MiB, best of three after a warm-up: bytes a second.
@@ -203,13 +305,20 @@ PlanCalibration::PlanCalibration(const Config& job, PlanCalibrationOptions o) : 
   if (!cache_.is_object()) cache_ = nlohmann::json::object();
 }
 
-std::string PlanCalibration::machine_key(int ranks) {
-  return fmt::format("{} / {} threads / {}{}", cpu_model(), tbb::this_task_arena::max_concurrency(),
-                     isa_name(best_isa()), ranks > 1 ? fmt::format(" / {} ranks", ranks) : "");
+std::string PlanCalibration::machine_key(int ranks, const std::string& device) {
+  return fmt::format("{} / {} threads / {}{}{}", cpu_model(), tbb::this_task_arena::max_concurrency(),
+                     isa_name(best_isa()), device == "cuda" ? " / " + gpu_model() : "",
+                     ranks > 1 ? fmt::format(" / {} ranks", ranks) : "");
+}
+
+uint64_t PlanCalibration::model_budget(uint64_t state_bytes) const {
+  // The CPU device's arena is a reservation, touched only as used; a GPU's is the job's budget.
+  const uint64_t roomy = state_bytes + (uint64_t{64} << 30);
+  return on_gpu() ? std::min(roomy, job_.device_memory_budget) : roomy;
 }
 
 Result<PlanRates> PlanCalibration::rates() {
-  nlohmann::json& m = cache_[machine_key(ranks())];
+  nlohmann::json& m = cache_[machine_key(ranks(), job_.device)];
   const std::string path = job_.offload_optimizer.nvme_path.empty() ? job_.offload_param.nvme_path
                                                                      : job_.offload_optimizer.nvme_path;
   auto say = [&](const char* what, const std::string& text, bool cached) {
@@ -231,6 +340,24 @@ Result<PlanRates> PlanCalibration::rates() {
   PlanRates r;
   r.adam_elems_per_s = m[dkey];
   r.host_copy_Bps = m["copy_Bps"];
+  if (on_gpu()) {
+    cached = !o_.recalibrate && m.contains("gpu") && m["gpu"].contains(dkey);
+    if (!cached) {
+      ZOE_RETURN_IF_ERROR(together());
+      ZOE_ASSIGN_OR_RETURN(nlohmann::json g, measure_gpu(job_));
+      m["gpu"][dkey] = g["adam_elems_per_s"];
+      for (const char* k : {"h2d_Bps", "d2h_Bps", "d2d_Bps"}) m["gpu"][k] = g[k];
+    }
+    const nlohmann::json& g = m["gpu"];
+    r.compute_on_host_cores = false;
+    r.device_adam_elems_per_s = g[dkey];
+    r.h2d_Bps = g["h2d_Bps"];
+    r.d2h_Bps = g["d2h_Bps"];
+    r.device_copy_Bps = g["d2d_Bps"];
+    say("gpu", fmt::format("adam {:.0f} M elements/s; host to device {:.1f} GB/s, back {:.1f}, within {:.1f}",
+                           r.device_adam_elems_per_s / 1e6, r.h2d_Bps / 1e9, r.d2h_Bps / 1e9, r.device_copy_Bps / 1e9),
+        cached);
+  }
   if (!path.empty()) {
     const std::string canon = std::filesystem::weakly_canonical(path).string();
     cached = !o_.recalibrate && m["nvme"].contains(canon) && m["nvme"][canon].contains("pass_s_per_elem");
@@ -273,7 +400,7 @@ Result<PlanRates> PlanCalibration::rates() {
   cached = !o_.recalibrate && m.contains(fkey);
   if (!cached) {
     ZOE_RETURN_IF_ERROR(together());
-    ZOE_ASSIGN_OR_RETURN(m[fkey], measure_fetch_overhead(r.host_copy_Bps));
+    ZOE_ASSIGN_OR_RETURN(m[fkey], measure_fetch_overhead(on_gpu() ? r.device_copy_Bps : r.host_copy_Bps));
   }
   r.fetch_overhead_s = m[fkey];
   r.fetch_overhead_has_collectives = ranks() > 1;  // measured on the job's communicator
@@ -318,9 +445,11 @@ std::string PlanCalibration::model_key(int b, bool ckpt) const {
                      most > 2 ? fmt::format(" L{}", most) : "");
 }
 
-// One block and measured_layers() of the job's width, resident on a CPU device at stage 0: the
+// One block and measured_layers() of the job's width, resident on the job's device at stage 0: the
 // spans of the larger one's micro-steps give each unit's compute, the device ledger of both the
-// model's buffers (fixed, and per block).
+// model's buffers (fixed, and per block). On a GPU the spans are timed fenced (the device drained
+// at each span's ends, so a span holds its kernels, not their launches) and scaled to a micro-step
+// run without the fences.
 Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ckpt) {
   UnitTimes t;
   const int most = measured_layers();
@@ -330,10 +459,9 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     c.n_layer = layers;
     c.stage = 0;
     c.offload_optimizer = c.offload_param = OffloadConfig{};
-    c.device = "cpu";
-    // Room for the state and any activations: an arena's reservation, touched only as used.
-    c.device_memory_budget = uint64_t{16} * 2 * gpt2::total_numel({layers, c.n_head, c.n_embd, c.vocab_size,
-                                                                    c.n_positions}) + (uint64_t{64} << 30);
+    if (!on_gpu()) c.device = "cpu";
+    c.device_memory_budget =
+        model_budget(uint64_t{16} * 2 * gpt2::total_numel({layers, c.n_head, c.n_embd, c.vocab_size, c.n_positions}));
     c.micro_batch = b;
     auto comm = make_self_comm();
     gpt2::Gpt2Shape s{layers, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
@@ -359,13 +487,22 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     const bool was = p.tracing();
     UnitTimes best;
     double best_total = 1e300, spent = 0;
+    const std::function<void()> drain = [&] { (void)be.backend.device->synchronize(); };
     for (int rep = 0; rep < 10 && (rep < 3 || spent < 0.3); ++rep) {
+      double wall = 0;
+      if (on_gpu()) {
+        const double t0 = now_s();
+        ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());  // reads the loss: the GPU is done
+        wall = now_s() - t0;
+        p.set_compute_fence(&drain);
+      }
       p.enable_trace(true);
       const double t0 = p.now_us();
       Status st = model.train_micro_step(e, batch, 1.0f).status();
       p.enable_trace(was);
+      p.set_compute_fence(nullptr);
       ZOE_RETURN_IF_ERROR(st);
-      const double wall = (p.now_us() - t0) / 1e6;
+      if (!on_gpu()) wall = (p.now_us() - t0) / 1e6;
       spent += wall;
       UnitTimes r;
       for (const TraceEvent& ev : p.events()) {
@@ -415,8 +552,8 @@ Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
     c.n_layer = layers;
     c.stage = i == 0 ? 0 : 3;
     c.offload_optimizer = c.offload_param = OffloadConfig{};
-    c.device = "cpu";
-    c.device_memory_budget = uint64_t{16} * 2 * gpt2::total_numel(s) + (uint64_t{64} << 30);
+    if (!on_gpu()) c.device = "cpu";
+    c.device_memory_budget = model_budget(uint64_t{16} * 2 * gpt2::total_numel(s));
     c.micro_batch = 1;
     if (ranks() > 1) {
       cases[i].comm = o_.comm;
@@ -455,7 +592,7 @@ Result<double> PlanCalibration::measure_fetch_overhead(double copy_Bps) {
 }
 
 Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
-  nlohmann::json& models = cache_[machine_key(ranks())]["models"];
+  nlohmann::json& models = cache_[machine_key(ranks(), job_.device)]["models"];
   const std::string key = model_key(b, ckpt);
   const bool cached = !o_.recalibrate && models.contains(key);
   if (!cached) {

@@ -2,8 +2,10 @@
 // own micro-step (forward and backward of each unit, from the profiler's spans) on one and two
 // blocks of the job's shape, resident, extrapolated to its layers; the CPU Adam's rate; the NVMe
 // store's read and write rates on the job's swap path (the store itself, `zoe bench nvme`'s
-// code); host memory's copy rate; on more than one rank the collectives' bus bandwidth. Cached in a JSON file keyed by the machine (CPU model, threads),
-// the path and the model's shape, so a second plan reads instead of measuring.
+// code); host memory's copy rate; on more than one rank the collectives' bus bandwidth. On a GPU
+// (zoe.device "cuda") the model runs there, and its Adam and the link's rates each way are
+// measured beside the CPU's. Cached in a JSON file keyed by the machine (CPU model, threads, the
+// GPU), the path and the model's shape, so a second plan reads instead of measuring.
 #pragma once
 #include <cstdio>
 #include <map>
@@ -51,8 +53,9 @@ class PlanCalibration {
   Result<MicroStepWork> micro_step(int b, bool checkpointing);
   Status save() const;  // the cache, with what this run measured
 
-  // The key the cache files this machine's figures under (with the ranks sharing it).
-  static std::string machine_key(int ranks = 1);
+  // The key the cache files this machine's figures under (with the ranks sharing it, and the GPU
+  // when the job's device is one).
+  static std::string machine_key(int ranks = 1, const std::string& device = "cpu");
 
  private:
   struct UnitTimes {  // one micro-step, seconds; bytes of the model's device buffers
@@ -61,6 +64,8 @@ class PlanCalibration {
   };
   Result<UnitTimes> measure_model(int b, bool checkpointing);
   Result<double> measure_fetch_overhead(double copy_Bps);
+  bool on_gpu() const { return job_.device == "cuda"; }
+  uint64_t model_budget(uint64_t state_bytes) const;  // the device budget a measured model runs in
   int ranks() const;
   Status together() const;  // a barrier: the ranks start a measurement at once
   std::string model_key(int b, bool checkpointing) const;

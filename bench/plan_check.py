@@ -34,7 +34,8 @@ def knob_sets(p, nvme_path):
          f"zero_optimization.stage3_max_reuse_distance={p['max_reuse_distance']}",
          f"train_micro_batch_size_per_gpu={p['micro_batch']}",
          f"gradient_accumulation_steps={p['accumulation']}",
-         f"zoe.activation_checkpointing={'true' if p['activation_checkpointing'] else 'false'}"]
+         f"zoe.activation_checkpointing={'true' if p['activation_checkpointing'] else 'false'}",
+         f"zoe.update_in_backward={'true' if p.get('update_in_backward') else 'false'}"]
     if nvme_path:
         s += [f"zero_optimization.offload_optimizer.nvme_path=\"{nvme_path}\"",
               f"zero_optimization.offload_param.nvme_path=\"{nvme_path}\""]

@@ -135,6 +135,81 @@ TEST(StepModel, StageThreeHidesNvmeParameterLoadsBehindComputeWhenItPrefetches) 
   EXPECT_LT(ahead.disk_s, serial.disk_s);                  // kept units are not read again
 }
 
+// A GPU beside the host: its own Adam, a link each way, copies within its memory.
+PlanRates gpu_rates() {
+  PlanRates r = rates();
+  r.compute_on_host_cores = false;
+  r.device_adam_elems_per_s = 1e11;
+  r.h2d_Bps = 5e10;
+  r.d2h_Bps = 4e10;
+  r.device_copy_Bps = 1e12;
+  return r;
+}
+
+TEST(StepModel, OnAGpuTheHostsAdamPaysTheLinkAndCanRunBesideTheBackward) {
+  const PlanJob job = roomy({1'000'000, 1'000'000});  // bf16: 2-byte gradients and weights
+  PlanRates r = gpu_rates();
+  PlanKnobs k;  // stage 0, resident: the GPU's Adam
+  StepPrediction p = predict_step(job, k, work(2, 0.001), r);
+  ASSERT_TRUE(p.fits) << p.why;
+  EXPECT_NEAR(p.optimizer_s, 2e6 / 1e11, 1e-15);
+  // The optimizer in host memory: each sub-group's gradients come down, Adam on the CPU, the
+  // weights go back up, in turn.
+  k.optimizer = OffloadDevice::kCpu;
+  const double per = 1 / 1e9 + 2 / 4e10 + 2 / 5e10;
+  p = predict_step(job, k, work(2, 0.001), r);
+  EXPECT_NEAR(p.optimizer_s, 2e6 * per, 1e-12);
+  EXPECT_NEAR(p.step_s, 0.006 + 2e6 * per, 1e-12);
+  // Half of it: the device's half on the GPU.
+  k.optimizer_ratio = 0.5;
+  p = predict_step(job, k, work(2, 0.001), r);
+  EXPECT_NEAR(p.optimizer_s, 1e6 / 1e11 + 1e6 * per, 1e-12);
+  // Beside the backward (4 ms): hidden while shorter, else the step is the forward and the pass.
+  k.optimizer_ratio = 1;
+  k.update_in_backward = true;
+  p = predict_step(job, k, work(2, 0.001), r);
+  EXPECT_NEAR(p.step_s, 0.006, 1e-12);
+  r.adam_elems_per_s = 1e8;
+  const double slow = 2e6 * (1 / 1e8 + 2 / 4e10 + 2 / 5e10);
+  p = predict_step(job, k, work(2, 0.001), r);
+  EXPECT_NEAR(p.step_s, 0.002 + slow, 1e-12);
+  EXPECT_EQ(p.bound, "optimizer");
+  // On the CPU device the pass and the backward share the cores: no overlap there.
+  PlanRates cpu = rates();
+  cpu.adam_elems_per_s = 1e8;
+  p = predict_step(job, k, work(2, 0.001), cpu);
+  EXPECT_NEAR(p.step_s, 0.006 + 2e6 / 1e8, 1e-12);
+  // Stage 2: the gradients go down at their hand-over, beside the backward; the pass takes only
+  // the weights back up.
+  k.stage = 2;
+  k.update_in_backward = false;
+  r = gpu_rates();
+  p = predict_step(job, k, work(2, 0.001), r);
+  EXPECT_NEAR(p.micro_s, 0.006, 1e-12);  // 2e6 x 2 bytes at 40 GB/s: 0.1 ms under the 4 ms backward
+  EXPECT_NEAR(p.optimizer_s, 2e6 * (1 / 1e9 + 2 / 5e10), 1e-12);
+  // A backward (4 us) too short to hide them: the forward, then the copies.
+  p = predict_step(job, k, work(2, 1e-6), r);
+  EXPECT_NEAR(p.micro_s, 2e-6 + 2e6 * 2 / 4e10, 1e-12);
+}
+
+TEST(StepModel, OnAGpuStageThreesHostLoadsCrossTheLinkBesideTheCompute) {
+  const PlanJob job = roomy(std::vector<int64_t>(8, 1'000'000));
+  PlanKnobs k;
+  k.stage = 3;
+  k.param = OffloadDevice::kCpu;
+  k.prefetch = {2'000'000, 1'000'000'000, 1'000'000'000};
+  PlanRates gpu = gpu_rates();
+  gpu.h2d_Bps = 2e9;  // a load: 1e6 x 2 bytes at 2 GB/s, 1 ms; a unit's forward 1 ms
+  const StepPrediction g = predict_step(job, k, work(8, 0.001), gpu);
+  ASSERT_TRUE(g.fits) << g.why;
+  EXPECT_NEAR(g.micro_s, 0.001 + 24 * 0.001, 1e-12);  // the first load, then compute only
+  // The same copies on the CPU device take turns with its compute on the same cores.
+  PlanRates cpu = rates();
+  cpu.host_copy_Bps = 2e9;
+  const StepPrediction c = predict_step(job, k, work(8, 0.001), cpu);
+  EXPECT_GT(c.micro_s, g.micro_s + 0.007);
+}
+
 TEST(StepModel, WhatDoesNotFitIsRefusedNamingTheTierAndTheBytes) {
   PlanJob job;
   job.unit_elems = {1'000'000};
@@ -236,7 +311,17 @@ TEST(PlanSearch, TheGridPairsKnobsThatMeanSomethingTogether) {
     if (k.stage < 3) EXPECT_EQ(k.param, OffloadDevice::kNone);
     if (k.optimizer == OffloadDevice::kNone) EXPECT_EQ(k.optimizer_ratio, 1.0);
     EXPECT_NE(k.optimizer, OffloadDevice::kNvme);
+    EXPECT_FALSE(k.update_in_backward);  // offered on a GPU only
   }
+  s.update_in_backward = {false, true};
+  int early = 0;
+  for (const PlanKnobs& k : plan_grid(s))
+    if (k.update_in_backward) {
+      ++early;
+      EXPECT_LT(k.stage, 3);  // stage 3's pass already runs beside the next forward
+      EXPECT_NE(k.optimizer, OffloadDevice::kNone);
+    }
+  EXPECT_GT(early, 0);
 }
 
 }  // namespace

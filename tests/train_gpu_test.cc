@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <regex>
@@ -165,6 +166,67 @@ TEST(BenchOffloadGpu, TheOffloadedStepOnTheGpuAgainstItsComputeAndIoSteps) {
     EXPECT_DOUBLE_EQ(r.at("ratio").get<double>(), step / std::max(compute, io));
     EXPECT_LE(r.at("peak_device_bytes").get<uint64_t>(), r.at("device_budget_bytes").get<uint64_t>()) << r.dump();
   }
+#endif
+}
+
+// `zoe plan` on the GPU: it measures the GPU's Adam and the link each way beside the CPU's
+// rates, times the model there, offers zoe.update_in_backward (a GPU's backward can hide the
+// CPU's pass), and writes a config that trains on it; `zoe train --plan auto` trains its choice.
+TEST(PlanGpu, MeasuresTheGpuAndItsLinkAndWritesAConfigThatTrainsThere) {
+#ifndef ZOE_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)";
+#else
+  std::string why;
+  const std::vector<gpu::GpuInfo> gpus = gpu::list_gpus(&why);
+  if (gpus.empty()) GTEST_SKIP() << "no usable GPU: " << why;
+  const std::string dir = make_temp_dir("plan-gpu"), files = " --out " + dir + "/plan.json --cache " + dir + "/cal.json";
+  std::string job = " --set zoe.device='\"cuda\"' --set zoe.checkpoint.dir='\"\"' --set zoe.steps=2";
+  for (const char* kv : {"zoe.model.n_layer=2", "zoe.model.n_embd=32", "zoe.model.n_head=2", "zoe.model.n_positions=32",
+                         "zoe.data.seq_len=32", "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=2",
+                         "gradient_clipping=0",
+                         "zoe.device_memory_budget='\"256MiB\"'", "zoe.host_memory_budget='\"512MiB\"'"})
+    job += std::string(" --set ") + kv;
+  job += " --set zero_optimization.offload_optimizer.nvme_path='\"" + dir + "/nvme\"'";
+  std::string out;
+  ASSERT_EQ(run_command(kZoe + " plan" + job + files, &out), 0) << out;
+  for (const char* said : {"cpu adam", "gpu", "host to device", gpus.front().name.c_str(), "micro-step", "configurations fit"})
+    EXPECT_NE(out.find(said), std::string::npos) << said << " missing from:\n" << out;
+  out.clear();
+  ASSERT_EQ(run_command(kZoe + " plan --json --top 100000" + job + files, &out), 0) << out;  // from the cache
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  int early = 0;
+  for (const auto& p : j["plans"]) {
+    EXPECT_GT(p["step_s"].get<double>(), 0);
+    if (p["update_in_backward"].get<bool>()) {
+      ++early;
+      EXPECT_LT(p["stage"].get<int>(), 3) << p.dump();
+      EXPECT_NE(p["offload_optimizer"], "-") << p.dump();
+    }
+  }
+  EXPECT_GT(early, 0) << "the GPU's plans never run the CPU's pass beside the backward:\n" << out;
+  const auto cal = nlohmann::json::parse(slurp(dir + "/cal.json"));
+  int gpu_entries = 0;
+  for (const auto& [key, m] : cal.items())
+    if (m.contains("gpu")) {
+      ++gpu_entries;
+      int adam = 0;
+      for (const auto& [rate, value] : m["gpu"].items()) {
+        EXPECT_GT(value.get<double>(), 0) << rate << " in " << m.dump();
+        adam += rate.rfind("adam_", 0) == 0;
+      }
+      EXPECT_EQ(adam, 1) << m.dump();
+      EXPECT_EQ(m["gpu"].size(), 4u) << m.dump();
+    }
+  EXPECT_EQ(gpu_entries, 1) << cal.dump();
+  ASSERT_EQ(run_command(kZoe + " train --quiet --config " + dir + "/plan.json --set zoe.steps=2", &out), 0) << out;
+  // --plan auto reads its cache where it runs: this one, so it plans without measuring again.
+  std::filesystem::create_directories(dir + "/out/plan");
+  std::filesystem::copy_file(dir + "/cal.json", dir + "/out/plan/calibration.json");
+  ASSERT_EQ(run_command("cd " + dir + " && " + kZoe + " train --plan auto" + job, &out), 0) << out;
+  EXPECT_NE(out.find("(cached)"), std::string::npos) << out;
+  EXPECT_NE(out.find("the plan (predicted"), std::string::npos) << out;
+  EXPECT_NE(out.find("done: 2 steps"), std::string::npos) << out;
 #endif
 }
 

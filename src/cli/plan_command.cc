@@ -58,6 +58,7 @@ Config planned(Config c, const PlanKnobs& k, const std::string& nvme_path) {
   c.grad_accum = k.accumulation;
   c.train_batch.reset();
   c.activation_checkpointing = k.activation_checkpointing;
+  c.update_in_backward = k.update_in_backward;
   c.aio_block_size = k.aio_block_size;
   c.aio_queue_depth = static_cast<int>(k.aio_queue_depth);
   return c;
@@ -72,6 +73,7 @@ nlohmann::json choice_json(const PlanChoice& c) {
           {"sub_group_size", k.sub_group_size}, {"prefetch_bucket_size", k.prefetch.bucket_elems},
           {"max_reuse_distance", k.prefetch.max_reuse_distance}, {"micro_batch", k.micro_batch},
           {"accumulation", k.accumulation}, {"activation_checkpointing", k.activation_checkpointing},
+          {"update_in_backward", k.update_in_backward},
           {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"compute_s", p.compute_s},
           {"optimizer_s", p.optimizer_s}, {"disk_s", p.disk_s}, {"bound", p.bound},
           {"device_bytes", p.bytes[0]}, {"host_bytes", p.bytes[1]}, {"nvme_bytes", p.bytes[2]},
@@ -79,7 +81,7 @@ nlohmann::json choice_json(const PlanChoice& c) {
 }
 
 void print_header(std::FILE* f) {
-  fmt::print(f, "{:>2} {:>5} {:>9} {:>9} {:>8} {:>8} {:>5} {:>4} | {:>8} {:>9} {:>8} {:>8} {:>8}  {}\n", "#", "stage",
+  fmt::print(f, "{:>2} {:>5} {:>11} {:>9} {:>8} {:>8} {:>5} {:>4} | {:>8} {:>9} {:>8} {:>8} {:>8}  {}\n", "#", "stage",
              "optimizer", "params", "subgroup", "prefetch", "BxAcc", "ckpt", "step s", "tokens/s", "dev GB", "host GB",
              "nvme GB", "bound");
 }
@@ -87,8 +89,9 @@ void print_header(std::FILE* f) {
 void print_row(std::FILE* f, const PlanChoice& c, int rank) {
   const PlanKnobs& k = c.knobs;
   const StepPrediction& p = c.prediction;
-  fmt::print(f, "{:>2} {:>5} {:>9} {:>9} {:>8.0e} {:>8} {:>5} {:>4} | {:>8.3f} {:>9.0f} {:>8.2f} {:>8.2f} {:>8.2f}  {}\n", rank,
-             k.stage, home_text(k.optimizer, k.optimizer_ratio), home_text(k.param, k.param_ratio),
+  fmt::print(f, "{:>2} {:>5} {:>11} {:>9} {:>8.0e} {:>8} {:>5} {:>4} | {:>8.3f} {:>9.0f} {:>8.2f} {:>8.2f} {:>8.2f}  {}\n", rank,
+             k.stage, home_text(k.optimizer, k.optimizer_ratio) + (k.update_in_backward ? " bw" : ""),
+             home_text(k.param, k.param_ratio),
              double(k.sub_group_size), k.stage < 3 ? "-" : k.prefetch.bucket_elems ? "on" : "off",
              fmt::format("{}x{}", k.micro_batch, k.accumulation), k.activation_checkpointing ? "yes" : "no", p.step_s,
              p.tokens_per_s, p.bytes[0] / 1e9, p.bytes[1] / 1e9, p.bytes[2] / 1e9, p.bound);
@@ -155,8 +158,6 @@ struct PlanRun {
 // GPT-2: its units and measured micro-steps; the machine's rates are measured as for GPT-2.
 Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human, Comm& comm,
                          const std::string& model_work = {}) {
-  if (c.device != "cpu" && c.device != "cpu-strict")
-    return Status::Unsupported("zoe plan measures the CPU device only so far (zoe.device \"" + c.device + "\")");
   PlanRun run;
   PlanJob& job = run.job;
   std::optional<DescribedModel> described;
@@ -190,7 +191,7 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
                   : fmt::format("GPT-2 L{} C{} V{} T{}", c.n_layer, c.n_embd, c.vocab_size, c.seq_len);
     fmt::print(human, "zoe plan: {}, {:.1f} M parameters, {} sequences a step per rank, {} rank{}\nmeasured on {}:\n",
                what, (described ? described->total_elems() : gpt2::total_numel(shape)) / 1e6, sequences, job.ranks,
-               job.ranks > 1 ? "s" : "", PlanCalibration::machine_key(job.ranks));
+               job.ranks > 1 ? "s" : "", PlanCalibration::machine_key(job.ranks, c.device));
   }
   PlanSpace space;
   space.sequences_per_rank = sequences;
@@ -199,6 +200,10 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   ZOE_ASSIGN_OR_RETURN(PlanRates rates, cal.rates());
   space.nvme = !run.nvme_path.empty();
   space.aio_queue_depth = rates.aio_queue_depth;
+  // A GPU's backward can hide the CPU's pass, begun on the speculation that the norm will not clip
+  // and the loss scale hold; a job that clips, or scales an fp16 loss, may see its steps taken back,
+  // which no plan can foresee: it is not offered there.
+  if (!rates.compute_on_host_cores && c.grad_clip == 0 && c.dtype != DType::kF16) space.update_in_backward = {false, true};
   const MicroStepFor work = [&](int b, bool ck) { return described ? described->step(b, ck) : cal.micro_step(b, ck); };
   ZOE_ASSIGN_OR_RETURN(run.result, search_plans(job, space, work, rates));
   ZOE_RETURN_IF_ERROR(cal.save());
@@ -280,7 +285,7 @@ int plan_ranks(const PlanArgs& a, const Config& cfg, Comm& comm) {
     if (!f) return report_error(Status::Io("cannot write the plan to " + a.out));
   }
   if (a.json) {
-    nlohmann::json out = {{"machine", PlanCalibration::machine_key(comm.size())}, {"config", a.out}, {"ranks", comm.size()},
+    nlohmann::json out = {{"machine", PlanCalibration::machine_key(comm.size(), cfg.device)}, {"config", a.out}, {"ranks", comm.size()},
                           {"fitting", r.fitting.size()}, {"refused", r.refused.size()}};
     for (size_t i = 0; i < r.fitting.size() && int(i) < a.top; ++i) out["plans"].push_back(choice_json(r.fitting[i]));
     fmt::print("{}\n", out.dump(2));

@@ -3,8 +3,11 @@
 // the report and writes the trace at the end.
 #pragma once
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -53,6 +56,14 @@ class Profiler {
     std::lock_guard<std::mutex> l(mu_);
     events_.clear();
   }
+  // While set (null: never), run at the start and the end of every "compute" span: a calibration
+  // on a GPU sets its device's synchronize, so a span times its kernels rather than their
+  // launches. The caller keeps *f alive until it sets null again.
+  void set_compute_fence(const std::function<void()>* f) { fence_.store(f, std::memory_order_release); }
+  void fence(const char* cat) const {
+    const std::function<void()>* f = fence_.load(std::memory_order_acquire);
+    if (f && std::strcmp(cat, "compute") == 0) (*f)();
+  }
 
  private:
   Profiler();
@@ -63,14 +74,19 @@ class Profiler {
   std::vector<TraceEvent> events_;
   std::map<int, std::string> names_;
   std::set<int> ended_;  // named rows whose thread has ended
+  std::atomic<const std::function<void()>*> fence_{nullptr};
   struct RowOwner;       // a named thread's row goes to ended_ when the thread ends
 };
 
 class Span {
  public:
   Span(std::string name, const char* cat, Bucket b)
-      : name_(std::move(name)), cat_(cat), b_(b), start_(Profiler::get().now_us()) {}
-  ~Span() { Profiler::get().record(name_, cat_, b_, start_, Profiler::get().now_us()); }
+      : name_(std::move(name)), cat_(cat), b_(b), start_((Profiler::get().fence(cat), Profiler::get().now_us())) {}
+  ~Span() {
+    Profiler& p = Profiler::get();
+    p.fence(cat_);
+    p.record(name_, cat_, b_, start_, p.now_us());
+  }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 

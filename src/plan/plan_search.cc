@@ -40,22 +40,25 @@ std::vector<PlanKnobs> plan_grid(const PlanSpace& space) {
             for (int64_t sub : opt == OffloadDevice::kNone ? std::vector<int64_t>{space.sub_group_sizes.back()}
                                                            : space.sub_group_sizes)
               for (size_t pf = 0; pf < (stage >= 3 ? space.prefetch.size() : 1); ++pf)
-                for (auto [b, ckpt] : micro_steps) {
-                  PlanKnobs k;
-                  k.stage = stage;
-                  k.optimizer = opt;
-                  k.optimizer_ratio = orat;
-                  k.param = par;
-                  k.param_ratio = prat;
-                  k.sub_group_size = sub;
-                  k.prefetch = space.prefetch[pf];
-                  k.micro_batch = b;
-                  k.accumulation = space.sequences_per_rank / b;
-                  k.activation_checkpointing = ckpt;
-                  k.aio_block_size = space.aio_block_size;
-                  k.aio_queue_depth = space.aio_queue_depth;
-                  out.push_back(k);
-                }
+                for (auto [b, ckpt] : micro_steps)
+                  for (bool early : stage < 3 && opt != OffloadDevice::kNone ? space.update_in_backward
+                                                                              : std::vector<bool>{false}) {
+                    PlanKnobs k;
+                    k.stage = stage;
+                    k.optimizer = opt;
+                    k.optimizer_ratio = orat;
+                    k.param = par;
+                    k.param_ratio = prat;
+                    k.sub_group_size = sub;
+                    k.prefetch = space.prefetch[pf];
+                    k.micro_batch = b;
+                    k.accumulation = space.sequences_per_rank / b;
+                    k.activation_checkpointing = ckpt;
+                    k.update_in_backward = early;
+                    k.aio_block_size = space.aio_block_size;
+                    k.aio_queue_depth = space.aio_queue_depth;
+                    out.push_back(k);
+                  }
   return out;
 }
 
@@ -83,7 +86,8 @@ Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, cons
                              [&](const PlanChoice& c) { return c.prediction.step_s > 1.01 * best; });
     auto plainer = [](const PlanChoice& a, const PlanChoice& b) {
       auto key = [](const PlanChoice& c) {
-        return std::make_tuple(c.knobs.stage, c.prediction.bytes[1] + c.prediction.bytes[2], c.prediction.step_s);
+        return std::make_tuple(c.knobs.stage, c.prediction.bytes[1] + c.prediction.bytes[2],
+                               c.knobs.update_in_backward, c.prediction.step_s);
       };
       return key(a) < key(b);
     };

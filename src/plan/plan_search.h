@@ -26,6 +26,10 @@ struct PlanSpace {
   std::vector<PrefetchLimits> prefetch = {{50'000'000, 1'000'000'000, 1'000'000'000},
                                           {0, 1'000'000'000, 0}};
   std::vector<bool> checkpointing = {false, true};
+  // zoe.update_in_backward, tried at stages 0-2 with an offloaded optimizer: on a device of its
+  // own (a GPU) the CPU's pass then runs beside the backward; on the CPU device they would take
+  // turns on the same cores, so it is not offered there.
+  std::vector<bool> update_in_backward = {false};
   uint32_t aio_block_size = 1u << 20;    // the NVMe store's best case (calibration)
   unsigned aio_queue_depth = 8;
 };

@@ -94,9 +94,13 @@ namespace {
 
 double param_read_rate(const PlanRates& r) { return r.param_read_Bps > 0 ? r.param_read_Bps : r.nvme_read_Bps; }
 
+// A device's own rate where measured, else the CPU device's.
+double or_host(double rate, double host) { return rate > 0 ? rate : host; }
+
 // Each unit's chunk load: its NVMe part at the read rate, which runs beside the compute; its
 // parts in host or device memory and its all-gather are copies, which on the host's cores take
-// turns with the compute (copy_s) and else run beside it too.
+// turns with the compute (copy_s) and else run beside it too: on a GPU, the host part over the
+// link and the device part within its memory.
 void unit_loads(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k, const PlanRates& r, VirtualStepInput* v,
                 std::vector<double>* copy_s) {
   const double w = static_cast<double>(dtype_size(job.dtype));
@@ -107,6 +111,10 @@ void unit_loads(const ShardLayout& l, const PlanJob& job, const PlanKnobs& k, co
     const int64_t off = std::clamp<int64_t>(a + c - first_off, 0, c);
     const double nvme = p.tier == 2 ? off : 0, memory = c - nvme;
     double beside = nvme * w / param_read_rate(r), copy = memory * w / r.host_copy_Bps;
+    if (!r.compute_on_host_cores) {
+      const double host = p.tier == 1 ? off : 0;
+      copy = host * w / or_host(r.h2d_Bps, r.host_copy_Bps) + (memory - host) * w / or_host(r.device_copy_Bps, r.host_copy_Bps);
+    }
     // The all-gather: on CPU ranks the ranks' processes copy each other's chunks on the same
     // cores the compute runs on, so it takes turns with it as a copy does.
     if (job.ranks > 1 && !r.fetch_overhead_has_collectives)
@@ -184,12 +192,28 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   if (job.ranks > 1 && plan.shard_grads && !(plan.shard_params && r.fetch_overhead_has_collectives))
     for (int u = 0; u < l.num_units(); ++u)
       reduce += double(l.slot(u).full_size - l.slot(u).chunk) * g / r.reduce_busbw_Bps;
-  micro += r.compute_on_host_cores ? reduce : std::max(0.0, reduce - bwd);
+  // On a GPU an offloaded optimizer's sharded gradients go down to their pinned chunk at each
+  // hand-over (RankState::grads_on_host), beside the backward too.
+  const double d2h = or_host(r.d2h_Bps, r.host_copy_Bps), h2d = or_host(r.h2d_Bps, r.host_copy_Bps);
+  const double handover = !r.compute_on_host_cores && plan.shard_grads && k.optimizer != OffloadDevice::kNone
+                              ? double(l.shard_size()) * g / d2h : 0;
+  micro += r.compute_on_host_cores ? reduce : std::max(0.0, reduce + handover - bwd);
 
   // The optimizer: Adam over this rank's state, NVMe parts streamed through three windows.
   const Split o = split(k.optimizer, k.optimizer_ratio, optimizer_elems(l, k.stage));
   const double per = mixed(job.dtype) ? 12 : 8;
-  const double adam = double(o.device + o.offloaded) / r.adam_elems_per_s;
+  double adam = double(o.device + o.offloaded) / r.adam_elems_per_s;
+  if (!r.compute_on_host_cores) {
+    // A GPU steps its own part; the CPU the rest, sub-group by sub-group in turn with the link
+    // (OptimizerPass::run_host_group): gradients still in device memory (stages 0-1) and fp32
+    // weights come down first, the stepped weights that live on the device go back up.
+    const Split p = split(k.param, k.param_ratio, l.shard_size());
+    const double on_device = plan.shard_params ? double(p.device) / double(std::max<int64_t>(1, l.shard_size())) : 1;
+    const double down = ((plan.shard_grads ? 0 : g) + (mixed(job.dtype) ? 0 : w) * on_device) / d2h;
+    const double up = double(w) * on_device / h2d;
+    adam = double(o.device) / or_host(r.device_adam_elems_per_s, r.adam_elems_per_s) +
+           double(o.offloaded) * (1 / r.adam_elems_per_s + down + up);
+  }
   double opt_disk = 0;
   if (o.tier == 2)
     opt_disk = r.nvme_pass_s_per_elem > 0 ? double(o.offloaded) * r.nvme_pass_s_per_elem
@@ -209,6 +233,10 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     const double beside = r.compute_on_host_cores ? std::max(opt_disk + first_window, micro_fwd + adam)
                                                   : std::max(out.optimizer_s, micro_fwd);
     out.step_s = beside + (micro - micro_fwd) + micro * (k.accumulation - 1);
+  } else if (k.update_in_backward && !r.compute_on_host_cores) {
+    // zoe.update_in_backward: the pass starts at the last micro-step's first hand-over and runs
+    // beside its backward (the unclipped step: a clipped one is taken back and redone).
+    out.step_s = out.micro_s - bwd + std::max(bwd, out.optimizer_s) + step_comm;
   } else {
     out.step_s = out.micro_s + out.optimizer_s + step_comm;
   }

@@ -47,6 +47,11 @@ struct PlanRates {
   // The device computes on the host's cores (the CPU device): the model's compute, the CPU Adam
   // and host copies take turns on them, so only the disk overlaps with them.
   bool compute_on_host_cores = true;
+  // A device of its own (a GPU: compute_on_host_cores false): its Adam over state in its memory
+  // (elements a second), the link's rates each way between it and pinned host memory, and copies
+  // within its memory. 0: the CPU device's (adam_elems_per_s, host_copy_Bps).
+  double device_adam_elems_per_s = 0;
+  double h2d_Bps = 0, d2h_Bps = 0, device_copy_Bps = 0;
   // What a stage-3 fetch costs the caller beyond its chunk's copy (the agreement, the scheduler's
   // bookkeeping), measured as a stage-3 micro-step against a stage-0 one.
   double fetch_overhead_s = 0;
@@ -64,6 +69,7 @@ struct PlanKnobs {
   PrefetchLimits prefetch{50'000'000, 1'000'000'000, 1'000'000'000};
   int micro_batch = 1, accumulation = 1;
   bool activation_checkpointing = false;
+  bool update_in_backward = false;  // zoe.update_in_backward: the pass runs beside the backward
   uint32_t aio_block_size = 1u << 20;
   unsigned aio_queue_depth = 8;
   bool operator==(const PlanKnobs&) const = default;
