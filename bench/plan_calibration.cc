@@ -597,12 +597,25 @@ Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
   const bool cached = !o_.recalibrate && models.contains(key);
   if (!cached) {
     ZOE_RETURN_IF_ERROR(together());
-    ZOE_ASSIGN_OR_RETURN(UnitTimes u, measure_model(b, ckpt));
-    models[key] = {{"encoder_f", u.encoder_f}, {"block_f", u.block_f}, {"head_f", u.head_f},
-                   {"encoder_b", u.encoder_b}, {"block_b", u.block_b}, {"head_b", u.head_b},
-                   {"act_fixed", u.act_fixed}, {"act_block", u.act_block}};
+    Result<UnitTimes> m = measure_model(b, ckpt);
+    // A micro-batch the device has no room for (a GPU's budget): remembered, and refused.
+    const bool no_room = m.status().code() == Code::kOutOfMemory || Gpt2Model::activations_do_not_fit(m.status());
+    if (no_room) models[key] = {{"out_of_memory", m.status().message()}};
+    else ZOE_RETURN_IF_ERROR(m.status());
+    if (m.ok()) {
+      const UnitTimes& u = *m;
+      models[key] = {{"encoder_f", u.encoder_f}, {"block_f", u.block_f}, {"head_f", u.head_f},
+                     {"encoder_b", u.encoder_b}, {"block_b", u.block_b}, {"head_b", u.head_b},
+                     {"act_fixed", u.act_fixed}, {"act_block", u.act_block}};
+    }
   }
   const nlohmann::json& u = models[key];
+  if (u.contains("out_of_memory")) {
+    if (o_.human)
+      std::fprintf(o_.human, "  %-18s B=%d%s: out of device memory%s\n", "micro-step", b, ckpt ? " checkpointed" : "",
+                   cached ? " (cached)" : "");
+    return Status::OutOfMemory(u["out_of_memory"].get<std::string>());
+  }
   const int L = job_.n_layer;
   MicroStepWork w;
   // GPT-2's fetches: embedding, blocks, ln_f, the tied head (unit 0 again, held into the

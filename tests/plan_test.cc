@@ -255,6 +255,31 @@ TEST(PlanSearch, OnAToyMachineTheFastestFittingPlanWins) {
   EXPECT_EQ(r->fitting.front().knobs.optimizer, OffloadDevice::kNvme);
 }
 
+// A micro-batch the GPU had no room for when measured is refused with that reason; the rest are
+// planned, and any other measuring failure ends the search.
+TEST(PlanSearch, AMicroStepOutOfDeviceMemoryIsRefusedNotFatal) {
+  const PlanJob job = roomy(std::vector<int64_t>(4, 1'000'000));
+  PlanSpace space;
+  space.sequences_per_rank = 4;
+  auto micro = [](int b, bool ckpt) -> Result<MicroStepWork> {
+    if (b == 4 && !ckpt) return Status::OutOfMemory("device memory budget exhausted");
+    return work(4, 0.001 * b, 1'000'000, 256 * b);
+  };
+  auto r = search_plans(job, space, micro, rates());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->fitting.empty());
+  int refused = 0;
+  for (const PlanChoice& c : r->refused)
+    if (c.knobs.micro_batch == 4 && !c.knobs.activation_checkpointing) {
+      ++refused;
+      EXPECT_NE(c.prediction.why.find("out of device memory when measured"), std::string::npos) << c.prediction.why;
+    }
+  EXPECT_GT(refused, 0);
+  for (const PlanChoice& c : r->fitting) EXPECT_FALSE(c.knobs.micro_batch == 4 && !c.knobs.activation_checkpointing);
+  auto broken = [](int, bool) -> Result<MicroStepWork> { return Status::Io("the profiler's file"); };
+  EXPECT_FALSE(search_plans(job, space, broken, rates()).ok());
+}
+
 // Nothing fits: each kind of change is the least that makes something fit (a byte less, or half
 // the ranks, fits nothing), and applying it alone gives the configuration it names.
 TEST(PlanSearch, AJobThatFitsNothingGetsTheSmallestChangeOfEachKind) {

@@ -47,6 +47,14 @@ Result<float*> Gpt2Model::take(size_t floats) {
 // one micro-step (the device reuses the same blocks next time, so no fresh pages are touched).
 // Sized first: a budget that cannot hold them is a bad config naming the need, not an
 // out-of-memory error in the middle of the first step.
+namespace {
+constexpr const char* kActivationsDoNotFit = "config key 'zoe.device_memory_budget': too small for the activations";
+}  // namespace
+
+bool Gpt2Model::activations_do_not_fit(const Status& s) {
+  return s.code() == Code::kInvalidInput && s.message().rfind(kActivationsDoNotFit, 0) == 0;
+}
+
 Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
   free_buffers();
   counting_ = true;
@@ -58,10 +66,10 @@ Status Gpt2Model::size_buffers(Engine& e, const Batch& b) {
   if (s.code() != Code::kOutOfMemory) return s;
   free_buffers();
   return Status::Invalid(fmt::format(
-      "config key 'zoe.device_memory_budget': too small for the activations of one micro-batch of B={} x T={} "
+      "{} of one micro-batch of B={} x T={} "
       "(vocab_size {}, n_embd {}, n_layer {}): they need {:.3f} GiB on the device ({}); raise the budget, or lower "
       "train_micro_batch_size_per_gpu or zoe.data.seq_len",
-      b.B, b.T, s_.vocab_size, s_.n_embd, s_.n_layer, counted_ / double(1 << 30), s.message()));
+      kActivationsDoNotFit, b.B, b.T, s_.vocab_size, s_.n_embd, s_.n_layer, counted_ / double(1 << 30), s.message()));
 }
 
 Status Gpt2Model::lay_out_buffers(Engine& e, const Batch& b) {

@@ -33,6 +33,9 @@ class Gpt2Model final : public Model {
   void init_unit(int u, uint64_t seed, float* out) const override;
   Result<double> train_micro_step(Engine& e, const Batch& b, float loss_scale) override;
   Result<double> eval_loss(Engine& e, const Batch& b) override;
+  // Whether s is the refusal of a micro-batch whose activations the device budget cannot hold
+  // (a config error to `zoe train`; to a planner, a micro-batch that does not fit).
+  static bool activations_do_not_fit(const Status& s);
 
  private:
   // Fills x_ (block inputs), lnf_ and logits_ (bf16 compute: lnf16_, logits16_); returns the

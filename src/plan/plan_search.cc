@@ -65,15 +65,25 @@ std::vector<PlanKnobs> plan_grid(const PlanSpace& space) {
 Result<PlanResult> search_plans(const PlanJob& job, const PlanSpace& space, const MicroStepFor& work,
                                 const PlanRates& rates) {
   PlanResult r;
-  std::map<std::pair<int, bool>, MicroStepWork> measured;  // each micro-step measured once
+  // Each micro-step measured once; one the device had no memory for when measured is refused.
+  std::map<std::pair<int, bool>, Result<MicroStepWork>> measured;
   for (const PlanKnobs& k : plan_grid(space)) {
     auto key = std::make_pair(k.micro_batch, k.activation_checkpointing);
     auto it = measured.find(key);
     if (it == measured.end()) {
-      ZOE_ASSIGN_OR_RETURN(MicroStepWork w, work(k.micro_batch, k.activation_checkpointing));
+      Result<MicroStepWork> w = work(k.micro_batch, k.activation_checkpointing);
+      if (!w.ok() && w.status().code() != Code::kOutOfMemory) return w.status();
       it = measured.emplace(key, std::move(w)).first;
     }
-    PlanChoice c{k, predict_step(job, k, it->second, rates)};
+    if (!it->second.ok()) {
+      PlanChoice c{k, {}};
+      c.prediction.why = "its micro-step ran out of device memory when measured: " + it->second.status().message();
+      c.prediction.bytes = state_bytes(job, k);
+      c.prediction.bytes[0] = UINT64_MAX / 2;  // more than any budget: never the closest miss
+      r.refused.push_back(std::move(c));
+      continue;
+    }
+    PlanChoice c{k, predict_step(job, k, *it->second, rates)};
     (c.prediction.fits ? r.fitting : r.refused).push_back(std::move(c));
   }
   // Fastest first. Those within 1 % of the fastest are told apart by the model's noise, not by
