@@ -97,12 +97,16 @@ Result<nlohmann::json> measure_gpu(const Config& job) {
       ZOE_RETURN_IF_ERROR(dev.copy_async(dst, 0, src, 0, kCopy, s));
       return dev.wait(dev.record(s));
     };
-    for (auto [name, dst, src, s] : {std::tuple{"h2d_Bps", &a, &host, Stream::kH2D},
-                                     std::tuple{"d2h_Bps", &host, &a, Stream::kD2H},
-                                     std::tuple{"d2d_Bps", &b, &a, Stream::kCompute}}) {
+    struct Copy {
+      const char* name;
+      const Buffer *dst, *src;
+      Stream stream;
+    };
+    for (const Copy& k : {Copy{"h2d_Bps", &a, &host, Stream::kH2D}, Copy{"d2h_Bps", &host, &a, Stream::kD2H},
+                          Copy{"d2d_Bps", &b, &a, Stream::kCompute}}) {
       if (!st.ok()) break;
-      Result<double> t = best_of_three([&] { return over(*dst, *src, s); });
-      if (t.ok()) out[name] = double(kCopy) / *t;
+      Result<double> t = best_of_three([&] { return over(*k.dst, *k.src, k.stream); });
+      if (t.ok()) out[k.name] = double(kCopy) / *t;
       else st = t.status();
     }
     for (Buffer* x : {&host, &a, &b}) dev.free(*x);
