@@ -495,8 +495,10 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     for (int rep = 0; rep < 10 && (rep < 3 || spent < 0.3); ++rep) {
       double wall = 0;
       if (on_gpu()) {
+        // Until the GPU is done: the loss is read in the forward, the backward's kernels run after.
         const double t0 = now_s();
-        ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());  // reads the loss: the GPU is done
+        ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());
+        ZOE_RETURN_IF_ERROR(be.backend.device->synchronize());
         wall = now_s() - t0;
         p.set_compute_fence(&drain);
       }
@@ -527,6 +529,20 @@ Result<PlanCalibration::UnitTimes> PlanCalibration::measure_model(int b, bool ck
     }
     t.encoder_f = best.encoder_f, t.encoder_b = best.encoder_b, t.block_f = best.block_f, t.block_b = best.block_b;
     t.head_f = best.head_f, t.head_b = best.head_b;
+    if (on_gpu()) {  // the step after it: the GPU's Adam and what each unit's launches add to it
+      t.step_s = 1e30;
+      for (int rep = 0; rep < 4; ++rep) {
+        ZOE_RETURN_IF_ERROR(model.train_micro_step(e, batch, 1.0f).status());
+        ZOE_RETURN_IF_ERROR(be.backend.device->synchronize());
+        const double t0 = now_s();
+        ZOE_RETURN_IF_ERROR(e.step(1e-6).status());
+        ZOE_RETURN_IF_ERROR(e.flush().status());
+        ZOE_RETURN_IF_ERROR(be.backend.device->synchronize());
+        if (rep > 0) t.step_s = std::min(t.step_s, now_s() - t0);
+      }
+      for (const UnitSpec& u : model.units()) t.step_elems += double(u.numel);
+      t.step_units = double(model.units().size());
+    }
   }
   t.act_block = most > 1 ? (act_most - act_one) / (most - 1) : 0;
   t.act_fixed = act_one - t.act_block;
@@ -611,6 +627,8 @@ Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
       models[key] = {{"encoder_f", u.encoder_f}, {"block_f", u.block_f}, {"head_f", u.head_f},
                      {"encoder_b", u.encoder_b}, {"block_b", u.block_b}, {"head_b", u.head_b},
                      {"act_fixed", u.act_fixed}, {"act_block", u.act_block}};
+      if (u.step_units > 0)
+        models[key].update({{"step_s", u.step_s}, {"step_elems", u.step_elems}, {"step_units", u.step_units}});
     }
   }
   const nlohmann::json& u = models[key];
@@ -633,6 +651,13 @@ Result<MicroStepWork> PlanCalibration::micro_step(int b, bool ckpt) {
   w.fetches.push_back({0, u["encoder_b"].get<double>(), true});
   w.activation_bytes = static_cast<uint64_t>(std::max(0.0, u["act_fixed"].get<double>() + L * u["act_block"].get<double>()));
   w.tokens = int64_t{b} * job_.seq_len;
+  // A GPU's step beyond its Adam, a unit (rates() measured the Adam first).
+  const nlohmann::json& machine = cache_[machine_key(ranks(), job_.device)];
+  const std::string dkey = std::string("adam_") + std::string(dtype_name(job_.dtype));
+  if (auto gpu = machine.find("gpu"); u.contains("step_s") && gpu != machine.end() && gpu->contains(dkey)) {
+    const double adam = u["step_elems"].get<double>() / (*gpu)[dkey].get<double>();
+    w.step_overhead_per_unit_s = std::max(0.0, (u["step_s"].get<double>() - adam) / u["step_units"].get<double>());
+  }
   if (o_.human && !cached) {
     double f = 0, bw = 0;
     for (const PlanFetch& x : w.fetches) (x.backward ? bw : f) += x.compute_s;

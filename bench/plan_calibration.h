@@ -61,6 +61,7 @@ class PlanCalibration {
   struct UnitTimes {  // one micro-step, seconds; bytes of the model's device buffers
     double encoder_f = 0, block_f = 0, head_f = 0, encoder_b = 0, block_b = 0, head_b = 0;
     double act_fixed = 0, act_block = 0;
+    double step_s = 0, step_elems = 0, step_units = 0;  // a GPU's resident step after the micro-step
   };
   Result<UnitTimes> measure_model(int b, bool checkpointing);
   Result<double> measure_fetch_overhead(double copy_Bps);

@@ -153,6 +153,9 @@ TEST(StepModel, OnAGpuTheHostsAdamPaysTheLinkAndCanRunBesideTheBackward) {
   StepPrediction p = predict_step(job, k, work(2, 0.001), r);
   ASSERT_TRUE(p.fits) << p.why;
   EXPECT_NEAR(p.optimizer_s, 2e6 / 1e11, 1e-15);
+  MicroStepWork launches = work(2, 0.001);
+  launches.step_overhead_per_unit_s = 1e-4;  // and what each unit's launches cost a step
+  EXPECT_NEAR(predict_step(job, k, launches, r).optimizer_s, 2e6 / 1e11 + 2e-4, 1e-15);
   // The optimizer in host memory: each sub-group's gradients come down, Adam on the CPU, the
   // weights go back up, in turn.
   k.optimizer = OffloadDevice::kCpu;

@@ -212,7 +212,7 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
     const double down = ((plan.shard_grads ? 0 : g) + (mixed(job.dtype) ? 0 : w) * on_device) / d2h;
     const double up = double(w) * on_device / h2d;
     adam = double(o.device) / or_host(r.device_adam_elems_per_s, r.adam_elems_per_s) +
-           double(o.offloaded) * (1 / r.adam_elems_per_s + down + up);
+           double(o.offloaded) * (1 / r.adam_elems_per_s + down + up) + l.num_units() * work.step_overhead_per_unit_s;
   }
   double opt_disk = 0;
   if (o.tier == 2)

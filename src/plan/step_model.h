@@ -30,6 +30,10 @@ struct MicroStepWork {
   std::vector<PlanFetch> fetches;  // in the model's order; a unit may appear more than once
   uint64_t activation_bytes = 0;   // device memory beside the state at its peak (activations, scratch)
   int64_t tokens = 0;              // per rank
+  // On a device of its own (a GPU): what its step costs beyond Adam's elements, a unit (the norm's
+  // and the update's launches and their waits), measured with the model. 0 on the CPU device,
+  // whose measured Adam rate holds it.
+  double step_overhead_per_unit_s = 0;
 };
 
 // The machine, measured. Bytes per second; Adam in elements per second.
