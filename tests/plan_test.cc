@@ -341,6 +341,11 @@ TEST(PlanSearch, TheGridPairsKnobsThatMeanSomethingTogether) {
     EXPECT_NE(k.optimizer, OffloadDevice::kNvme);
     EXPECT_FALSE(k.update_in_backward);  // offered on a GPU only
   }
+  const std::vector<PlanKnobs> grid = plan_grid(s);
+  size_t repeats = 0;  // no setting of the knobs twice
+  for (size_t i = 0; i < grid.size(); ++i)
+    for (size_t j = i + 1; j < grid.size(); ++j) repeats += grid[i] == grid[j];
+  EXPECT_EQ(repeats, 0u);
   s.update_in_backward = {false, true};
   int early = 0;
   for (const PlanKnobs& k : plan_grid(s))

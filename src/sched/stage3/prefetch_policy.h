@@ -25,6 +25,7 @@ struct PrefetchLimits {
   int64_t bucket_elems = 0;
   int64_t max_live_elems = 0;
   int64_t max_reuse_distance = 0;
+  bool operator==(const PrefetchLimits&) const = default;
 };
 
 // Where a unit's gathered parameters are. kStaged: its chunk is being read from NVMe into pinned
