@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -9,6 +10,17 @@ namespace zoe {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Result<double> best_seconds(int iters, const std::function<Status()>& fn) {
+  ZOE_RETURN_IF_ERROR(fn());  // warm-up
+  double best = 1e30;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = now_s();
+    ZOE_RETURN_IF_ERROR(fn());
+    best = std::min(best, now_s() - t0);
+  }
+  return best;
 }
 
 std::string shell_quote(const std::string& s) {

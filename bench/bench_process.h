@@ -1,6 +1,7 @@
 // What the benchmarks share to time themselves and to run their referees (fio, PyTorch scripts)
 // as child processes.
 #pragma once
+#include <functional>
 #include <string>
 
 #include "zoe/status.h"
@@ -12,6 +13,9 @@ inline const std::string kBenchCorpus = std::string(ZOE_SOURCE_DIR) + "/data/cor
 
 // Seconds on the steady clock.
 double now_s();
+// The fastest of `iters` timings of fn after one untimed warm-up, seconds (fn's first error ends
+// it).
+Result<double> best_seconds(int iters, const std::function<Status()>& fn);
 // s as one single-quoted shell word.
 std::string shell_quote(const std::string& s);
 // Runs `cmd` through the shell and returns its stdout (add " 2>&1" for stderr too); *exit_code

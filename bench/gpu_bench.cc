@@ -16,6 +16,7 @@
 #include <tbb/global_control.h>
 
 #include "kernels/adam.h"
+#include "bench_process.h"
 #include "plan_calibration.h"
 #include "step_bench.h"
 #ifdef ZOE_HAVE_CUDA
@@ -59,18 +60,6 @@ namespace {
 Status cuda_ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();
   return Status::Runtime(fmt::format("bench gpu: {}: {}", what, cudaGetErrorString(e)));
-}
-
-// The best of `iters` timings of fn (each ends with the GPU idle).
-Result<double> best_seconds(int iters, const std::function<Status()>& fn) {
-  ZOE_RETURN_IF_ERROR(fn());  // warm-up
-  double best = 1e30;
-  for (int i = 0; i < iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    ZOE_RETURN_IF_ERROR(fn());
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 nlohmann::json row(const std::string& name, double measured, double baseline, const std::string& unit,

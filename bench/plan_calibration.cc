@@ -54,17 +54,6 @@ std::string gpu_model() {
 #endif
 }
 
-// The best of three timings of fn after a warm-up, seconds.
-Result<double> best_of_three(const std::function<Status()>& fn) {
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const double t0 = now_s();
-    ZOE_RETURN_IF_ERROR(fn());
-    if (rep > 0) best = std::min(best, now_s() - t0);
-  }
-  return best;
-}
-
 // A device of its own (the job's GPU), through the Device interface as the engine uses it: its
 // Adam over state in its memory (bf16 or fp32 gradients and weights as the job's, fp32 state), in
 // elements a second, sized up until a call takes 20 ms (at most 64 M elements); pinned host <->
@@ -105,7 +94,7 @@ Result<nlohmann::json> measure_gpu(const Config& job) {
     for (const Copy& k : {Copy{"h2d_Bps", &a, &host, Stream::kH2D}, Copy{"d2h_Bps", &host, &a, Stream::kD2H},
                           Copy{"d2d_Bps", &b, &a, Stream::kCompute}}) {
       if (!st.ok()) break;
-      Result<double> t = best_of_three([&] { return over(*k.dst, *k.src, k.stream); });
+      Result<double> t = best_seconds(3, [&] { return over(*k.dst, *k.src, k.stream); });
       if (t.ok()) out[k.name] = double(kCopy) / *t;
       else st = t.status();
     }
@@ -128,7 +117,7 @@ Result<nlohmann::json> measure_gpu(const Config& job) {
     AdamHyper h;
     auto* nonfinite = reinterpret_cast<uint64_t*>(at + n * per);
     Status st = dev.zero(state.data, n * per + 8);
-    Result<double> t = st.ok() ? best_of_three([&]() -> Status {
+    Result<double> t = st.ok() ? best_seconds(3, [&]() -> Status {
       ZOE_RETURN_IF_ERROR(dev.adam(h, &r, 1, nonfinite));
       return dev.synchronize();
     })
@@ -147,13 +136,10 @@ Result<nlohmann::json> measure_gpu(const Config& job) {
 double measure_copy() {
   const size_t n = size_t{256} << 20;
   std::vector<char> a(n, 1), b(n, 2);
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const double t0 = now_s();
+  return double(n) / *best_seconds(3, [&] {
     std::memcpy(b.data(), a.data(), n);
-    if (rep > 0) best = std::min(best, now_s() - t0);
-  }
-  return double(n) / best;
+    return Status::Ok();
+  });
 }
 
 // The collectives' bus bandwidth over the ranks (nccl-tests' convention: the bytes each rank
@@ -252,13 +238,10 @@ double measure_cpu_adam(DType dtype) {
   r.param_dtype = dtype;
   r.n = n;
   AdamHyper h;
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const double t0 = now_s();
+  return double(n) / *best_seconds(3, [&] {
     adam_step(h, r, best_isa(), 0);
-    if (rep > 0) best = std::min(best, now_s() - t0);
-  }
-  return double(n) / best;
+    return Status::Ok();
+  });
 }
 
 // The store's read and write rates at the best of its 1 MiB cases, on a file of `bytes` in a
