@@ -352,6 +352,23 @@ Status bench_gpt2_gpu(const GpuBenchOptions& o, double bf16_peak, nlohmann::json
   } else {
     ZOE_ASSIGN_OR_RETURN(bf16, time_zoe_step(b, 1));
   }
+  // The attention's library against zoe's own kernels: the same step with ZOE_CUDA_ATTENTION=mma
+  // (the default takes cuDNN's fused attention where the build and GPU have it).
+  if (bf16.step_s > 0) {
+    const char* before = std::getenv("ZOE_CUDA_ATTENTION");
+    const std::string saved = before ? before : "";
+    setenv("ZOE_CUDA_ATTENTION", "mma", 1);
+    Result<StepTiming> own = time_zoe_step(b, 1);
+    if (before) setenv("ZOE_CUDA_ATTENTION", saved.c_str(), 1);
+    else unsetenv("ZOE_CUDA_ATTENTION");
+    if (own.ok())
+      results.push_back(row("gpt2 bf16 tokens/s, attention default vs mma", tokens / bf16.step_s,
+                            tokens / own->step_s, "tokens/s",
+                            "the same step on zoe's own attention kernels (ZOE_CUDA_ATTENTION=mma)"));
+    else
+      std::fprintf(stderr, "zoe bench gpu: the bf16 step on zoe's attention kernels failed: %s\n",
+                   own.status().message().c_str());
+  }
   // Model FLOP/s of the bf16 step against the GPU's dense bf16 rate (bench_bf16_gemm's baseline).
   if (bf16.step_s > 0 && bf16_peak > 0)
     results.push_back(row("gpt2 bf16 model TFLOP/s", gpt2_flops_per_token(s.shape, s.T) * tokens / bf16.step_s / 1e12,

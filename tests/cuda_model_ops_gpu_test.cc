@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda_model_ops.h"
+#include "gpu/cudnn_attention.h"
 #include "gpu/gpu_info.h"
 
 namespace zoe {
@@ -1048,12 +1049,14 @@ TEST_F(CudaModelOpsTest, GeluInTheProductsEpilogue) {
   check_gelu_fusion(*this, 1024, 768, 3072, /*fused=*/true, 122);
 }
 
-// The bf16 attention on tensor cores (the default path) against the fp32 attention on the same q,
+// The bf16 attention on tensor cores (zoe's kernels) against the fp32 attention on the same q,
 // k, v: P, dout and dS are rounded to bf16 where the products take them (as FlashAttention
 // rounds them), so within kMmaTol, a few bf16 roundings, not fp32's tolerance; the log-sum-exp
 // (fp32 scores of exact bf16 products) within fp32's. Reruns are bitwise equal, and the fp32
-// kernels on the same input give other bits: the tensor-core path is the one that ran.
-void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint64_t seed) {
+// kernels on the same input give other bits: the tensor-core path is the one that ran. With
+// `cudnn`, cuDNN's fused attention too (where the build has it), held to the same bounds
+// (building its plans costs a GPU seconds a shape: a few shapes only).
+void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint64_t seed, bool cudnn = false) {
   SCOPED_TRACE("bf16 attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                " NH=" + std::to_string(NH));
   constexpr double kMmaTol = 1.0 / 64;
@@ -1077,13 +1080,34 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
     t.sync();
     return Run{widened(d_att.download()), d_lse.download(), widened(d_dqkv.download()), d_dbias.download()};
   };
-  const Run tc = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
-  const Run again = run(gpu::CudaModelOps::AttentionKernels::kTensorCores);
-  const Run fp32 = run(gpu::CudaModelOps::AttentionKernels::kFp32);
-  static_cast<gpu::CudaModelOps&>(t.gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kTensorCores);
-  const double out_err = rel_err(tc.out, att);
-  EXPECT_LT(out_err, kMmaTol) << "out";
-  EXPECT_LT(rel_err(tc.lse, lse), kFwdTol) << "lse";
+  using K = gpu::CudaModelOps::AttentionKernels;
+  auto& ops = static_cast<gpu::CudaModelOps&>(t.gpu());
+  const Run tc = run(K::kTensorCores);
+  const Run again = run(K::kTensorCores);
+  const Run fp32 = run(K::kFp32);
+  // cuDNN's fused attention where this build has it: on a GPU it must run every head size that
+  // is a multiple of 8 (GPT-2's 64 among them); the emulation has none.
+  const Status dnn_status =
+      cudnn ? ops.cudnn_attention_status(B, T, C, NH) : Status::Unsupported("not asked for at this shape");
+  if (cudnn) {
+#ifdef ZOE_HAVE_CUDNN
+    if ((C / NH) % 8 == 0) EXPECT_TRUE(dnn_status.ok()) << dnn_status.message();
+#else
+    EXPECT_FALSE(dnn_status.ok());
+#endif
+  }
+  std::vector<std::pair<const char*, Run>> paths = {{"tensor cores", tc}};
+  if (dnn_status.ok()) {
+    paths.emplace_back("cuDNN", run(K::kCudnn));
+    const Run dnn_again = run(K::kCudnn);
+    EXPECT_TRUE(bitwise_equal(paths.back().second.dqkv, dnn_again.dqkv) &&
+                bitwise_equal(paths.back().second.dbias, dnn_again.dbias))
+        << "a rerun of cuDNN's backward differs (its deterministic algorithm was asked for)";
+  } else if (cudnn) {
+    std::printf("  bf16 attention B=%d T=%d C=%d NH=%d: cuDNN not run: %s\n", B, T, C, NH,
+                dnn_status.message().c_str());
+  }
+  ops.set_attention_kernels(K::kAuto);
   // q, k and v separately, each against its own scale, or 1/100 of the largest part's where its
   // gradient vanishes (one key: the softmax is constant, dq and dk are zero).
   double scale[3], largest = 0;
@@ -1091,12 +1115,23 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
     scale[part] = max_abs_diff(qkv_part(dqkv, part, C), qkv_part(dqkv0, part, C));
     largest = std::max(largest, scale[part]);
   }
-  for (int part = 0; part < 3; part++) {
-    const double err = max_abs_diff(qkv_part(tc.dqkv, part, C), qkv_part(dqkv, part, C)) /
-                       std::max({scale[part], largest / 100, 1e-30});
-    EXPECT_LT(err, kMmaTol) << "d" << "qkv"[part];
-    std::printf("  bf16 attention B=%d T=%d C=%d NH=%d: d%c %.2e of its largest value (out %.2e)\n", B, T, C, NH,
-                "qkv"[part], err, out_err);
+  // The bias gradient: the column sums of dqkv, within the gradient's own error.
+  Vf sums(3 * C, 0.f);
+  for (int64_t r = 0; r < int64_t{B} * T; r++)
+    for (int c = 0; c < 3 * C; c++) sums[c] += dqkv[r * 3 * C + c];
+  for (const auto& [path, r] : paths) {
+    SCOPED_TRACE(path);
+    const double out_err = rel_err(r.out, att);
+    EXPECT_LT(out_err, kMmaTol) << "out";
+    EXPECT_LT(rel_err(r.lse, lse), kFwdTol) << "lse";
+    for (int part = 0; part < 3; part++) {
+      const double err = max_abs_diff(qkv_part(r.dqkv, part, C), qkv_part(dqkv, part, C)) /
+                         std::max({scale[part], largest / 100, 1e-30});
+      EXPECT_LT(err, kMmaTol) << "d" << "qkv"[part];
+      std::printf("  bf16 attention B=%d T=%d C=%d NH=%d, %s: d%c %.2e of its largest value (out %.2e)\n", B, T, C,
+                  NH, path, "qkv"[part], err, out_err);
+    }
+    EXPECT_LT(rel_err(r.dbias, sums), kMmaTol) << "dbias";
   }
   EXPECT_TRUE(bitwise_equal(tc.out, again.out) && bitwise_equal(tc.dqkv, again.dqkv) &&
               bitwise_equal(tc.dbias, again.dbias))
@@ -1105,24 +1140,107 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
   // dbias, summed from the unrounded values, tells the paths apart.
   EXPECT_FALSE(bitwise_equal(tc.dqkv, fp32.dqkv) && bitwise_equal(tc.dbias, fp32.dbias))
       << "the tensor-core path gave the fp32 kernels' bits";
-  // The bias gradient: the column sums of dqkv, within the gradient's own error.
-  Vf sums(3 * C, 0.f);
-  for (int64_t r = 0; r < int64_t{B} * T; r++)
-    for (int c = 0; c < 3 * C; c++) sums[c] += dqkv[r * 3 * C + c];
-  EXPECT_LT(rel_err(tc.dbias, sums), kMmaTol) << "dbias";
 }
 
 TEST_F(CudaModelOpsTest, Bf16AttentionOnTensorCores) {
   check_bf16_attention(*this, 1, 1, 8, 2, 80);     // hs 4, one query
   check_bf16_attention(*this, 2, 7, 64, 2, 81);    // hs 32
-  check_bf16_attention(*this, 1, 150, 64, 2, 82);  // hs 32, 3 tiles of 64, the last one short
+  check_bf16_attention(*this, 1, 150, 64, 2, 82, /*cudnn=*/true);  // hs 32, 3 tiles of 64, the last one short
   check_bf16_attention(*this, 2, 65, 96, 2, 83);   // hs 48 (padded to 64), a tile and one row
-  check_bf16_attention(*this, 1, 130, 200, 2, 84);  // hs 100 (padded to 128)
+  check_bf16_attention(*this, 1, 130, 200, 2, 84, /*cudnn=*/true);  // hs 100 (padded to 128): not cuDNN's
   if (!kFull) return;
   check_bf16_attention(*this, 2, 200, 768, 12, 85);  // GPT-2's heads
   check_bf16_attention(*this, 2, 256, 256, 2, 86);   // hs 128
   if (kEmulated) return;
-  check_bf16_attention(*this, 2, 1024, 768, 12, 87);
+  check_bf16_attention(*this, 2, 1024, 768, 12, 87, /*cudnn=*/true);
+}
+
+// cuDNN where the build has it: its version is named and its graphs validated without a GPU, and
+// without a GPU, create() says why instead of failing later (CudaModelOps then runs zoe's kernels).
+TEST(CudnnAttentionTest, NamesItsVersionAndWithoutAGpuSaysWhy) {
+  const std::string v = gpu::CudnnAttention::version_text();
+  std::printf("  %s\n", v.c_str());
+#ifdef ZOE_HAVE_CUDNN
+  EXPECT_EQ(v.rfind("cuDNN 9.", 0), 0u) << v;
+#else
+  EXPECT_NE(v.find("no cuDNN"), std::string::npos) << v;
+#endif
+  // The frontend's host-side checks of the graphs this layout makes, for a Hopper GPU (no GPU needed): GPT-2's heads
+  // and a short odd sequence pass; a head size that is not a multiple of 8 is refused, named.
+#ifdef ZOE_HAVE_CUDNN
+  for (const auto& [B, T, C, NH] : {std::array<int, 4>{8, 1024, 768, 12}, {1, 150, 64, 2}, {2, 65, 96, 2}}) {
+    const Status ok = gpu::CudnnAttention::validate(B, T, C, NH, 90);
+    EXPECT_TRUE(ok.ok()) << ok.message();
+  }
+  const Status bad = gpu::CudnnAttention::validate(1, 130, 200, 2, 90);  // head size 100
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("cuDNN's forward attention (B 1, T 130, C 200, NH 2) at validate"), std::string::npos)
+      << bad.message();
+#else
+  EXPECT_FALSE(gpu::CudnnAttention::validate(8, 1024, 768, 12, 90).ok());
+#endif
+  std::string why;
+  if (!gpu::list_gpus(&why).empty())
+    GTEST_SKIP() << "a GPU (or the emulation's) is here: create() is left to Bf16AttentionOnTensorCores";
+  std::unique_ptr<gpu::CudnnAttention> a;
+  const Status s = gpu::CudnnAttention::create(nullptr, &a);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(a, nullptr);
+  EXPECT_FALSE(s.message().empty());
+  std::printf("  without a GPU: %s\n", s.message().c_str());
+}
+
+// ZOE_CUDA_ATTENTION, read where the ops are made: a value it does not know is the ops' error,
+// naming it; "cudnn" where cuDNN cannot run the shape fails the op, naming why (zoe's kernels do
+// not stand in); "mma" runs zoe's tensor-core kernels, the same bits as asking for them.
+TEST_F(CudaModelOpsTest, ZoeCudaAttentionPicksTheKernels) {
+  struct Env {
+    explicit Env(const char* v) { setenv("ZOE_CUDA_ATTENTION", v, 1); }
+    ~Env() { unsetenv("ZOE_CUDA_ATTENTION"); }
+  };
+  auto status_of = [](ModelOps& o) { return static_cast<gpu::CudaModelOps&>(o).status(); };
+  {
+    const Env env("flash");
+    const auto ops = gpu::make_cuda_model_ops(stream_);
+    const Status s = status_of(*ops);
+    EXPECT_EQ(s.code(), Code::kInvalidInput);
+    EXPECT_NE(s.message().find("ZOE_CUDA_ATTENTION='flash'"), std::string::npos) << s.message();
+  }
+  const int B = 1, T = 9, C = 8, NH = 2;  // head size 4: not a multiple of 8, no engine of cuDNN's
+  std::vector<uint16_t> qkv16(3 * B * T * C);
+  gpt2::round_to_bf16(qkv16.data(), rnd(qkv16.size(), 90).data(), int64_t(qkv16.size()));
+  const DevH d_qkv(qkv16);
+  DevH d_out(B * T * C);
+  DevF d_lse(B * NH * T);
+  {
+    const Env env("cudnn");
+    const auto ops = gpu::make_cuda_model_ops(stream_);
+    ops->attention_forward_bf16(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const Status s = status_of(*ops);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("attention_forward_bf16(B 1, T 9, C 8, NH 2): ZOE_CUDA_ATTENTION=cudnn: "),
+              std::string::npos)
+        << s.message();
+  }
+  std::vector<uint16_t> by_env;
+  {
+    const Env env("mma");
+    const auto ops = gpu::make_cuda_model_ops(stream_);
+    ops->attention_forward_bf16(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_TRUE(status_of(*ops).ok()) << status_of(*ops).message();
+    by_env = d_out.download();
+  }
+  static_cast<gpu::CudaModelOps&>(gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kFp32);
+  gpu().attention_forward_bf16(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+  sync();
+  const std::vector<uint16_t> fp32 = d_out.download();
+  static_cast<gpu::CudaModelOps&>(gpu()).set_attention_kernels(gpu::CudaModelOps::AttentionKernels::kTensorCores);
+  gpu().attention_forward_bf16(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+  sync();
+  EXPECT_EQ(by_env, d_out.download());
+  EXPECT_NE(by_env, fp32) << "the tensor-core and fp32 kernels gave the same bits: the check sees nothing";
 }
 
 // Benchmarks' breakdowns on a GPU: each op's time from events around it on the compute stream,

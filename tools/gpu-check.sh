@@ -128,6 +128,7 @@ prepare() {
   [[ $(dpkg --print-architecture) == amd64 ]] || die "--prepare must run on amd64: the GPU machine is x86-64"
   mkdir -p "$DEBS" || die "cannot create $DEBS"
   write_source_stamp
+  prepare_cudnn
   if prepare_up_to_date; then
     log "prepare: .gpudeps is up to date ($(du -sh "$DEBS" | cut -f1))"
     return 0
@@ -152,6 +153,18 @@ prepare() {
   download_missing "$manifest" || { rm -f "$manifest"; die "apt-get download failed"; }
   mv "$manifest" "$DEBS/MANIFEST"
   check_budget
+}
+
+# cuDNN's frontend headers (PyPI's wheel: tools/cudnn-frontend.sh) and cuDNN's own headers from
+# this machine's toolkit (for a GPU image whose cuDNN came without them: PyTorch's wheel has the
+# libraries): about 4 MiB beside the .deb files. Best effort: without them the GPU build runs
+# the attention on zoe's own kernels.
+prepare_cudnn() {
+  "$REPO/tools/cudnn-frontend.sh" "$DEBS/cudnn-frontend" ||
+    log "prepare: the cuDNN frontend's headers could not be fetched: the GPU build will have no cuDNN attention"
+  if compgen -G "/usr/local/cuda/include/cudnn*.h" >/dev/null; then
+    mkdir -p "$DEBS/cudnn/include" && cp -u /usr/local/cuda/include/cudnn*.h "$DEBS/cudnn/include/"
+  fi
 }
 
 # Downloads the packages whose file is missing (apt-get download names a file name_version_arch.deb,
@@ -299,6 +312,33 @@ nccl_env() {
   echo "nccl: $ZOE_NCCL_LIB, header in ${ZOE_NCCL_INC:-(none found)}"
 }
 
+# cuDNN (the attention's library): next to the toolkit, or PyTorch's wheel (nvidia-cudnn-*:
+# lib/libcudnn.so.9, the headers beside it, or else the ones --prepare carried), and its frontend's
+# headers from .gpudeps/. Its engines compile some kernels at run time: NVRTC must load too.
+cudnn_env() {
+  local lib inc roots=() nvrtc
+  mapfile -t roots < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+  lib=$(find /usr/local/cuda/lib64 "${roots[@]}" -name 'libcudnn.so.[0-9]*' 2>/dev/null | sort | head -n1)
+  if [[ -z $lib ]]; then
+    echo "cudnn: no libcudnn.so.9 here: the attention runs on zoe's own kernels"
+    return 0
+  fi
+  inc=$(find "$(dirname "$(dirname "$lib")")" /usr/local/cuda/include -maxdepth 2 -name cudnn.h 2>/dev/null | head -n1)
+  [[ -n $inc ]] || inc=$(find "$DEBS/cudnn/include" -name cudnn.h 2>/dev/null | head -n1)
+  export ZOE_CUDNN_LIB=$lib ZOE_CUDNN_INC=${inc:+$(dirname "$inc")}
+  nvrtc=$(find /usr/local/cuda/lib64 "${roots[@]}" -name 'libnvrtc.so.[0-9]*' 2>/dev/null | sort | head -n1)
+  export LD_LIBRARY_PATH=$(dirname "$lib")${nvrtc:+:$(dirname "$nvrtc")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "cudnn: $ZOE_CUDNN_LIB, header in ${ZOE_CUDNN_INC:-(none found)}, nvrtc ${nvrtc:-(none found)}"
+}
+
+cudnn_cmake_args() {
+  [[ -n ${ZOE_CUDNN_LIB:-} ]] && echo "-DCUDNN_LIB=$ZOE_CUDNN_LIB"
+  [[ -n ${ZOE_CUDNN_INC:-} ]] && echo "-DCUDNN_INCLUDE_DIR=$ZOE_CUDNN_INC"
+  [[ -f $DEBS/cudnn-frontend/include/cudnn_frontend.h ]] &&
+    echo "-DCUDNN_FRONTEND_INCLUDE_DIR=$DEBS/cudnn-frontend/include"
+  return 0
+}
+
 nccl_cmake_args() {
   [[ -n ${ZOE_NCCL_LIB:-} ]] && echo "-DNCCL_LIB=$ZOE_NCCL_LIB"
   [[ -n ${ZOE_NCCL_INC:-} ]] && echo "-DNCCL_INCLUDE_DIR=$ZOE_NCCL_INC"
@@ -357,7 +397,7 @@ step_unpack() { unpack_deps "$DEPS_ROOT"; }
 
 step_configure() {
   # shellcheck disable=SC2046  # the helpers print several words on purpose
-  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") $(nccl_cmake_args) \
+  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") $(nccl_cmake_args) $(cudnn_cmake_args) \
     -DZOE_CUDA=ON -DZOE_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
 }
 
@@ -537,6 +577,7 @@ write_summary() {
     echo
     echo "- commit: \`$commit\`$([[ $dirty == true ]] && echo ' (with uncommitted changes)') (from $origin)"
     echo "- GPU (name, driver, memory): ${gpus:-none seen (no nvidia-smi, or it found no GPU)}"
+    echo "- cuDNN: ${ZOE_CUDNN_LIB:-none found (the bf16 attention ran on the kernels of zoe)}"
     echo "- result: $(all_passed && echo 'every step passed' || echo 'NOT every step passed'), $((SECONDS - T0)) s in all"
     echo
     echo "| step | status | seconds | note |"
@@ -601,6 +642,7 @@ check() {
   add_python_bin
   deps_env "$DEPS_ROOT"
   nccl_env >>"$LOG" 2>&1
+  cudnn_env >>"$LOG" 2>&1
   local ok_pre=0 ok_unpack=0 ok_conf=0 ok_build=0
   run_step preflight 30 step_preflight && ok_pre=1
   run_step unpack 60 step_unpack && ok_unpack=1

@@ -45,3 +45,9 @@ if [ "${ZOE_SKIP_PYTHON:-0}" != 1 ]; then
       >/dev/null 2>&1 || echo "note: pip install accelerate/pytorch-lightning failed; the framework tests will skip"
   fi
 fi
+# cuDNN's C++ frontend (header-only, from PyPI's wheel) for a CUDA build's cuDNN attention; best
+# effort: without it that build runs the attention on zoe's own kernels.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  "$(dirname "$0")/cudnn-frontend.sh" ||
+    echo "note: the cuDNN frontend's headers could not be fetched; the CUDA build's attention stays on zoe's kernels"
+fi

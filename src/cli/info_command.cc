@@ -9,6 +9,7 @@
 #include "kernels/gemm.h"
 #include "train/trainer.h"
 #ifdef ZOE_HAVE_CUDA
+#include "gpu/cudnn_attention.h"
 #include "gpu/gpu_info.h"
 #endif
 
@@ -38,6 +39,9 @@ int info_command() {
   if (gpus.empty()) fmt::print("gpus: none ({})\n", why);
   for (auto& g : gpus)
     fmt::print("gpu {}: {} sm_{}{} {:.1f} GiB\n", g.index, g.name, g.sm_major, g.sm_minor, g.total_bytes / 1073741824.0);
+  fmt::print("gpu bf16 attention: cuDNN's fused attention where it runs the shape, else zoe's tensor-core kernels "
+             "(ZOE_CUDA_ATTENTION); cuDNN: {}\n",
+             gpu::CudnnAttention::version_text());
 #else
   fmt::print("gpus: not looked for (built without CUDA)\n");
 #endif

@@ -197,6 +197,12 @@ struct Rows {
   int ld;
   __device__ float operator()(int64_t r, int c) const { return x[r * ld + c]; }
 };
+// A row-major bf16 matrix widened (c_attn's dbias from the dqkv cuDNN's attention rounded).
+struct RowsBf16 {
+  const uint16_t* x;
+  int ld;
+  __device__ float operator()(int64_t r, int c) const { return widen(x[r * ld + c]); }
+};
 // GELU's gradient as gelu_backward_bf16_kernel makes it, before its rounding: c_fc's dbias.
 struct GeluGrad {
   const uint16_t* inp;

@@ -9,9 +9,11 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "gpu/cuda_attention_mma.cuh"
 #include "gpu/cuda_model_kernels.cuh"
 #include "gpu/cuda_op_timer.h"
+#include "gpu/cudnn_attention.h"
 
 namespace zoe::gpu {
 
@@ -138,6 +141,15 @@ void note_no_epilogue(GemmEpilogue e, const std::string& where) {
 
 CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
     : stream_(compute_stream), allow_tf32_(allow_tf32), gemm_(std::make_unique<Gemm>()) {
+  if (const char* v = std::getenv("ZOE_CUDA_ATTENTION"); v && *v) {
+    const std::string_view k = v;
+    if (k == "auto") attention_kernels_ = AttentionKernels::kAuto;
+    else if (k == "cudnn") attention_kernels_ = AttentionKernels::kCudnn;
+    else if (k == "mma") attention_kernels_ = AttentionKernels::kTensorCores;
+    else if (k == "fp32") attention_kernels_ = AttentionKernels::kFp32;
+    else
+      fail(Status::Invalid("ZOE_CUDA_ATTENTION='" + std::string(k) + "': expected auto, cudnn, mma or fp32"));
+  }
   const cublasStatus_t s = cublasLtCreate(&gemm_->handle);
   if (s != CUBLAS_STATUS_SUCCESS) {
     gemm_->handle = nullptr;
@@ -161,7 +173,8 @@ CudaModelOps::~CudaModelOps() {
 }
 
 size_t CudaModelOps::workspace_bytes() const {
-  return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_[kOps] + scratch_bytes_[kHeld];
+  return (gemm_ ? gemm_->workspace_bytes : 0) + scratch_bytes_[kOps] + scratch_bytes_[kHeld] +
+         (cudnn_ ? cudnn_->workspace_bytes() : 0);
 }
 
 // An op run by another (zero inside matmul_backward) is named by its caller: only the outer
@@ -616,6 +629,9 @@ namespace {
 void declare_reads(const k::Rows& v, int64_t N, int ncols) {
   ZOE_KERNEL_SPAN(v.x, sizeof(float) * ((N - 1) * v.ld + ncols), false);
 }
+void declare_reads(const k::RowsBf16& v, int64_t N, int ncols) {
+  ZOE_KERNEL_SPAN(v.x, sizeof(uint16_t) * ((N - 1) * v.ld + ncols), false);
+}
 void declare_reads(const k::GeluGrad& v, int64_t N, int ncols) {
   ZOE_KERNEL_SPAN(v.inp, sizeof(uint16_t) * ((N - 1) * v.ld + ncols), false);
   ZOE_KERNEL_SPAN(v.dout, sizeof(float) * ((N - 1) * v.ld + ncols), false);
@@ -815,7 +831,7 @@ void CudaModelOps::attention_forward_hsp(Out* out, float* lse, const In* qkv, in
   const int hs = C / NH;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   if constexpr (std::is_same_v<In, uint16_t>) {
-    if (attention_kernels_ == AttentionKernels::kTensorCores) {
+    if (attention_kernels_ != AttentionKernels::kFp32) {
       const dim3 grid((T + k::kMmaRows - 1) / k::kMmaRows, B * NH);
       const size_t smem = k::MmaSmem<HSP>::kForward;
       if (!check(allow_smem(k::attention_forward_mma_kernel<HSP, Out>, smem), "attention_forward shared memory")) return;
@@ -842,7 +858,7 @@ void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const 
   const int64_t rows = int64_t{B} * NH * T;
   auto* D = static_cast<float*>(scratch(sizeof(float) * rows));
   if (!D) return;
-  const bool tensor_cores = std::is_same_v<In, uint16_t> && attention_kernels_ == AttentionKernels::kTensorCores;
+  const bool tensor_cores = std::is_same_v<In, uint16_t> && attention_kernels_ != AttentionKernels::kFp32;
   ZOE_LAUNCH(grid_for(rows, k::kThreads), k::kThreads, 0, stream_, k::attention_rowdot_kernel<Out>)(D, dout, out, B, T,
                                                                                                   C, NH, hs,
                                                                                                   tensor_cores);
@@ -894,9 +910,48 @@ void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, i
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
+Status CudaModelOps::cudnn_attention_status(int B, int T, int C, int NH) {
+  if (!cudnn_tried_) {
+    cudnn_tried_ = true;
+    cudnn_missing_ = CudnnAttention::create(stream_, &cudnn_);
+  }
+  return cudnn_ ? cudnn_->prepare(B, T, C, NH) : cudnn_missing_;
+}
+
+// A build without cuDNN (the emulation's) says nothing of it: zoe's kernels are its only path.
+CudaModelOps::Route CudaModelOps::attention_route(int B, int T, int C, int NH) {
+  if (attention_kernels_ != AttentionKernels::kAuto && attention_kernels_ != AttentionKernels::kCudnn)
+    return Route::kOwn;
+  Status s = cudnn_attention_status(B, T, C, NH);
+  if (s.ok()) return Route::kCudnn;
+  if (attention_kernels_ == AttentionKernels::kCudnn) {
+    fail(s.prefixed("ZOE_CUDA_ATTENTION=cudnn: "));
+    return Route::kFailed;
+  }
+#ifdef ZOE_HAVE_CUDNN
+  if (cudnn_refused_.insert({B, T, C, NH}).second)
+    std::fprintf(stderr, "zoe: the bf16 attention (B %d, T %d, C %d, NH %d) runs on zoe's tensor-core kernels: %s\n",
+                 B, T, C, NH, s.message().c_str());
+#endif
+  return Route::kOwn;
+}
+
 void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C,
                                           int NH) {
   const OpScope scope(this, "attention_forward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+  int hsp = 0;
+  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
+    fail(std::move(s));
+    return;
+  }
+  if (B == 0 || T == 0) return;
+  switch (attention_route(B, T, C, NH)) {
+    case Route::kFailed: return;
+    case Route::kCudnn:
+      if (Status s = cudnn_->forward(out, lse, qkv, B, T, C, NH); !s.ok()) fail(std::move(s));
+      return;
+    case Route::kOwn: break;
+  }
   attention_forward_any(out, lse, qkv, B, T, C, NH);
 }
 
@@ -919,12 +974,34 @@ void CudaModelOps::attention_backward_bf16(uint16_t* dqkv, float* dbias, const f
   }
   const int64_t N = int64_t{B} * T, n = N * 3 * C;
   if (n == 0) return;
+  switch (attention_route(B, T, C, NH)) {
+    case Route::kFailed: return;
+    case Route::kCudnn: attention_backward_cudnn(dqkv, dbias, dout, out, qkv, lse, B, T, C, NH, overwrite); return;
+    case Route::kOwn: break;
+  }
   auto* f = static_cast<float*>(scratch(sizeof(float) * n, kHeld));
   if (!f || !check(cudaMemsetAsync(f, 0, sizeof(float) * n, stream_), "attention_backward_bf16 zero")) return;
   attention_backward_any(f, dout, out, qkv, lse, B, T, C, NH);
   round_to_bf16(dqkv, f, n, "attention_backward_bf16 round dqkv");
   if (dbias && overwrite) zero(dbias, 3 * C);
   if (dbias) column_reduce(dbias, k::Rows{f, 3 * C}, N, 3 * C, "attention_backward_bf16 dbias");
+}
+
+// cuDNN takes dout in bf16 (zoe's tensor-core kernels round it so for their products too) and
+// writes dqkv rounded: c_attn's bias gradient is summed from those values.
+void CudaModelOps::attention_backward_cudnn(uint16_t* dqkv, float* dbias, const float* dout, const uint16_t* out,
+                                            const uint16_t* qkv, const float* lse, int B, int T, int C, int NH,
+                                            bool overwrite) {
+  const int64_t N = int64_t{B} * T;
+  auto* dout16 = static_cast<uint16_t*>(scratch(sizeof(uint16_t) * N * C, kHeld));
+  if (!dout16) return;
+  round_to_bf16(dout16, dout, N * C, "attention_backward_bf16 round dout");
+  if (Status s = cudnn_->backward(dqkv, dout16, out, qkv, lse, B, T, C, NH); !s.ok()) {
+    fail(std::move(s));
+    return;
+  }
+  if (dbias && overwrite) zero(dbias, 3 * C);
+  if (dbias) column_reduce(dbias, k::RowsBf16{dqkv, 3 * C}, N, 3 * C, "attention_backward_bf16 dbias");
 }
 
 template <class Out, class In>

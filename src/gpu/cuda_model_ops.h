@@ -27,6 +27,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -36,6 +37,7 @@
 namespace zoe::gpu {
 
 class CudaOpTimer;
+class CudnnAttention;
 struct GemmKey;   // a cuBLASLt configuration (cuda_model_ops.cu)
 struct GemmPlan;  // its cached descriptors and algorithm
 // cuBLASLt's epilogues zoe uses: kBias adds bias[m] to each column of D; kGeluAuxBias adds it,
@@ -65,11 +67,17 @@ class CudaModelOps final : public ModelOps {
   size_t workspace_bytes() const;
   bool allow_tf32() const { return allow_tf32_; }
 
-  // Which kernels run the bf16 attention: tensor cores (cuda_attention_mma.cuh, the default; P,
-  // dout and dS rounded to bf16 as FlashAttention rounds them), or the fp32 kernels on qkv widened
-  // as their tiles load (cuda_attention.cuh: the reference the tests hold the first to).
-  enum class AttentionKernels { kTensorCores, kFp32 };
+  // Which kernels run the bf16 attention. kAuto (the default): cuDNN's fused flash attention
+  // (cudnn_attention.h) where this build and machine have it and it has an engine for the shape,
+  // else zoe's tensor-core kernels, said once on stderr. kCudnn: cuDNN or the op fails, naming
+  // why. kTensorCores: zoe's (cuda_attention_mma.cuh; P, dout and dS rounded to bf16 as
+  // FlashAttention rounds them). kFp32: the fp32 kernels on qkv widened as their tiles load
+  // (cuda_attention.cuh: the reference the tests hold the others to). The environment's
+  // ZOE_CUDA_ATTENTION (auto, cudnn, mma, fp32) sets it at construction.
+  enum class AttentionKernels { kAuto, kCudnn, kTensorCores, kFp32 };
   void set_attention_kernels(AttentionKernels k) { attention_kernels_ = k; }
+  // Ok where cuDNN runs the bf16 attention of this shape (its plans built now, once), else why not.
+  Status cudnn_attention_status(int B, int T, int C, int NH);
   // Where cuBLASLt has no algorithm that rounds the LM head's logits, they are rounded from an fp32
   // product made rows at a time through a scratch of at most this many floats (tests make it small).
   void set_head_scratch_floats(int64_t n) { head_scratch_floats_ = n; }
@@ -144,6 +152,11 @@ class CudaModelOps final : public ModelOps {
   void attention_backward_any(float* dqkv, const float* dout, const Out* out, const In* qkv, const float* lse, int B,
                               int T, int C,
                               int NH);
+  // The bf16 attention's route: cuDNN, zoe's kernels, or neither (an error was recorded).
+  enum class Route { kCudnn, kOwn, kFailed };
+  Route attention_route(int B, int T, int C, int NH);
+  void attention_backward_cudnn(uint16_t* dqkv, float* dbias, const float* dout, const uint16_t* out,
+                                const uint16_t* qkv, const float* lse, int B, int T, int C, int NH, bool overwrite);
   template <int HSP, class Out, class In>
   void attention_backward_hsp(float* dqkv, const float* dout, const Out* out, const In* qkv, const float* lse, int B,
                               int T, int C,
@@ -151,7 +164,11 @@ class CudaModelOps final : public ModelOps {
 
   cudaStream_t stream_;
   bool allow_tf32_;
-  AttentionKernels attention_kernels_ = AttentionKernels::kTensorCores;
+  AttentionKernels attention_kernels_ = AttentionKernels::kAuto;
+  std::unique_ptr<CudnnAttention> cudnn_;  // created at the first bf16 attention that may use it
+  Status cudnn_missing_;                    // why there is none, once tried
+  bool cudnn_tried_ = false;
+  std::set<std::array<int, 4>> cudnn_refused_;  // shapes cuDNN has no engine for (said once each)
   int64_t head_scratch_floats_ = int64_t{16} << 20;  // 64 MiB
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<CudaOpTimer> timer_;  // after the first take_op_seconds()
