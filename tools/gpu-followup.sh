@@ -22,6 +22,9 @@ steps=("$@")
 ((${#steps[@]})) || steps=(offload beyond_hbm plan deepspeed)
 zoe=build-gpu/zoe
 [[ -x $zoe ]] || { echo "gpu-followup: no $zoe: run tools/gpu-check.sh OUTDIR on this machine first" >&2; exit 2; }
+# gpu-check's choice of the bf16 attention's kernels (zoe's own where cuDNN's failed its test)
+# shellcheck disable=SC1091
+[[ -f build-gpu/attention.env ]] && source build-gpu/attention.env
 total=${ZOE_FOLLOWUP_TOTAL_S:-280}
 log=$out/followup.log
 : >"$log"
