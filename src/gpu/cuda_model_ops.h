@@ -7,9 +7,11 @@
 // backward outputs ACCUMULATED, a null d* skipped, the same aliasing allowances.
 //
 // GEMMs run through cuBLASLt in plain fp32 (CUBLAS_COMPUTE_32F) so that results agree with the CPU
-// to fp32 rounding; `allow_tf32` trades that parity for TF32 tensor-core speed. Everything else is
-// this file's own kernels. Every reduction has a fixed order (no float atomics), so a call gives
-// bitwise the same result every time on the same GPU model with the same shapes.
+// to fp32 rounding; `allow_tf32` trades that parity for TF32 tensor-core speed. The bf16 attention
+// runs on cuDNN's fused attention where the build and GPU have it (AttentionKernels below).
+// Everything else is this file's own kernels. Every reduction has a fixed order (no float atomics;
+// cuDNN's deterministic backward), so a call gives bitwise the same result every time on the same
+// GPU model with the same shapes.
 //
 // Errors: ModelOps calls return nothing, so the first failure (a CUDA or cuBLASLt error, a shape
 // the kernels do not support) is kept and returned by status(), its message naming the op and its
