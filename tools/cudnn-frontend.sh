@@ -24,12 +24,14 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     names = [n for n in z.namelist() if n.startswith("include/")]
     if not any(n == "include/cudnn_frontend.h" for n in names):
         sys.exit("cudnn-frontend: the wheel has no include/cudnn_frontend.h")
-    z.extractall(sys.argv[2], names)
+    licences = [n for n in z.namelist() if ".dist-info/licenses/" in n and not n.endswith("/")]
+    z.extractall(sys.argv[2], names + licences)
 PY
 mkdir -p "$(dirname "$dest")"
 rm -rf "$dest.new"
 mkdir -p "$dest.new"
 mv "$tmp/x/include" "$dest.new/include"
+mv "$tmp"/x/*.dist-info/licenses "$dest.new/licenses"  # its MIT licence and NOTICE travel with it
 echo "$version" >"$dest.new/VERSION"
 rm -rf "$dest"
 mv "$dest.new" "$dest"
