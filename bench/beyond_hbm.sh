@@ -35,9 +35,9 @@ device=${BHBM_DEVICE:-cuda}
 times=${BHBM_TIMES:-1.15}
 C=${BHBM_EMBD:-4096} H=${BHBM_HEADS:-32} V=${BHBM_VOCAB:-50304} T=${BHBM_SEQ:-1024}
 tokens=${BHBM_TOKENS:-65536} micro=${BHBM_MICRO:-4} ckpt=${BHBM_CKPT:-true} steps=${BHBM_STEPS:-4}
+die() { echo "beyond_hbm: $*" >&2; exit 2; }
 home=${BHBM_HOME:-cpu}
 [[ $home == cpu || $home == nvme ]] || die "BHBM_HOME is cpu or nvme, not '$home'"
-die() { echo "beyond_hbm: $*" >&2; exit 2; }
 gb() { awk -v b="$1" 'BEGIN { printf "%.1f GB", b / 1e9 }'; }
 [[ -x $zoe ]] || die "no zoe binary at $zoe (tools/gpu-check.sh --build-only OUT builds build-gpu/, or set BHBM_ZOE)"
 
