@@ -62,8 +62,12 @@ Status cuda_ok(cudaError_t e, const char* what) {
   return Status::Runtime(fmt::format("bench gpu: {}: {}", what, cudaGetErrorString(e)));
 }
 
+// A result row. Each is said on stderr as it is made, too: a run cut at its time limit (a GPU
+// lease's one call) keeps in its log the rows it had, where the table and the JSON come at the end.
 nlohmann::json row(const std::string& name, double measured, double baseline, const std::string& unit,
                    const std::string& against) {
+  std::fprintf(stderr, "zoe bench gpu: %s: %.4g against %.4g %s (%.3f)\n", name.c_str(), measured, baseline,
+               unit.c_str(), measured / baseline);
   return {{"case", name}, {"measured", measured}, {"baseline", baseline}, {"ratio", measured / baseline},
           {"unit", unit}, {"baseline_is", against}};
 }
