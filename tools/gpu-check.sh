@@ -296,13 +296,16 @@ deps_env() {
   export OMPI_MCA_rmaps_base_oversubscribe=1
 }
 
+# The site-packages folders of the python3 that holds PyTorch, where its CUDA wheels put libraries.
+site_roots() { python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null; }
+
 # NCCL: CMakeLists.txt looks next to the CUDA toolkit (as on CI's image). A GPU image may instead
 # have only the copy PyTorch's wheels bring (nvidia-nccl-*: lib/libnccl.so.2, include/nccl.h, no
 # unversioned link for find_library): then it is named to CMake (nccl_cmake_args) and to the loader.
 nccl_env() {
   local lib inc roots=()
   compgen -G "/usr/local/cuda/lib64/libnccl.so*" >/dev/null && [[ -f /usr/local/cuda/include/nccl.h ]] && return 0
-  mapfile -t roots < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+  mapfile -t roots < <(site_roots)
   lib=$(find "${roots[@]}" /usr/lib /usr/local -name 'libnccl.so*' -path '*nccl*' 2>/dev/null | sort | head -n1)
   [[ -n $lib ]] || return 0
   inc=$(find "$(dirname "$(dirname "$lib")")" /usr/include /usr/local/include -name nccl.h 2>/dev/null | head -n1)
@@ -317,7 +320,7 @@ nccl_env() {
 # headers from .gpudeps/. Its engines compile some kernels at run time: NVRTC must load too.
 cudnn_env() {
   local lib inc roots=() nvrtc
-  mapfile -t roots < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+  mapfile -t roots < <(site_roots)
   lib=$(find /usr/local/cuda/lib64/ "${roots[@]}" -name 'libcudnn.so.[0-9]*' 2>/dev/null | sort | head -n1)
   if [[ -z $lib ]]; then
     echo "cudnn: no libcudnn.so.9 here: the attention runs on zoe's own kernels"

@@ -192,17 +192,14 @@ __global__ void layernorm_dinp_kernel(float* dinp, const float* dout, const floa
 
 // Values summed down the columns: Rows reads a row-major matrix, GeluGrad makes GELU's gradient,
 // LnDw the layernorm weight gradient's terms dout * xhat.
-struct Rows {
-  const float* x;
-  int ld;
-  __device__ float operator()(int64_t r, int c) const { return x[r * ld + c]; }
-};
-// A row-major bf16 matrix widened (c_attn's dbias from the dqkv cuDNN's attention rounded).
-struct RowsBf16 {
-  const uint16_t* x;
+// RowsOf<uint16_t> widens bf16 (c_attn's dbias from the dqkv cuDNN's attention rounded).
+template <class T>
+struct RowsOf {
+  const T* x;
   int ld;
   __device__ float operator()(int64_t r, int c) const { return widen(x[r * ld + c]); }
 };
+using Rows = RowsOf<float>;
 // GELU's gradient as gelu_backward_bf16_kernel makes it, before its rounding: c_fc's dbias.
 struct GeluGrad {
   const uint16_t* inp;

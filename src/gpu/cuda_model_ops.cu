@@ -626,11 +626,9 @@ void CudaModelOps::lm_head_backward_bf16(float* dinp, float* dwte, const uint16_
 namespace {
 
 // What a column sum's values read, for the emulation's race checks (no-op on CUDA).
-void declare_reads(const k::Rows& v, int64_t N, int ncols) {
-  ZOE_KERNEL_SPAN(v.x, sizeof(float) * ((N - 1) * v.ld + ncols), false);
-}
-void declare_reads(const k::RowsBf16& v, int64_t N, int ncols) {
-  ZOE_KERNEL_SPAN(v.x, sizeof(uint16_t) * ((N - 1) * v.ld + ncols), false);
+template <class T>
+void declare_reads(const k::RowsOf<T>& v, int64_t N, int ncols) {
+  ZOE_KERNEL_SPAN(v.x, sizeof(T) * ((N - 1) * v.ld + ncols), false);
 }
 void declare_reads(const k::GeluGrad& v, int64_t N, int ncols) {
   ZOE_KERNEL_SPAN(v.inp, sizeof(uint16_t) * ((N - 1) * v.ld + ncols), false);
@@ -1001,7 +999,7 @@ void CudaModelOps::attention_backward_cudnn(uint16_t* dqkv, float* dbias, const 
     return;
   }
   if (dbias && overwrite) zero(dbias, 3 * C);
-  if (dbias) column_reduce(dbias, k::RowsBf16{dqkv, 3 * C}, N, 3 * C, "attention_backward_bf16 dbias");
+  if (dbias) column_reduce(dbias, k::RowsOf<uint16_t>{dqkv, 3 * C}, N, 3 * C, "attention_backward_bf16 dbias");
 }
 
 template <class Out, class In>
