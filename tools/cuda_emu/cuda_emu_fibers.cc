@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -387,29 +388,35 @@ bool on_fiber_stack(const void* p) {
   return c >= g_stacks && c < g_stacks + kStackBytes * kMaxThreads * kMaxResident;
 }
 
-bool static_shared(const void* p) {
-  static const std::vector<std::pair<const char*, const char*>> statics = [] {
-    std::vector<std::pair<const char*, const char*>> r;
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, size_t, void* out) {
-          for (int i = 0; i < info->dlpi_phnum; i++) {
-            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-            if (ph.p_type == PT_LOAD && (ph.p_flags & PF_W)) {
-              const char* b = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
-              static_cast<std::vector<std::pair<const char*, const char*>>*>(out)->emplace_back(b, b + ph.p_memsz);
-            }
+// The process's writable PT_LOAD segments (where static __shared__ variables live), sorted by
+// start: the race check asks for every non-global access (a struct argument's field too), so a
+// binary search, not a scan of every loaded library's segments.
+static std::vector<std::pair<const char*, const char*>> writable_segments() {
+  std::vector<std::pair<const char*, const char*>> r;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        for (int i = 0; i < info->dlpi_phnum; i++) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type == PT_LOAD && (ph.p_flags & PF_W)) {
+            const char* b = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+            static_cast<std::vector<std::pair<const char*, const char*>>*>(out)->emplace_back(b, b + ph.p_memsz);
           }
-          return 0;
-        },
-        &r);
-    return r;
-  }();
+        }
+        return 0;
+      },
+      &r);
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+bool static_shared(const void* p) {
+  static const std::vector<std::pair<const char*, const char*>> statics = writable_segments();
   const char* c = static_cast<const char*>(p);
   const char* dims = reinterpret_cast<const char*>(&g_dims);
   if (c >= dims && c < dims + sizeof g_dims) return false;
-  for (const auto& [b, e] : statics)
-    if (c >= b && c < e) return true;
-  return false;
+  auto it = std::upper_bound(statics.begin(), statics.end(), c,
+                             [](const char* x, const std::pair<const char*, const char*>& s) { return x < s.first; });
+  return it != statics.begin() && c < std::prev(it)->second;
 }
 
 bool maybe_shared(const void* p) {

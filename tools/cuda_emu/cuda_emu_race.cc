@@ -21,6 +21,7 @@
 #include "cuda_emu_internal.h"  // first: cuda_emu.h defines the CUDA qualifiers before the CUDA headers do
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <cstdint>
 #include <cstdlib>
@@ -45,30 +46,38 @@ struct Cell {
 // kernel looks up one or two granules, so this is the emulation's hottest structure: a hash of
 // single granules (std::unordered_map, or open addressing) scattered neighbours across memory and
 // spent most of a kernel's time in cache misses; a kernel's threads walk memory in runs, and the
-// page of the last access serves most of the next ones. clear() keeps the pages for reuse.
+// pages of the last accesses serve most of the next ones. Those are kept in a small table indexed
+// by a hash of the page: a kernel walks several arrays at once (Adam's gradient, master weights,
+// m, v and weight copy), and one remembered page missed on every access there. clear() keeps the
+// pages for reuse.
 class ShadowMap {
  public:
   Cell& operator[](uintptr_t granule) {
     const uintptr_t page = granule >> kPageBits;
-    if (last_ == nullptr || last_key_ != page) {
+    Recent& r = recent_[(page * 0x9E3779B97F4A7C15ull) >> (64 - kRecentBits)];
+    if (r.page == nullptr || r.key != page) {
       auto [it, added] = pages_.try_emplace(page, nullptr);
       if (added) it->second = take_page();
-      last_key_ = page;
-      last_ = it->second;
+      r = {page, it->second};
     }
-    return last_->cells[granule & (kPageCells - 1)];
+    return r.page->cells[granule & (kPageCells - 1)];
   }
   void clear() {
     for (auto& [key, page] : pages_) spare_.push_back(page);
     pages_.clear();
-    last_ = nullptr;
+    std::fill(std::begin(recent_), std::end(recent_), Recent{});
   }
 
  private:
   static constexpr int kPageBits = 9;
   static constexpr uintptr_t kPageCells = uintptr_t{1} << kPageBits;
+  static constexpr int kRecentBits = 4;
   struct Page {
     Cell cells[kPageCells];
+  };
+  struct Recent {
+    uintptr_t key = 0;
+    Page* page = nullptr;
   };
   Page* take_page() {
     if (spare_.empty()) {
@@ -83,8 +92,7 @@ class ShadowMap {
   std::unordered_map<uintptr_t, Page*> pages_;
   std::vector<Page*> spare_;
   std::vector<std::unique_ptr<Page>> owned_;
-  uintptr_t last_key_ = 0;
-  Page* last_ = nullptr;
+  Recent recent_[1 << kRecentBits];
 };
 
 const bool g_check = [] {
