@@ -671,20 +671,27 @@ struct AdamCase {
 TEST_F(CudaDeviceTest, AdamOverManyRangesWithMixedDecayIsBitwiseTheCpus) {
   std::vector<AdamCase> cases;
   const size_t lengths[] = {0, 1, 9, 4097, 70001};
+#ifdef ZOE_CUDA_EMU  // each GPU thread on the CPU: the long range in 3 of the 12 (gradient, copy) pairs
+  auto has_long_range = [](int g, int copy) { return (g + copy) % 4 == 0; };
+#else
+  auto has_long_range = [](int, int) { return true; };
+#endif
   uint64_t seed = 5000;
-  for (DType g : {DType::kF32, DType::kBF16, DType::kF16})
+  const DType grads[] = {DType::kF32, DType::kBF16, DType::kF16};
+  for (int gi = 0; gi < 3; ++gi)
     for (int copy = 0; copy < 4; ++copy)  // none, fp32, bf16, fp16
       for (bool decay : {true, false})
         for (size_t n : lengths) {
+          if (n == 70001 && !has_long_range(gi, copy)) continue;
           AdamCase c;
-          c.grad_dtype = g;
+          c.grad_dtype = grads[gi];
           c.has_copy = copy != 0;
           c.param_dtype = copy == 1 ? DType::kF32 : copy == 2 ? DType::kBF16 : DType::kF16;
           c.decay = decay;
           c.n = n;
           c.offset = seed % 3 == 0 ? 1 : 0;  // every third range unaligned
           const size_t total = n + c.offset;
-          c.grad.resize(total * dtype_size(g));
+          c.grad.resize(total * dtype_size(c.grad_dtype));
           c.out.assign(total * dtype_size(c.param_dtype), 0);
           c.master = test::random_floats(total, seed, -1.f, 1.f);
           c.m = test::random_floats(total, seed + 1, -0.01f, 0.01f);
