@@ -86,4 +86,17 @@ __device__ __forceinline__ void store_out(uint16_t* p, float v) { *p = bits::f32
 __device__ __forceinline__ float widen(float x) { return x; }
 __device__ __forceinline__ float widen(uint16_t x) { return bits::bf16_to_f32(x); }
 
+constexpr int kThreads = 256;  // threads per block of the row and elementwise kernels
+
+// A row-major matrix read as fp32 (bf16 widened): the values a column sum adds
+// (cuda_model_kernels.cuh's column_partial_kernel: a product's dbias; RowsOf<uint16_t>: c_attn's
+// dbias from the dqkv cuDNN's attention rounded).
+template <class T>
+struct RowsOf {
+  const T* x;
+  int ld;
+  __device__ float operator()(int64_t r, int c) const { return widen(x[r * ld + c]); }
+};
+using Rows = RowsOf<float>;
+
 }  // namespace zoe::gpu::kernels

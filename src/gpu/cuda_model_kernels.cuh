@@ -12,8 +12,6 @@
 
 namespace zoe::gpu::kernels {
 
-constexpr int kThreads = 256;  // threads per block of the row and elementwise kernels
-
 // ---- elementwise --------------------------------------------------------------------------------
 
 // out[r, c] = row[c] for the n = rows * cols elements of out (seeds a GEMM output with its bias).
@@ -190,16 +188,8 @@ __global__ void layernorm_dinp_kernel(float* dinp, const float* dout, const floa
 
 // ---- column sums (dbias, layernorm dw / db) -----------------------------------------------------
 
-// Values summed down the columns: Rows reads a row-major matrix, GeluGrad makes GELU's gradient,
-// LnDw the layernorm weight gradient's terms dout * xhat.
-// RowsOf<uint16_t> widens bf16 (c_attn's dbias from the dqkv cuDNN's attention rounded).
-template <class T>
-struct RowsOf {
-  const T* x;
-  int ld;
-  __device__ float operator()(int64_t r, int c) const { return widen(x[r * ld + c]); }
-};
-using Rows = RowsOf<float>;
+// Values summed down the columns: Rows reads a row-major matrix (cuda_kernel_util.cuh), GeluGrad
+// makes GELU's gradient, LnDw the layernorm weight gradient's terms dout * xhat.
 // GELU's gradient as gelu_backward_bf16_kernel makes it, before its rounding: c_fc's dbias.
 struct GeluGrad {
   const uint16_t* inp;

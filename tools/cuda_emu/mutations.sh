@@ -132,7 +132,7 @@ check "a struct argument's range left undeclared (the fused Adam's gradients)" a
   "outside what its launch declared" tests/adam_cuda_gpu_test_emu --gtest_filter='*BitwiseEqualToCpuScalar*'
 
 # --- launch limits ---
-mutate src/gpu/cuda_model_ops.cu "  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize," \
+mutate src/gpu/cuda_model_ops_attention.cu "  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize," \
   "  if (kernel) return cudaSuccess;  // mutation: no opt-in
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,"
 check "dynamic shared memory above 48 KiB without its opt-in (allow_smem)" cuda_model_ops_gpu_test_emu \
