@@ -6,7 +6,8 @@
 # one). A mutation whose text is no longer in its file stops the script with exit 1, naming it.
 # Files are put back after each (and on exit), then the build is rebuilt.
 #   tools/cuda_emu/mutations.sh      (BUILD_DIR: default build, a build with ZOE_CUDA_EMU)
-# tools/test.sh runs it; about 3 minutes on 2 cores (a rebuild of the mutated target each).
+# tools/test.sh runs it beside the sanitizer passes; about 5 minutes alone on 2 cores (a rebuild of
+# the mutated target each: one TU and its links; each line says its build and test seconds).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -40,12 +41,12 @@ caught=0 missed=0
 # check NAME TARGET EXPECT COMMAND...: builds TARGET, runs COMMAND; it must fail and print EXPECT
 # (an extended regular expression).
 check() {
-  local name=$1 target=$2 expect=$3; shift 3
+  local name=$1 target=$2 expect=$3 t0=$SECONDS; shift 3
   cmake --build "$build" --target "$target" >/dev/null
-  local out rc=0
+  local out rc=0 t1=$SECONDS
   out=$(cd "$build" && "$@" 2>&1) || rc=$?
   if [[ $rc -ne 0 ]] && grep -Eq -- "$expect" <<<"$out"; then
-    echo "caught    $name: $(grep -Em1 -- "$expect" <<<"$out" | cut -c1-220)"
+    echo "caught    $name (build $((t1 - t0)) s, test $((SECONDS - t1)) s): $(grep -Em1 -- "$expect" <<<"$out" | cut -c1-220)"
     caught=$((caught + 1))
   else
     echo "MISSED    $name (exit $rc; expected: $expect)"
