@@ -104,6 +104,7 @@ const bool g_check = [] {
 const char* g_kernel = nullptr;
 std::vector<std::pair<const char*, const char*>> g_global;
 std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
+size_t g_last_use = 0;      // the use the last access fell in: accesses come in runs
 ShadowMap g_global_cells;
 // Per block alive in the launch: its shared memory's cells (blocks interleave, and each block's
 // shared memory is its own even where two blocks' static __shared__ share an address in turn).
@@ -159,9 +160,10 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
   if (on_fiber_stack(p)) return;
   const bool global = is_global(p);
   if (global && !g_uses.empty()) {
-    bool inside = false;
-    for (const Range& u : g_uses)
-      inside |= p >= u.p && p + bytes <= u.p + u.bytes && (u.write || !write);
+    auto covers = [&](const Range& u) { return p >= u.p && p + bytes <= u.p + u.bytes && (u.write || !write); };
+    bool inside = g_last_use < g_uses.size() && covers(g_uses[g_last_use]);
+    for (size_t i = 0; i < g_uses.size() && !inside; ++i)
+      if (covers(g_uses[i])) inside = true, g_last_use = i;
     if (!inside)
       die(std::string("kernel ") + g_kernel + (write ? " writes " : " reads ") + std::to_string(bytes) +
           " bytes of " + describe(p) + " outside what its launch declared" +
