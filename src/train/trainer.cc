@@ -140,13 +140,15 @@ class TrainJob {
  private:
   // Ranks on one machine share its cores: each takes its share, so oneTBB and OpenBLAS do not
   // oversubscribe them (OMPI sets the local rank count). GPT-2's GEMMs run in oneTBB's slices,
-  // OpenBLAS single-threaded inside them; the OpenBLAS limit is for the test MLP's.
+  // OpenBLAS single-threaded inside them; the OpenBLAS limit is for the test MLP's. OpenBLAS's
+  // count is only lowered: a smaller OPENBLAS_NUM_THREADS stays, and raising it would start
+  // workers that spin ~0.1 s of CPU on a GPU job, which makes no OpenBLAS product.
   void limit_threads() {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
     int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
     threads_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, threads);
-    openblas_set_num_threads(threads);
+    if (openblas_get_num_threads() > threads) openblas_set_num_threads(threads);
   }
 
   Status setup() {
