@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # OpenBLAS (pthreads) starts a worker per core when it loads, which spins ~0.1 s of CPU before it
-# sleeps: in each of the suite's thousands of short processes. One at load; zoe sets the count it
-# wants before its products (src/kernels/gemm.cc, the trainer), and OpenBLAS grows the pool then.
+# sleeps: in each of the suite's thousands of short processes. One at load: zoe's threaded
+# products set their count before each call (src/kernels/gemm.cc) and OpenBLAS grows its pool
+# then; the test MLP's products keep one (the trainer only lowers the count).
 export OPENBLAS_NUM_THREADS=1
 tools/install-deps.sh
 # The .deb files the GPU check carries (a cached, ~20 MiB download; the gpudeps_probe test builds
