@@ -7,14 +7,12 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include "gpu/cuda_model_kernels.cuh"
