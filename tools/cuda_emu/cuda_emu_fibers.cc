@@ -70,6 +70,7 @@ struct Fiber {
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxResident = 4;  // blocks of a launch alive at once
+constexpr int kStackColors = 64;  // a 4 KiB page's cache lines (start_fiber)
 
 // All fibers' stacks, one mapping (touched pages only are memory): the race check
 // (cuda_emu_race.cc) tells a thread's own stack from shared and global memory by it. A resident
@@ -143,8 +144,11 @@ int resident_blocks() { return !race_checking() || g_schedule == 0 ? 1 : g_sched
 }
 
 // A fresh stack for f whose first switch enters fiber_entry as if called (16-byte aligned frame).
-void start_fiber(Fiber& f) {
-  auto top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t{15};
+// Its top is offset by `color` cache lines: stacks kStackBytes apart would put every thread's
+// frame (its saved registers, the kernel's locals) in the same L1 sets, which a block's hundreds
+// of threads, run in turn, evicted from each other on every switch.
+void start_fiber(Fiber& f, int color) {
+  auto top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes - 64 * (color % kStackColors)) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                                     // fiber_entry's return address (never used)
   *--sp = reinterpret_cast<void*>(&fiber_entry);       // emu_switch's ret goes here
@@ -204,7 +208,7 @@ void start_block(Block& b, uint3 idx, dim3 grid, int nthreads, size_t smem_bytes
     Fiber& f = b.fibers[t];
     f = Fiber{};
     f.stack = g_stacks + (size_t(b.slot) * kMaxThreads + t) * kStackBytes;
-    start_fiber(f);
+    start_fiber(f, t);
   }
   b.slots.assign(nthreads, 0.0);
   b.frags.assign(nthreads, nullptr);
