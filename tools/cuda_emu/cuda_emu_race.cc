@@ -105,6 +105,9 @@ const char* g_kernel = nullptr;
 std::vector<std::pair<const char*, const char*>> g_global;
 std::vector<Range> g_uses;  // empty: not held to declared uses (kAllMemory)
 size_t g_last_use = 0;      // the use the last access fell in: accesses come in runs
+// Per use: read-only and overlapping no writable use, so that nothing the launch may do writes
+// it (a write there dies as undeclared) and a read of it cannot race: no history is kept.
+std::vector<char> g_use_unwritten;
 ShadowMap g_global_cells;
 // Per block alive in the launch: its shared memory's cells (blocks interleave, and each block's
 // shared memory is its own even where two blocks' static __shared__ share an address in turn).
@@ -169,6 +172,7 @@ void check(const void* addr, size_t bytes, bool write, bool atomic) {
           " bytes of " + describe(p) + " outside what its launch declared" +
           (write ? " (a pointer-to-const argument, or a read-only ZOE_KERNEL_SPAN, is not written)" : "") +
           ": the streams' race check cannot see that use");
+    if (!write && g_use_unwritten[g_last_use]) return;
   }
   const KernelThread t = current_thread();
   auto& cells = global ? g_global_cells : block_cells(t.block);
@@ -209,6 +213,11 @@ void race_begin_launch(const char* name, const std::vector<Range>& uses) {
     }
     if (u.bytes) g_uses.push_back(u);
   }
+  g_use_unwritten.assign(g_uses.size(), 1);
+  for (size_t i = 0; i < g_uses.size(); ++i)
+    for (const Range& w : g_uses)
+      if (w.write && g_uses[i].p < w.p + w.bytes && w.p < g_uses[i].p + g_uses[i].bytes) g_use_unwritten[i] = 0;
+  g_last_use = 0;
   if (g_check) g_global = global_ranges();
   g_global_cells.clear();
 }
