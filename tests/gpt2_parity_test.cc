@@ -33,13 +33,17 @@ const std::string kMpiEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CON
 const gpt2::Gpt2Shape kShape{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/32, /*vocab_size=*/256, /*n_positions=*/16};
 constexpr int kB = 2, kT = 16;
 
-// A python3 that imports torch and numpy ($ZOE_PYTHON, then PATH, then Debian's), or "".
+// A python3 that has torch and numpy ($ZOE_PYTHON, then PATH, then Debian's), or "". Found, not
+// imported (an import of torch is a second of CPU; the script's own import fails loudly).
 std::string find_python() {
   std::vector<std::string> candidates = {"python3", "/usr/bin/python3"};
   if (const char* p = std::getenv("ZOE_PYTHON")) candidates.insert(candidates.begin(), p);
   for (const auto& py : candidates) {
     std::string out;
-    if (run_command(py + " -c 'import torch, numpy'", &out) == 0) return py;
+    if (run_command(py + " -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec(\"torch\") and "
+                         "u.find_spec(\"numpy\")))'",
+                    &out) == 0)
+      return py;
   }
   return "";
 }
