@@ -1,0 +1,51 @@
+#include "gpu/lazy_library.h"
+
+#include <dlfcn.h>
+
+#include <utility>
+
+namespace zoe::gpu {
+
+LazyLibrary::LazyLibrary(std::vector<std::string> paths) : paths_(std::move(paths)) {}
+
+// Not closed: its functions may be called until the process ends (another static's destructor).
+LazyLibrary::~LazyLibrary() = default;
+
+void LazyLibrary::open() {
+  std::string why;
+  for (const std::string& p : paths_) {
+    if (p.empty()) continue;
+    if (void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      std::lock_guard lock(mu_);
+      handle_ = h;
+      return;
+    }
+    const char* e = dlerror();
+    why += (why.empty() ? "" : "; ") + std::string(e ? e : p + ": cannot open");
+  }
+  std::lock_guard lock(mu_);
+  error_ = "could not load " + (paths_.empty() ? std::string("(no path)") : paths_.back()) + ": " + why;
+}
+
+void* LazyLibrary::symbol(const char* name) {
+  std::call_once(opened_, [this] { open(); });
+  std::lock_guard lock(mu_);
+  if (!handle_) return nullptr;
+  dlerror();
+  if (void* s = dlsym(handle_, name)) return s;
+  const char* e = dlerror();
+  error_ = std::string("no ") + name + " in the library: " + (e ? e : "dlsym found nothing");
+  return nullptr;
+}
+
+bool LazyLibrary::loaded() const {
+  std::lock_guard lock(mu_);
+  return handle_ != nullptr;
+}
+
+std::string LazyLibrary::error() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+}  // namespace zoe::gpu
