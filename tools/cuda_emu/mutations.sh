@@ -74,6 +74,11 @@ mutate src/sched/stage3/window_retirement.cc "      if (dev_.done(it->read_by)) 
 check "pinned NVMe windows handed to new reads before their queued copies ran (WindowRetirement::reclaim)" \
   cuda_device_gpu_test_emu "cuda_emu: race on|pinned host memory changed between" tests/cuda_device_gpu_test_emu \
   --gtest_filter='*AFetchFromNvmeRetiresItsWindowsInsteadOfWaiting*'
+mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, copied_);" \
+  "  st = Status::Ok();  // mutation: the compute stream does not wait for the upload"
+check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
+  cuda_device_gpu_test_emu "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*AFetchFromHostMemory*'
+
 # --- host code and copies ---
 mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(make_current());
   return gpu::accumulate_cuda(" "  ZOE_RETURN_IF_ERROR(make_current());
@@ -90,6 +95,25 @@ check "cudaMemcpyHostToDevice for a device-to-host copy (CudaDevice::download)" 
 
 check "two ranks issue their NCCL calls in another order" nccl_order_emu \
   "NCCL call order differs between ranks" mpirun --oversubscribe -np 2 tests/nccl_order_emu --swapped
+
+# --- the communication thread's event order (CommWorker, NcclComm's duplicate) ---
+# (Before the kernels' mutations: zero_mpi_test_emu's build also builds the real zero_mpi_test
+# and zoe, which would recompile every restored kernel file with nvcc here, and again at the end.)
+mutate src/sched/comm_worker.cc "  const Event ready = by_events_ ? dev_.record(Stream::kCompute) : Event{};" \
+  "  const Event ready{};  // mutation: a job does not wait for the compute that made its inputs"
+check "a reduction that starts before its gradient is in its buffer (CommWorker::submit)" zero_mpi_test_emu \
+  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
+
+mutate src/sched/comm_worker.cc "  Status ordered = by_events_ ? dev_.wait_on(Stream::kCompute, d.finished) : Status::Ok();" \
+  "  Status ordered = Status::Ok();  // mutation: compute after wait() does not wait for the job"
+check "a reduction buffer reused while the collective still reads it (CommWorker::wait)" zero_mpi_test_emu \
+  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
+
+mutate src/gpu/nccl_comm.cc "Status NcclComm::end() { return by_events() ? Status::Ok() : cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }" \
+  "Status NcclComm::end() { return cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }  // mutation"
+check "compute made to wait for the duplicate's collectives (NcclComm::end)" nccl_comm_mpi_test_emu \
+  "compute waited for the duplicate's collective" \
+  mpirun --oversubscribe -np 2 tests/nccl_comm_mpi_test_emu --gtest_filter='*ADuplicate*'
 
 # --- inside a launch: the race check on the kernels' instrumented accesses (cuda_emu_race.cc) ---
 mutate src/gpu/cuda_kernel_util.cuh "  if (lane == 0) red[warp] = v;
@@ -164,28 +188,6 @@ mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.de
   "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the aux matrix of the plan's first call kept"
 check "a GELU epilogue writing or reading the aux matrix of the plan's first call (CudaModelOps::run)" \
   cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
-
-mutate src/sched/stage3/chunk_load.cc "  st = dev_.wait_on(Stream::kCompute, copied_);" \
-  "  st = Status::Ok();  // mutation: the compute stream does not wait for the upload"
-check "a fetch from memory that neither the host nor the compute stream waits for (finish_for_compute)" \
-  cuda_device_gpu_test_emu "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*AFetchFromHostMemory*'
-
-# --- the communication thread's event order (CommWorker, NcclComm's duplicate) ---
-mutate src/sched/comm_worker.cc "  const Event ready = by_events_ ? dev_.record(Stream::kCompute) : Event{};" \
-  "  const Event ready{};  // mutation: a job does not wait for the compute that made its inputs"
-check "a reduction that starts before its gradient is in its buffer (CommWorker::submit)" zero_mpi_test_emu \
-  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
-
-mutate src/sched/comm_worker.cc "  Status ordered = by_events_ ? dev_.wait_on(Stream::kCompute, d.finished) : Status::Ok();" \
-  "  Status ordered = Status::Ok();  // mutation: compute after wait() does not wait for the job"
-check "a reduction buffer reused while the collective still reads it (CommWorker::wait)" zero_mpi_test_emu \
-  "cuda_emu: race on" mpirun --oversubscribe -np 2 tests/zero_mpi_test_emu --gtest_filter='*Fp32StagesAreBitwise*'
-
-mutate src/gpu/nccl_comm.cc "Status NcclComm::end() { return by_events() ? Status::Ok() : cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }" \
-  "Status NcclComm::end() { return cuda_.wait_on(Stream::kCompute, cuda_.record(stream_)); }  // mutation"
-check "compute made to wait for the duplicate's collectives (NcclComm::end)" nccl_comm_mpi_test_emu \
-  "compute waited for the duplicate's collective" \
-  mpirun --oversubscribe -np 2 tests/nccl_comm_mpi_test_emu --gtest_filter='*ADuplicate*'
 
 # --- the attention on tensor cores (cuda_attention_mma.cuh, cuda_mma.cuh) ---
 mutate src/gpu/cuda_attention_mma.cuh "    __syncthreads();  // the last tile's Ks and Vt are read
