@@ -214,7 +214,8 @@ TEST(NcclCommMpi, ADuplicateRunsBesideComputeOrderedByEvents) {
     const Event reduced = dev.record(Stream::kCommThread);
     ASSERT_TRUE(dev.zero(b_other->data, chunk).ok());
     const Event zeroed = dev.record(Stream::kCompute);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    // (A zero is milliseconds, on a GPU or the emulation's streams; its mutation waits the bound out.)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (!dev.done(zeroed) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_TRUE(dev.done(zeroed)) << "compute waited for the duplicate's collective";
