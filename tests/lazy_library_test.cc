@@ -1,6 +1,8 @@
 // LazyLibrary, and cuBLASLt loaded at its first call rather than with the process (CUDA builds).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #if defined(ZOE_HAVE_CUDA) && !defined(ZOE_CUDA_EMU)
@@ -56,6 +58,23 @@ TEST(CublasLtLibrary, LoadsAtItsFirstCallNotWithTheProcess) {
   EXPECT_TRUE(mapped("libcublasLt"));
   EXPECT_EQ(version / 10000, size_t{CUBLAS_VER_MAJOR}) << version;
   EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+}
+
+// A cuBLASLt that cannot load: every call is NOT_INITIALIZED and the status text names the file
+// (what the ops' status, and so the step's line, says). In a child process: the library is
+// resolved once per process.
+TEST(CublasLtLibraryDeathTest, ALibraryThatCannotLoadIsAStatusNamingTheFile) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = [] {
+    setenv("ZOE_CUBLASLT_LIBRARY", "/nonexistent/libcublasLt.so.13", 1);
+    cublasLtHandle_t handle = nullptr;
+    const cublasStatus_t s = cublasLtCreate(&handle);
+    std::fprintf(stderr, "status %s: %s\n", cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+    std::exit(s == CUBLAS_STATUS_NOT_INITIALIZED && !cublaslt_loaded() && cublasLtGetVersion() == 0 ? 0 : 1);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0),
+              "status CUBLAS_STATUS_NOT_INITIALIZED: could not load /nonexistent/libcublasLt.so.13: "
+              "/nonexistent/libcublasLt.so.13: cannot open shared object file");
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "gpu/lazy_library.h"
 
@@ -17,9 +19,15 @@
 namespace zoe::gpu {
 namespace {
 
+// $ZOE_CUBLASLT_LIBRARY alone where set (a file elsewhere); else the file this build found, then
+// whatever the loader finds by the versioned name.
+std::vector<std::string> cublaslt_paths() {
+  if (const char* p = std::getenv("ZOE_CUBLASLT_LIBRARY"); p && *p) return {p};
+  return {ZOE_CUBLASLT_PATH, "libcublasLt.so." ZOE_STR(CUBLAS_VER_MAJOR)};
+}
+
 LazyLibrary& library() {
-  // The file CMake linked against before, then whatever the loader finds by the versioned name.
-  static LazyLibrary lib({ZOE_CUBLASLT_PATH, "libcublasLt.so." ZOE_STR(CUBLAS_VER_MAJOR)});
+  static LazyLibrary lib(cublaslt_paths());
   return lib;
 }
 
