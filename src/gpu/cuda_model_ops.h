@@ -154,6 +154,8 @@ class CudaModelOps final : public ModelOps {
   void attention_backward_any(float* dqkv, const float* dout, const Out* out, const In* qkv, const float* lse, int B,
                               int T, int C,
                               int NH);
+  // Whether the kernels run this attention shape (*hsp: their padded head size); else records why.
+  bool attention_shape_ok(int B, int T, int C, int NH, int* hsp);
   // The bf16 attention's route: cuDNN, zoe's kernels, or neither (an error was recorded).
   enum class Route { kCudnn, kOwn, kFailed };
   Route attention_route(int B, int T, int C, int NH);

@@ -23,15 +23,16 @@ namespace k = kernels;
 namespace {
 
 // Checks the shapes and sets *hsp to the padded head size (32, 64, 128) the kernels run for.
+// (The message is built only for a shape that fails: every attention call passes here.)
 Status attention_shape(int B, int T, int C, int NH, int* hsp) {
-  const std::string shape = "attention" + shape_text("", {B, T, C, NH});
+  auto shape = [&] { return "attention" + shape_text("", {B, T, C, NH}); };
   if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
-    return Status::Invalid(shape + ": C must be a positive multiple of NH, B and T >= 0");
+    return Status::Invalid(shape() + ": C must be a positive multiple of NH, B and T >= 0");
   const int hs = C / NH;
   if (hs > 128)
-    return Status::Unsupported(shape + ": head size " + std::to_string(hs) +
+    return Status::Unsupported(shape() + ": head size " + std::to_string(hs) +
                                " > 128 is not supported by the CUDA kernels");
-  if (int64_t{B} * NH > 65535) return Status::Unsupported(shape + ": B * NH > 65535 (the grid's y limit)");
+  if (int64_t{B} * NH > 65535) return Status::Unsupported(shape() + ": B * NH > 65535 (the grid's y limit)");
   *hsp = hs <= 32 ? 32 : hs <= 64 ? 64 : 128;
   return Status::Ok();
 }
@@ -112,13 +113,15 @@ void CudaModelOps::attention_backward_hsp(float* dqkv, const float* dout, const 
   check_launch("attention_backward dkv");
 }
 
+bool CudaModelOps::attention_shape_ok(int B, int T, int C, int NH, int* hsp) {
+  Status s = attention_shape(B, T, C, NH, hsp);
+  return s.ok() || fail(std::move(s));
+}
+
 template <class Out, class In>
 void CudaModelOps::attention_forward_any(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH) {
   int hsp = 0;
-  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
-    fail(std::move(s));
-    return;
-  }
+  if (!attention_shape_ok(B, T, C, NH, &hsp)) return;
   if (B == 0 || T == 0) return;
   if (hsp == 32) attention_forward_hsp<32>(out, lse, qkv, B, T, C, NH);
   else if (hsp == 64) attention_forward_hsp<64>(out, lse, qkv, B, T, C, NH);
@@ -160,10 +163,7 @@ void CudaModelOps::attention_forward_bf16(uint16_t* out, float* lse, const uint1
                                           int NH) {
   const OpScope scope(this, "attention_forward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   int hsp = 0;
-  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
-    fail(std::move(s));
-    return;
-  }
+  if (!attention_shape_ok(B, T, C, NH, &hsp)) return;
   if (B == 0 || T == 0) return;
   switch (attention_route(B, T, C, NH)) {
     case Route::kFailed: return;
@@ -188,10 +188,7 @@ void CudaModelOps::attention_backward_bf16(uint16_t* dqkv, float* dbias, const f
                                            bool overwrite) {
   const OpScope scope(this, "attention_backward_bf16", {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   int hsp = 0;
-  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
-    fail(std::move(s));
-    return;
-  }
+  if (!attention_shape_ok(B, T, C, NH, &hsp)) return;
   const int64_t N = int64_t{B} * T, n = N * 3 * C;
   if (n == 0) return;
   switch (attention_route(B, T, C, NH)) {
@@ -228,10 +225,7 @@ template <class Out, class In>
 void CudaModelOps::attention_backward_any(float* dqkv, const float* dout, const Out* out, const In* qkv,
                                           const float* lse, int B, int T, int C, int NH) {
   int hsp = 0;
-  if (Status s = attention_shape(B, T, C, NH, &hsp); !s.ok()) {
-    fail(std::move(s));
-    return;
-  }
+  if (!attention_shape_ok(B, T, C, NH, &hsp)) return;
   if (B == 0 || T == 0) return;
   if (hsp == 32) attention_backward_hsp<32>(dqkv, dout, out, qkv, lse, B, T, C, NH);
   else if (hsp == 64) attention_backward_hsp<64>(dqkv, dout, out, qkv, lse, B, T, C, NH);
