@@ -7,10 +7,6 @@
 
 #include <cublasLt.h>
 
-#include <cstdlib>
-#include <string>
-#include <vector>
-
 #include "gpu/lazy_library.h"
 
 #define ZOE_STR2(x) #x
@@ -19,28 +15,11 @@
 namespace zoe::gpu {
 namespace {
 
-// $ZOE_CUBLASLT_LIBRARY alone where set (a file elsewhere); else the file this build found, then
-// whatever the loader finds by the versioned name.
-std::vector<std::string> cublaslt_paths() {
-  if (const char* p = std::getenv("ZOE_CUBLASLT_LIBRARY"); p && *p) return {p};
-  return {ZOE_CUBLASLT_PATH, "libcublasLt.so." ZOE_STR(CUBLAS_VER_MAJOR)};
-}
-
 LazyLibrary& library() {
-  static LazyLibrary lib(cublaslt_paths());
+  static LazyLibrary lib(
+      LazyLibrary::candidates("ZOE_CUBLASLT_LIBRARY", ZOE_CUBLASLT_PATH, "libcublasLt.so." ZOE_STR(CUBLAS_VER_MAJOR)));
   return lib;
 }
-
-template <typename F>
-F* resolve(const char* name) {
-  return reinterpret_cast<F*>(library().symbol(name));
-}
-
-// The library's `name`, resolved at the first call; a call with `args` (a cublasStatus_t result).
-#define ZOE_CUBLASLT_FORWARD(name, ...)                       \
-  static auto* const real = resolve<decltype(name)>(#name);   \
-  if (real == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED; \
-  return real(__VA_ARGS__)
 
 }  // namespace
 
@@ -48,7 +27,8 @@ bool cublaslt_loaded() { return library().loaded(); }
 
 }  // namespace zoe::gpu
 
-using zoe::gpu::resolve;
+#define ZOE_CUBLASLT_FORWARD(name, ...) \
+  ZOE_LAZY_FORWARD(zoe::gpu::library(), CUBLAS_STATUS_NOT_INITIALIZED, name, __VA_ARGS__)
 
 extern "C" {
 
@@ -56,23 +36,17 @@ cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) { ZOE_CUBLASLT_FORWARD(c
 
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) { ZOE_CUBLASLT_FORWARD(cublasLtDestroy, handle); }
 
-size_t cublasLtGetVersion(void) {
-  static auto* const real = resolve<decltype(cublasLtGetVersion)>("cublasLtGetVersion");
-  return real ? real() : 0;
-}
+size_t cublasLtGetVersion(void) { ZOE_LAZY_FORWARD(zoe::gpu::library(), 0, cublasLtGetVersion); }
 
 const char* cublasLtGetStatusName(cublasStatus_t status) {
-  static auto* const real = resolve<decltype(cublasLtGetStatusName)>("cublasLtGetStatusName");
+  static auto* const real = zoe::gpu::library().function<decltype(cublasLtGetStatusName)>("cublasLtGetStatusName");
   if (real) return real(status);
   return status == CUBLAS_STATUS_NOT_INITIALIZED ? "CUBLAS_STATUS_NOT_INITIALIZED" : "CUBLAS_STATUS_(unknown)";
 }
 
 const char* cublasLtGetStatusString(cublasStatus_t status) {
-  static auto* const real = resolve<decltype(cublasLtGetStatusString)>("cublasLtGetStatusString");
-  if (real) return real(status);
-  static thread_local std::string why;  // the pointer stays valid until this thread's next call
-  why = zoe::gpu::library().error();
-  return why.c_str();
+  static auto* const real = zoe::gpu::library().function<decltype(cublasLtGetStatusString)>("cublasLtGetStatusString");
+  return real ? real(status) : zoe::gpu::library().error_text();
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,

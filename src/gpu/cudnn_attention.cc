@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/cudnn_library.h"
+
 namespace zoe::gpu {
 
 namespace fe = cudnn_frontend;
@@ -259,10 +261,12 @@ Status CudnnAttention::validate(int B, int T, int C, int NH, int sm_version) {
 }
 
 std::string CudnnAttention::version_text() {
-  const size_t v = cudnnGetVersion();
-  return fmt::format("cuDNN {}.{}.{} (built against {}.{}.{}; frontend {}.{}.{})", v / 10000, v / 100 % 100, v % 100,
-                     CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, CUDNN_FRONTEND_MAJOR_VERSION,
-                     CUDNN_FRONTEND_MINOR_VERSION, CUDNN_FRONTEND_PATCH_VERSION);
+  const size_t v = cudnnGetVersion();  // (0: the library did not load)
+  const std::string built =
+      fmt::format("built against {}.{}.{}; frontend {}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+                  CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION, CUDNN_FRONTEND_PATCH_VERSION);
+  if (v == 0) return fmt::format("cuDNN not loaded ({}): {}", built, cudnn_load_error());
+  return fmt::format("cuDNN {}.{}.{} ({})", v / 10000, v / 100 % 100, v % 100, built);
 }
 
 }  // namespace zoe::gpu

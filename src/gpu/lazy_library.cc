@@ -2,16 +2,31 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <utility>
 
 namespace zoe::gpu {
 
 LazyLibrary::LazyLibrary(std::vector<std::string> paths) : paths_(std::move(paths)) {}
 
+std::vector<std::string> LazyLibrary::candidates(const char* env, const char* built, const char* soname) {
+  if (const char* p = std::getenv(env); p && *p) return {p};
+  return {built, soname};
+}
+
 // Not closed: its functions may be called until the process ends (another static's destructor).
 LazyLibrary::~LazyLibrary() = default;
 
 void LazyLibrary::open() {
+  // A copy already in the process first: a second copy of the same library (NCCL's, cuDNN's)
+  // beside it would keep its own state.
+  for (const std::string& p : paths_) {
+    if (void* h = p.empty() ? nullptr : dlopen(p.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+      std::lock_guard lock(mu_);
+      handle_ = h;
+      return;
+    }
+  }
   std::string why;
   for (const std::string& p : paths_) {
     if (p.empty()) continue;
@@ -46,6 +61,11 @@ bool LazyLibrary::loaded() const {
 std::string LazyLibrary::error() const {
   std::lock_guard lock(mu_);
   return error_;
+}
+
+const char* LazyLibrary::error_text() const {
+  std::lock_guard lock(mu_);
+  return error_.c_str();
 }
 
 }  // namespace zoe::gpu
