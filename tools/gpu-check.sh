@@ -4,6 +4,7 @@
 #
 #   tools/gpu-check.sh --prepare            here, where Debian's registry is reachable: downloads the
 #                                           .deb files of zoe's build dependencies into .gpudeps/
+#                                           (and, from PyPI, cuDNN's frontend's and pybind11's headers)
 #   tools/gpu-check.sh OUTDIR               on the GPU machine, with .gpudeps carried: unpacks them
 #                                           into a private prefix, builds build-gpu/ (CUDA, sm_90),
 #                                           runs `ctest -L gpu` and `zoe bench gpu`, and writes
@@ -129,6 +130,7 @@ prepare() {
   mkdir -p "$DEBS" || die "cannot create $DEBS"
   write_source_stamp
   prepare_cudnn
+  prepare_pybind11
   if prepare_up_to_date; then
     log "prepare: .gpudeps is up to date ($(du -sh "$DEBS" | cut -f1))"
     return 0
@@ -165,6 +167,31 @@ prepare_cudnn() {
   if compgen -G "/usr/local/cuda/include/cudnn*.h" >/dev/null; then
     mkdir -p "$DEBS/cudnn/include" && cp -u /usr/local/cuda/include/cudnn*.h "$DEBS/cudnn/include/"
   fi
+}
+
+# pybind11's headers and CMake package (PyPI's wheel, ~1 MiB unpacked), for the Python package the
+# follow-up's `python` step imports (tools/gpu-followup.sh): zoe.torch.wrap on the GPU. Debian's
+# pybind11 (2.10) predates the Pythons a GPU image may have. Best effort, as the frontend's.
+PYBIND11_VERSION=3.1.0
+prepare_pybind11() {
+  local dest=$DEBS/pybind11 tmp
+  [[ $(cat "$dest/VERSION" 2>/dev/null) == "$PYBIND11_VERSION" ]] && return 0
+  tmp=$(mktemp -d) || return 0
+  if python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$tmp" \
+       "pybind11==$PYBIND11_VERSION" &&
+     python3 - "$tmp"/pybind11-*.whl "$tmp/x" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith(("pybind11/include/", "pybind11/share/"))
+                               or ".dist-info/licenses/" in n])
+PY
+  then
+    rm -rf "$dest" && mkdir -p "$dest" && mv "$tmp/x/pybind11/include" "$tmp/x/pybind11/share" "$dest/" &&
+      mv "$tmp"/x/*.dist-info/licenses "$dest/licenses" && echo "$PYBIND11_VERSION" >"$dest/VERSION"
+  else
+    log "prepare: pybind11 could not be fetched: the lease's python step will be skipped"
+  fi
+  rm -rf "$tmp"
 }
 
 # Downloads the packages whose file is missing (apt-get download names a file name_version_arch.deb,
@@ -342,6 +369,14 @@ cudnn_cmake_args() {
   return 0
 }
 
+# The Python package (zoe_python) for the python3 that holds PyTorch, where pybind11 travelled and
+# that python3 has its headers (CMake's ZOE_PYTHON AUTO leaves it out otherwise).
+python_cmake_args() {
+  [[ -f $DEBS/pybind11/share/cmake/pybind11/pybind11Config.cmake ]] || return 0
+  echo "-Dpybind11_DIR=$DEBS/pybind11/share/cmake/pybind11"
+  command -v python3 >/dev/null && echo "-DPython_EXECUTABLE=$(command -v python3)"
+}
+
 nccl_cmake_args() {
   [[ -n ${ZOE_NCCL_LIB:-} ]] && echo "-DNCCL_LIB=$ZOE_NCCL_LIB"
   [[ -n ${ZOE_NCCL_INC:-} ]] && echo "-DNCCL_INCLUDE_DIR=$ZOE_NCCL_INC"
@@ -400,7 +435,7 @@ step_unpack() { unpack_deps "$DEPS_ROOT"; }
 
 step_configure() {
   # shellcheck disable=SC2046  # the helpers print several words on purpose
-  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") $(nccl_cmake_args) $(cudnn_cmake_args) \
+  cmake -S "$REPO" -B "$BUILD" $(generator_args) $(deps_cmake_args "$DEPS_ROOT") $(nccl_cmake_args) $(cudnn_cmake_args) $(python_cmake_args) \
     -DZOE_CUDA=ON -DZOE_CUDA_EMU=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release
 }
 
@@ -414,6 +449,11 @@ step_build() {
   # shellcheck disable=SC2086
   cmake --build "$BUILD" -j "${ZOE_JOBS:-16}" --target "${targets[@]}" -- $keep
 }
+
+# The Python package, for gpu-followup's python step: a step of its own, so that a module that does
+# not build here holds back nothing else.
+python_configured() { grep -q '^ZOE_PYTHON_FOUND:INTERNAL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; }
+step_build_python() { cmake --build "$BUILD" -j "${ZOE_JOBS:-16}" --target zoe_python; }
 
 cudnn_configured() { grep -q '^ZOE_CUDNN_FOUND:INTERNAL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; }
 
@@ -688,6 +728,8 @@ check() {
       skip_step bench_gpu "build did not pass"
     fi
   fi
+  # last: what the follow-up call needs, after this call's own figures
+  if ((ok_build)) && python_configured; then run_step build_python 90 step_build_python; fi
   write_json "$out/gpu_check.json" "$mode" || echo "gpu-check: cannot write $out/gpu_check.json" >&2
   write_summary "$out/summary.md" "$mode" || echo "gpu-check: cannot write $out/summary.md" >&2
   log "wrote $out/summary.md, $out/gpu_check.json, $out/gpu_check.log"

@@ -5,8 +5,11 @@
 # machine's start and gpu-check); a step that the time left cannot hold is skipped, not started.
 # Writes OUTDIR/followup.md (each step's status, seconds and last lines) and OUTDIR/followup.log.
 #
-#   tools/gpu-followup.sh OUTDIR [STEP...]      STEP: offload, beyond_hbm, plan, deepspeed (default:
-#                                               all four, in that order)
+#   tools/gpu-followup.sh OUTDIR [STEP...]      STEP: python, offload, beyond_hbm, plan, deepspeed
+#                                               (default: all five, in that order)
+#   python      tests/python/torch_parity.py --device cuda: zoe.torch.wrap on the GPU against plain
+#               PyTorch (stages 0 and 3, and 3 on NVMe), the path Hugging Face / Accelerate /
+#               Lightning users take (build-gpu/python, built by gpu-check where pybind11 travelled)
 #   offload     zoe bench offload --device cuda: the GPU's offloaded step against its bound (issue 48)
 #   beyond_hbm  bench/beyond_hbm.sh: a model 1.15x the GPU's memory at a fraction of its peak (48)
 #   plan        bench/plan_check.py --no-grid: `zoe plan`'s choice on the GPU, predicted against
@@ -19,7 +22,7 @@ cd "$(dirname "$0")/.."
 out=$(mkdir -p "$1" && readlink -f "$1") || { echo "gpu-followup: cannot create $1" >&2; exit 2; }
 shift
 steps=("$@")
-((${#steps[@]})) || steps=(offload beyond_hbm plan deepspeed)
+((${#steps[@]})) || steps=(python offload beyond_hbm plan deepspeed)
 zoe=build-gpu/zoe
 [[ -x $zoe ]] || { echo "gpu-followup: no $zoe: run tools/gpu-check.sh OUTDIR on this machine first" >&2; exit 2; }
 # gpu-check's choice of the bf16 attention's kernels (zoe's own where cuDNN's failed its test)
@@ -28,12 +31,23 @@ zoe=build-gpu/zoe
 total=${ZOE_FOLLOWUP_TOTAL_S:-280}
 log=$out/followup.log
 : >"$log"
+# gpu-check's environment (this is a new shell): the carried prefix (MPI, its libraries), NCCL's and
+# cuDNN's folders, the python3 that holds PyTorch.
+# shellcheck disable=SC1091
+source tools/gpu-check.sh --lib && add_python_bin && deps_env "$PWD/build-gpu/deps" &&
+  { nccl_env; cudnn_env; } >>"$log" 2>&1
 summary=("# zoe GPU follow-up ($(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ))" ""
          "| step | status | seconds | limit |" "|---|---|---|---|")
 details=()
 
 step_cmd() {
+  local parity="PYTHONPATH=build-gpu/python python3 tests/python/torch_parity.py --device cuda"
   case $1 in
+    python) echo "if ! compgen -G 'build-gpu/python/zoe/_zoe*.so' >/dev/null; then" \
+                 "grep -q '^ZOE_PYTHON_FOUND:INTERNAL=ON' build-gpu/CMakeCache.txt ||" \
+                 "{ echo 'SKIP: build-gpu has no Python package (no pybind11 carried, or no Python headers here)'; exit 77; };" \
+                 "cmake --build build-gpu -j \${ZOE_JOBS:-16} --target zoe_python || exit 1; fi;" \
+                 "$parity --stage 0 && $parity --stage 3 && $parity --stage 3 --nvme $out/python-nvme" ;;
     offload) echo "$zoe bench offload --device cuda --json --dir $out/offload-swap > $out/offload.json &&" \
                   "python3 -m json.tool $out/offload.json" ;;
     beyond_hbm) echo "BHBM_ZOE=$zoe bench/beyond_hbm.sh $out/beyond-hbm" ;;
@@ -43,7 +57,7 @@ step_cmd() {
     *) return 1 ;;
   esac
 }
-step_limit() { case $1 in offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; *) echo 300 ;; esac; }
+step_limit() { case $1 in python) echo 90 ;; offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; *) echo 300 ;; esac; }
 
 failed=0
 for s in "${steps[@]}"; do
@@ -60,8 +74,8 @@ for s in "${steps[@]}"; do
   start=$SECONDS
   timeout -k 10 "$limit" bash -c "$cmd" >>"$log" 2>&1
   rc=$?
-  case $rc in 0) status=passed ;; 124 | 137) status="timeout" ;; *) status="failed (exit $rc)" ;; esac
-  [[ $status == passed ]] || failed=1
+  case $rc in 0) status=passed ;; 77) status="skipped" ;; 124 | 137) status="timeout" ;; *) status="failed (exit $rc)" ;; esac
+  [[ $status == passed || $status == skipped ]] || failed=1
   summary+=("| $s | $status | $((SECONDS - start)) | $limit |")
   details+=("" "## $s" "\`$cmd\`" "" '```' "$(tail -c +"$from" "$log" | tail -n 40)" '```')
 done

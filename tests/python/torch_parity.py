@@ -1,12 +1,14 @@
 """zoe.torch.wrap against plain PyTorch: the same model, data and AdamW; run under mpirun.
 
-    mpirun -np 2 python3 torch_parity.py --stage 3 [--nvme DIR]
+    mpirun -np 2 python3 torch_parity.py --stage 3 [--nvme DIR] [--device cuda]
 
 Every rank trains the wrapped model on its own batches; beside it, a plain PyTorch copy trains on
 every rank's batches together (the mean of the rank losses, which is what zoe's averaged gradient
 is). Each step's loss on this rank's batch must agree to 1e-5 relative. The wrapped model holds
 no parameter memory of its own between steps, and zoe's ledger holds the parameters: all of them
-at stage 0, a 1/N share at stage 3 (on NVMe with --nvme)."""
+at stage 0, a 1/N share at stage 3 (on NVMe with --nvme). With --device cuda both models, the data
+and zoe's device are on the GPU (one per rank; tools/gpu-followup.sh runs it on a lent GPU): torch
+reads zoe's GPU buffers through DLPack and zoe's streams wait for torch's."""
 import argparse
 import copy
 import os
@@ -27,7 +29,12 @@ def main():
     ap.add_argument("--nvme")
     ap.add_argument("--model", choices=["tiny", "hf-gpt2"], default="tiny")
     ap.add_argument("--accum", type=int, default=1, help="gradient_accumulation_steps")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where torch's models, the batches and zoe's device (zoe.device) are")
     a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: --device cuda, and torch sees no GPU")
+        return 77
     if a.model == "hf-gpt2":
         try:
             import transformers  # noqa: F401
@@ -47,12 +54,18 @@ def main():
             zo["offload_param"] = {"device": "nvme", "nvme_path": a.nvme}
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": a.accum, "zero_optimization": zo,
            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
+    if a.device == "cuda":
+        cfg["zoe"] = {"device": "cuda"}
+        torch.cuda.set_device(int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
     if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         torch.manual_seed(12345)  # other ranks build different initial values: rank 0's count
     make = TinyLM if a.model == "tiny" else HfGpt2
-    model = make()
+    model = make().to(a.device)
     torch.manual_seed(0)
-    ref = make()  # rank 0's initial values, on every rank
+    ref = make().to(a.device)  # rank 0's initial values, on every rank
+
+    def data(m, r):
+        return tuple(t.to(a.device) for t in batch(m, r))
     opt = adamw(ref, LR, WD)
     engine = zoe.Engine(cfg)
     rank, world = engine.rank, engine.world_size
@@ -65,14 +78,14 @@ def main():
         micro = [step * a.accum + m for m in range(a.accum)]
         losses = []
         for m in micro:
-            loss = model(*batch(m, rank))
+            loss = model(*data(m, rank))
             loss.backward()
             losses.append(loss.item())
         res = engine.step()
         assert res["applied"] and res["step"] == step + 1, res
         # the reference: all ranks' micro-batches, mean of their losses
         opt.zero_grad()
-        ref_losses = [[ref(*batch(m, r)) for m in micro] for r in range(world)]
+        ref_losses = [[ref(*data(m, r)) for m in micro] for r in range(world)]
         (sum(sum(ls) for ls in ref_losses) / (world * a.accum)).backward()
         opt.step()
         for got, want in zip(losses, ref_losses[rank]):
@@ -109,6 +122,7 @@ def main():
     engine.close()
     if rank == 0:
         print(f"{'PASS' if ok else 'FAIL'}: zoe.torch.wrap vs torch AdamW, {a.model}, stage {a.stage}, {world} ranks"
+              f"{', on the GPU' if a.device == 'cuda' else ''}"
               f"{f', accumulation {a.accum}' if a.accum > 1 else ''}"
               f"{', nvme' if a.nvme else ''}")
     return 0 if ok else 1
