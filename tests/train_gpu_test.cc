@@ -57,6 +57,23 @@ std::vector<double> losses(const std::string& device, int stage, bool bf16 = fal
   return l;
 }
 
+// `zoe info` names the GPU libraries a job would load (they load at their first use, so no linker
+// listing shows them): needs no GPU. The file where the library is here; else why not.
+TEST(ZoeInfo, NamesTheGpuLibrariesAndTheirFiles) {
+  std::string out;
+  ASSERT_EQ(run_command(kZoe + " info", &out), 0) << out;
+#ifdef ZOE_CUDA_EMU
+  EXPECT_NE(out.find("gpu libraries: cuBLASLt emulated (tools/cuda_emu); NCCL emulated"), std::string::npos) << out;
+#else
+  EXPECT_TRUE(std::regex_search(out, std::regex("gpu libraries: cuBLASLt [0-9]+\\.[0-9]+\\.[0-9]+ \\(/[^)]*libcublasLt[^)]*\\); "
+                                                "NCCL [0-9]+\\.[0-9]+\\.[0-9]+ \\(/[^)]*libnccl")))
+      << out;
+  std::string missing;
+  ASSERT_EQ(run_command("ZOE_NCCL_LIBRARY=/nonexistent/libnccl.so.2 " + kZoe + " info", &missing), 0) << missing;
+  EXPECT_NE(missing.find("NCCL not loaded: could not load /nonexistent/libnccl.so.2"), std::string::npos) << missing;
+#endif
+}
+
 TEST(TrainGpu, TwentyStepsOnTheGpuMatchTheCpuDevicesLosses) {
 #ifndef ZOE_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA (ZOE_HAVE_CUDA is not defined)";

@@ -9,8 +9,10 @@
 #include "kernels/gemm.h"
 #include "train/trainer.h"
 #ifdef ZOE_HAVE_CUDA
+#include "gpu/cublaslt_library.h"
 #include "gpu/cudnn_attention.h"
 #include "gpu/gpu_info.h"
+#include "gpu/nccl_library.h"
 #endif
 
 namespace zoe::cli {
@@ -39,6 +41,8 @@ int info_command() {
   if (gpus.empty()) fmt::print("gpus: none ({})\n", why);
   for (auto& g : gpus)
     fmt::print("gpu {}: {} sm_{}{} {:.1f} GiB\n", g.index, g.name, g.sm_major, g.sm_minor, g.total_bytes / 1073741824.0);
+  // (loaded only at their first use; named here so a user sees which files a GPU job will load)
+  fmt::print("gpu libraries: {}; {} (more than one GPU only)\n", gpu::cublaslt_text(), gpu::nccl_text());
   fmt::print("gpu bf16 attention: cuDNN's fused attention where it runs the shape, else zoe's tensor-core kernels "
              "(ZOE_CUDA_ATTENTION); cuDNN: {}\n",
              gpu::CudnnAttention::version_text());

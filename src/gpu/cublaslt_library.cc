@@ -24,6 +24,7 @@ LazyLibrary& library() {
 }  // namespace
 
 bool cublaslt_loaded() { return library().loaded(); }
+std::string cublaslt_text() { return library().describe("cuBLASLt", static_cast<long>(cublasLtGetVersion())); }
 
 }  // namespace zoe::gpu
 

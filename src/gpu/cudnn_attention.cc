@@ -266,7 +266,7 @@ std::string CudnnAttention::version_text() {
       fmt::format("built against {}.{}.{}; frontend {}.{}.{}", CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
                   CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION, CUDNN_FRONTEND_PATCH_VERSION);
   if (v == 0) return fmt::format("cuDNN not loaded ({}): {}", built, cudnn_load_error());
-  return fmt::format("cuDNN {}.{}.{} ({})", v / 10000, v / 100 % 100, v % 100, built);
+  return fmt::format("cuDNN {}.{}.{} ({}; {})", v / 10000, v / 100 % 100, v % 100, built, cudnn_path());
 }
 
 }  // namespace zoe::gpu

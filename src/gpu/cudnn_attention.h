@@ -46,7 +46,8 @@ class CudnnAttention {
   // Device bytes held: the workspace.
   size_t workspace_bytes() const;
 
-  // "cuDNN 9.19.0 (built against ...; frontend 1.32.0)", or why this build has none. Needs no GPU.
+  // "cuDNN 9.19.0 (built against ...; frontend 1.32.0; /path/libcudnn.so.9)", or why this build
+  // or machine has none. Needs no GPU.
   static std::string version_text();
   // The frontend's own checks of the shape's two graphs for a GPU of compute capability
   // `sm_version` (90: Hopper), what prepare() runs first before it asks the library for engines.

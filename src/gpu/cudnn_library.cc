@@ -29,6 +29,7 @@ LazyLibrary& library() {
 
 bool cudnn_loaded() { return library().loaded(); }
 std::string cudnn_load_error() { return library().error(); }
+std::string cudnn_path() { return library().path(); }
 
 }  // namespace zoe::gpu
 

@@ -10,5 +10,7 @@ namespace zoe::gpu {
 bool cudnn_loaded();
 // Why cuDNN could not be loaded ("" where it was, or has not been tried).
 std::string cudnn_load_error();
+// The file loaded ("" while not loaded).
+std::string cudnn_path();
 
 }  // namespace zoe::gpu

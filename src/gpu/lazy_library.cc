@@ -1,6 +1,7 @@
 #include "gpu/lazy_library.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdlib>
 #include <utility>
@@ -56,6 +57,19 @@ void* LazyLibrary::symbol(const char* name) {
 bool LazyLibrary::loaded() const {
   std::lock_guard lock(mu_);
   return handle_ != nullptr;
+}
+
+std::string LazyLibrary::path() const {
+  std::lock_guard lock(mu_);
+  link_map* map = nullptr;
+  if (!handle_ || dlinfo(handle_, RTLD_DI_LINKMAP, &map) != 0 || !map || !map->l_name) return "";
+  return map->l_name;
+}
+
+std::string LazyLibrary::describe(const char* name, long version) const {
+  if (version <= 0 || !loaded()) return std::string(name) + " not loaded: " + error();
+  return std::string(name) + " " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100) + " (" + path() + ")";
 }
 
 std::string LazyLibrary::error() const {

@@ -39,6 +39,12 @@ class LazyLibrary {
   }
   // Whether the library is open now (without opening it).
   bool loaded() const;
+  // The file the loader opened ("" while not loaded).
+  std::string path() const;
+  // For `zoe info`: "<name> <major>.<minor>.<patch> (<path>)" from a version code of the NVIDIA
+  // libraries' form (major * 10000 + minor * 100 + patch; 0: not loaded), else "<name> not loaded:
+  // <error()>".
+  std::string describe(const char* name, long version) const;
   // What the last failure was: every path tried and the loader's reason ("" if none failed).
   std::string error() const;
   // error() for a C API's error-string function: valid until the library's next failure.

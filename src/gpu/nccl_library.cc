@@ -1,4 +1,4 @@
-// NCCL's entry points that zoe calls (nccl_comm.cc), defined here so that the library loads at the
+// NCCL's entry points that zoe calls (nccl_comm.cc, `zoe info`), defined here so that the library loads at the
 // first call, not with every process that links the CUDA backend (LazyLibrary says why). The
 // signatures are nccl.h's: a mismatch is a compile error. Where NCCL cannot be loaded, a call
 // returns ncclSystemError and ncclGetErrorString / ncclGetLastError say which file failed and why,
@@ -24,11 +24,19 @@ LazyLibrary& library() {
 
 bool nccl_loaded() { return library().loaded(); }
 
+std::string nccl_text() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) version = 0;
+  return library().describe("NCCL", version);
+}
+
 }  // namespace zoe::gpu
 
 #define ZOE_NCCL_FORWARD(name, ...) ZOE_LAZY_FORWARD(zoe::gpu::library(), ncclSystemError, name, __VA_ARGS__)
 
 extern "C" {
+
+ncclResult_t ncclGetVersion(int* version) { ZOE_NCCL_FORWARD(ncclGetVersion, version); }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) { ZOE_NCCL_FORWARD(ncclGetUniqueId, id); }
 
