@@ -370,6 +370,88 @@ TEST(CApi, AnyFloatDtypeAndStrides) {
   zoe_engine_free(e);
 }
 
+#ifdef ZOE_CUDA_EMU
+// The emulated runtime's (libzoe_emu): what a framework does on its own stream. cudaError_t and
+// cudaMemcpyKind as int, streams as pointers.
+extern "C" {
+int cudaMalloc(void** p, size_t bytes);
+int cudaFree(void* p);
+int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* stream);
+int cudaMemsetAsync(void* p, int value, size_t bytes, void* stream);
+int cudaStreamSynchronize(void* stream);
+}
+
+// Two steps of both units on the emulated GPU, the caller's work on CUDA's default stream (as
+// torch's): each fetched unit read there at once, a gradient written there, handed over (zoe's
+// streams wait for it) and its memory overwritten there at once. With `set_stream`, nothing waits
+// on the host: only events order the caller's stream after zoe's work; without, the calls wait.
+// Returns the weights read.
+std::vector<float> caller_stream_steps(bool set_stream) {
+  constexpr int kN = kD * kD + kD;
+  zoe_engine* e = two_units(3);
+  if (set_stream) {
+    EXPECT_EQ(zoe_set_stream(e, nullptr), ZOE_OK) << zoe_last_error();
+  }
+  void* g = nullptr;
+  EXPECT_EQ(cudaMalloc(&g, kN * sizeof(float)), 0);
+  std::vector<float> ones(kN, 1.0f), seen;
+  std::vector<int64_t> shape{kN};
+  DLTensor gt{};
+  gt.data = g;
+  gt.device = {kDLCUDA, 0};
+  gt.ndim = 1;
+  gt.dtype = kF32;
+  gt.shape = shape.data();
+  for (int step = 0; step < 2; ++step) {
+    for (int u = 0; u < 2; ++u) {
+      DLManagedTensor* t = nullptr;
+      EXPECT_EQ(zoe_fetch(e, u, &t), ZOE_OK) << zoe_last_error();
+      if (!t) break;
+      std::vector<float> w(kN);
+      EXPECT_EQ(cudaMemcpyAsync(w.data(), t->dl_tensor.data, kN * sizeof(float), 2 /*D2H*/, nullptr), 0);
+      EXPECT_EQ(cudaMemcpyAsync(g, ones.data(), kN * sizeof(float), 1 /*H2D*/, nullptr), 0);
+      EXPECT_EQ(zoe_wait_stream(e, nullptr), ZOE_OK) << zoe_last_error();
+      EXPECT_EQ(zoe_grads_ready(e, u, &gt), ZOE_OK) << zoe_last_error();
+      EXPECT_EQ(cudaMemsetAsync(g, 0xff, kN * sizeof(float), nullptr), 0);  // NaNs, were they read now
+      EXPECT_EQ(zoe_release(e, u), ZOE_OK) << zoe_last_error();
+      t->deleter(t);
+      EXPECT_EQ(cudaStreamSynchronize(nullptr), 0);
+      seen.insert(seen.end(), w.begin(), w.end());
+    }
+    EXPECT_EQ(zoe_step(e, 1e-2, nullptr), ZOE_OK) << zoe_last_error();
+  }
+  EXPECT_EQ(cudaFree(g), 0);
+  zoe_engine_free(e);
+  return seen;
+}
+
+// zoe_set_stream: the emulation runs zoe's streams late (CUDA_EMU_DELAY) and reports work on one
+// stream that uses memory unordered work of another uses, so an event missing from the fetch or
+// the gradient's read aborts this test; the weights equal those of the host-waiting run.
+TEST(CApiEmu, ACallerStreamIsOrderedAfterFetchesAndGradientReadsByEvents) {
+  if (zoe::test::test_device_name() != "cuda") GTEST_SKIP() << "the emulated GPU's test (capi_test_emu)";
+  const std::vector<float> waited = caller_stream_steps(false), evented = caller_stream_steps(true);
+  ASSERT_EQ(evented.size(), size_t{4 * (kD * kD + kD)});
+  EXPECT_EQ(evented, waited);
+  EXPECT_NE(evented.front(), evented[2 * (kD * kD + kD)]) << "the steps changed nothing";
+}
+#endif
+
+// The CPU device has no streams: zoe_set_stream is accepted (before zoe_start it is not) and
+// changes nothing.
+TEST(CApi, SetStreamIsANoOpOnTheCpuDevice) {
+  if (zoe::test::test_device_name() == "cuda") GTEST_SKIP() << "the CPU device's";
+  zoe_engine* e = two_units(0, /*start=*/false);
+  expect_error(zoe_set_stream(e, nullptr), ZOE_ERR_RUNTIME, "zoe_set_stream: the engine is not started");
+  ASSERT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(zoe_set_stream(e, reinterpret_cast<void*>(0x5eed)), ZOE_OK) << zoe_last_error();
+  const std::vector<float> before = fetch_copy(e, 0);
+  hand_over_ones(e, 0);
+  ASSERT_EQ(zoe_step(e, 1e-2, nullptr), ZOE_OK) << zoe_last_error();
+  EXPECT_NE(fetch_copy(e, 0), before);
+  zoe_engine_free(e);
+}
+
 TEST(CApi, CallsFromAnotherThreadAndThreadLocalErrors) {
   zoe_engine* e = two_units(3);
   DLManagedTensor* t = nullptr;

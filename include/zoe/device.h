@@ -109,6 +109,13 @@ class Device {
     (void)stream;
     return Status::Ok();
   }
+  // The other way: later work queued on the framework's `stream` waits for e (an event, so the
+  // host goes on), for memory the framework reads or reuses after the engine's work. A device
+  // without native streams waits on the host.
+  virtual Status external_wait_on(void* stream, Event e) {
+    (void)stream;
+    return wait(e);
+  }
 
   // Kernels the engine itself runs, on the compute stream (the model's are in ops()).
   // dst[i] = (accumulate ? dst[i] : 0) + src[i], summed in fp32, stored as dst_dtype; on `stream`

@@ -101,7 +101,8 @@ ZOE_API zoe_status zoe_load_safetensors(zoe_engine* e, const char* path);
  * unit's elements in the engine's weight dtype, in the engine device's memory (kDLCPU for the CPU
  * device, kDLCUDA for the GPU). Zero-copy: valid until the matching zoe_release. The caller calls
  * (*out)->deleter(*out) when done with the handle (it frees the handle, never the memory). A
- * fetched unit must be released before zoe_step (which refuses otherwise). */
+ * fetched unit must be released before zoe_step (which refuses otherwise). The memory holds the
+ * parameters when this returns, or, with zoe_set_stream, for work then queued on that stream. */
 ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
 ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
 
@@ -110,6 +111,15 @@ ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
  * stream may still read a unit's buffer or write a gradient (an event, not a host wait). Nothing to
  * wait for on the CPU device (any value is accepted there). */
 ZOE_API zoe_status zoe_wait_stream(zoe_engine* e, void* stream);
+
+/* The other direction: names the caller's stream (a cudaStream_t of zoe's GPU, NULL being CUDA's
+ * default stream, as for zoe_wait_stream) that reads what zoe_fetch returns and writes the
+ * gradients zoe_grad_param / zoe_grads_ready read. Once a stream is set, those calls return
+ * without waiting on the host: work the caller queues on that stream afterwards waits for the
+ * gather, and for zoe's read of a gradient (events), so the host runs ahead of the GPU as it does
+ * with the framework's own kernels. Until the first call, they return once the device has done
+ * that work. Each call replaces the stream. No effect on the CPU device. */
+ZOE_API zoe_status zoe_set_stream(zoe_engine* e, void* stream);
 
 /* Gradients of the loss multiplied by zoe_loss_scale(), any float dtype and strides, in host memory
  * or (CUDA device) in the GPU's memory. zoe_grad_param stages one parameter's gradient;

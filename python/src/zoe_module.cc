@@ -96,6 +96,9 @@ class Engine {
   void wait_stream(uintptr_t stream) {
     call([&](zoe_engine* e) { return zoe_wait_stream(e, reinterpret_cast<void*>(stream)); });
   }
+  void set_stream(uintptr_t stream) {
+    call([&](zoe_engine* e) { return zoe_set_stream(e, reinterpret_cast<void*>(stream)); });
+  }
   void grad_param(const std::string& name, const py::object& cap) {
     const DLTensor* t = borrow(cap, "grad_param");
     call([&](zoe_engine* e) { return zoe_grad_param(e, name.c_str(), t); });
@@ -174,6 +177,7 @@ PYBIND11_MODULE(_zoe, m) {
       .def("fetch", &Engine::fetch)
       .def("release", &Engine::release)
       .def("wait_stream", &Engine::wait_stream)
+      .def("set_stream", &Engine::set_stream)
       .def("grad_param", &Engine::grad_param)
       .def("grads_ready", &Engine::grads_ready)
       .def("step", &Engine::step)

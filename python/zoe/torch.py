@@ -41,7 +41,9 @@ while units are held (inside gathered(), or fetched and not released).
 
 On a GPU, zoe's streams wait for torch's current stream (an event, zoe_wait_stream) before each
 release and each gradient hand-over, since a kernel torch queued may still read the weights or
-write the gradient (tests/python/stream_waits.py).
+write the gradient; and torch's stream waits for zoe's (zoe_set_stream) for a fetched unit's
+weights and for zoe's read of a handed-over gradient, so neither call waits on the host and Python
+runs ahead of the GPU as it does without zoe (tests/python/stream_waits.py).
 """
 import contextlib
 import functools
@@ -217,8 +219,9 @@ _SHAPE_ATTRIBUTES = {"shape", "ndim", "data"}
 
 # zoe's streams wait for torch's before zoe reuses a unit's buffer (zoe_release) or reads a
 # gradient (hand-over): torch queues kernels on its current stream, and one that still reads the
-# weights or writes the gradient may not have run yet. An event, not a host wait. Module-level so
-# that a test can stand in for torch's stream on a machine without a GPU.
+# weights or writes the gradient may not have run yet. And torch's stream is zoe's caller stream
+# (zoe_set_stream): it waits for a fetch's gather and for zoe's read of a gradient. Events, not
+# host waits. Module-level so that a test can stand in for torch's stream without a GPU.
 def _on_gpu(t):
     return t.is_cuda
 
@@ -249,6 +252,7 @@ class _Wrapper:
         self.saved_views = 0  # saved tensors that autograd kept as descriptors of a unit's buffer
         self.on_demand_fetches = 0
         self.fetch_trace = None  # zoe.torch.describe's callback(unit, in backward) at each fetch
+        self.gpu = None  # zoe's GPU as a torch device, once a fetch returned its memory
         _refuse_wrapped_parameters(module)
         # Parameters left out (frozen), by id, held so that no later tensor takes their id.
         self.frozen = {id(p): p for p in module.parameters() if not p.requires_grad}
@@ -311,7 +315,11 @@ class _Wrapper:
         if unit.refs == 0:
             if self.fetch_trace is not None:
                 self.fetch_trace(u, self.callback_queued)
+            if self.gpu is not None:  # torch's kernels on its current stream read the weights
+                self.engine.set_stream(_torch_stream(self.gpu))
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
+            if self.gpu is None and _on_gpu(unit.flat):
+                self.gpu = unit.flat.device  # (this first fetch waited on the host)
             _live[_storage_ptr(unit.flat)] = unit
             for ps in unit.params:
                 ps.param.data = unit.flat[ps.offset:ps.offset + ps.numel].view(ps.shape)
@@ -329,9 +337,12 @@ class _Wrapper:
             self.engine.release(u)
 
     def _after_torch(self, t):
-        """zoe's later work waits for torch's kernels queued so far on t's device (see _on_gpu)."""
+        """zoe's later work waits for torch's kernels queued so far on t's device, and torch's
+        stream is the one that waits for zoe's next read of t (see _on_gpu)."""
         if _on_gpu(t):
-            self.engine.wait_stream(_torch_stream(t.device))
+            stream = _torch_stream(t.device)
+            self.engine.wait_stream(stream)
+            self.engine.set_stream(stream)
 
     # --- what wrap registered, checked at each outermost forward and each step ---
     def check_parameters(self):

@@ -183,9 +183,8 @@ Result<DLManagedTensor*> CEngine::fetch(int u) {
                                "zoe.device \"cpu\" to hand parameters to another framework");
   ZOE_ASSIGN_OR_RETURN(ParamView v, engine_->fetch(u));
   // The gather is ordered on zoe's streams; the caller reads on its own (a torch stream), so the
-  // memory is handed out only once it holds the parameters.
-  Device& dev = *backend_.device;
-  Status ready = dev.wait(dev.record(Stream::kCompute));
+  // memory is handed out only once it holds the parameters, or once that stream waits for them.
+  Status ready = ready_for_caller();
   if (!ready.ok()) {
     (void)engine_->release(u);
     return ready;
@@ -209,6 +208,18 @@ Result<DLManagedTensor*> CEngine::fetch(int u) {
 Status CEngine::wait_stream(void* stream) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_wait_stream"));
   return backend_.device->wait_external(stream);
+}
+
+Status CEngine::set_stream(void* stream) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_set_stream"));
+  caller_stream_ = stream;
+  return Status::Ok();
+}
+
+Status CEngine::ready_for_caller() {
+  Device& dev = *backend_.device;
+  const Event done = dev.record(Stream::kCompute);
+  return caller_stream_ ? dev.external_wait_on(*caller_stream_, done) : dev.wait(done);
 }
 
 Status CEngine::release(int u) {
@@ -239,9 +250,9 @@ Status CEngine::put_grad(const DLTensor& g, float* dst, int64_t n, const std::st
   ZOE_ASSIGN_OR_RETURN(DType dt, weight_dtype(g.dtype, what));
   ZOE_RETURN_IF_ERROR(dev.accumulate(dst, DType::kF32, static_cast<const char*>(g.data) + g.byte_offset, dt, n, false));
   // The copy is queued on zoe's stream, and the caller may free the gradient as soon as this
-  // returns (torch's allocator then hands its memory to the next kernel on torch's stream): the
-  // call returns once the copy has read it, as zoe_fetch returns once the gather has written.
-  return dev.wait(dev.record(Stream::kCompute));
+  // returns (torch's allocator then hands its memory to the next kernel on torch's stream): that
+  // stream waits for the copy's read, or the call returns once it is done.
+  return ready_for_caller();
 }
 
 Status CEngine::grad_param(const std::string& name, const DLTensor* grad) {

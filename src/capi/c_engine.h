@@ -47,6 +47,9 @@ class CEngine {
   Result<DLManagedTensor*> fetch(int u);
   Status release(int u);
   Status wait_stream(void* stream);
+  // The caller's stream (nullptr: CUDA's default stream) that reads what fetch() returns and
+  // writes the gradients grad_param / grads_ready read; until set, those calls wait on the host.
+  Status set_stream(void* stream);
   Status grad_param(const std::string& name, const DLTensor* grad);
   Status grads_ready(int u, const DLTensor* grad);
   Result<StepResult> step(double lr);
@@ -90,6 +93,9 @@ class CEngine {
   // device memory (a GPU engine) is converted there, when compact.
   Status put_grad(const DLTensor& grad, float* dst, int64_t n, const std::string& what);
   Status hand_over(int u, const float* device_grad);
+  // What fetch and the gradients' reads hand back to the caller: with its stream set, that stream
+  // waits for zoe's work so far (an event); else the host does.
+  Status ready_for_caller();
   void drop_staged(int u);
   Status lock_checkpoint_root(const std::string& dir);
 
@@ -103,6 +109,7 @@ class CEngine {
   std::map<std::string, ParamRef> params_;
   std::mutex mu_;
   std::thread::id owner_ = std::this_thread::get_id();
+  std::optional<void*> caller_stream_;  // set_stream's
   // Rank 0 holds the root zoe_save last wrote to, until the engine goes (CheckpointRootLock).
   std::optional<CheckpointRootLock> root_lock_;
   std::string locked_root_;

@@ -326,6 +326,13 @@ Status CudaDevice::wait_external(void* stream) {
   return st.ok() ? destroyed : st;
 }
 
+Status CudaDevice::external_wait_on(void* stream, Event e) {
+  if (e.seq == 0) return Status::Ok();  // nothing recorded
+  ZOE_ASSIGN_OR_RETURN(cudaEvent_t ev, event_of(e));
+  ZOE_RETURN_IF_ERROR(make_current());
+  return check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0), "cudaStreamWaitEvent on the caller's stream");
+}
+
 Status CudaDevice::synchronize() {
   ZOE_RETURN_IF_ERROR(make_current());
   for (int s = 0; s < kNumStreams; ++s)

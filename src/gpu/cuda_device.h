@@ -73,6 +73,7 @@ class CudaDevice final : public Device {
   Status wait(Event e) override;
   Status wait_on(Stream waiter, Event e) override;
   Status wait_external(void* stream) override;
+  Status external_wait_on(void* stream, Event e) override;
   Status synchronize() override;
 
   Status accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,

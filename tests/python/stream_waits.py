@@ -1,9 +1,13 @@
 """On a GPU, zoe's streams must wait for torch's before zoe reuses a unit's buffer (release) or
-reads a gradient (hand-over): torch's kernels may still be queued. Here a stand-in plays torch's
-stream (zoe.torch._torch_stream, _on_gpu) and a recorder sits between the adapter and the engine:
-every release and every gradient hand-over must come right after a wait on torch's stream, and
-the training result must be unchanged. zoe_wait_stream itself runs on the CPU device (nothing to
-wait for there) and refuses an engine that is not started."""
+reads a gradient (hand-over): torch's kernels may still be queued; and torch's stream must be
+zoe's caller stream (zoe_set_stream) when zoe hands it weights (fetch) or reads its gradient, so
+that torch's later kernels wait for zoe's work by an event, not the host. Here a stand-in plays
+torch's stream (zoe.torch._torch_stream, _on_gpu) and a recorder sits between the adapter and the
+engine: every release and every gradient hand-over must come right after a wait on torch's stream
+and torch's stream set as the caller's, every fetch after the first (which finds the GPU) right
+after the stream is set, and the training result must be unchanged. zoe_wait_stream and
+zoe_set_stream themselves run on the CPU device (nothing to wait for there) and refuse an engine
+that is not started."""
 import sys
 
 import torch
@@ -22,7 +26,7 @@ class Recorder:
 
     def __getattr__(self, name):
         f = getattr(self.engine, name)
-        if name not in ("wait_stream", "release", "grad_param", "grads_ready"):
+        if name not in ("wait_stream", "set_stream", "fetch", "release", "grad_param", "grads_ready"):
             return f
 
         def logged(*args):
@@ -51,44 +55,50 @@ def train(on_gpu):
 
 
 def check(log):
-    """Problems: a release or gradient hand-over not right after a wait on the stand-in stream."""
-    bad, releases, grads = [], 0, 0
+    """Problems: a release or gradient hand-over not right after a wait on the stand-in stream and
+    setting it as the caller's; a fetch after the first not right after setting it."""
+    bad, releases, grads, fetches = [], 0, 0, 0
     for i, (name, arg, grad) in enumerate(log):
-        if name == "wait_stream" and arg != STREAM:
-            bad.append(f"call {i}: waited on stream {arg:#x}, not torch's {STREAM:#x}")
+        if name in ("wait_stream", "set_stream") and arg != STREAM:
+            bad.append(f"call {i}: {name} with stream {arg:#x}, not torch's {STREAM:#x}")
+        if name == "fetch":
+            fetches += 1
+            if fetches > 1 and (i == 0 or log[i - 1][0] != "set_stream"):
+                bad.append(f"call {i}: fetch({arg}) without torch's stream set as the caller's right before it")
         # grads_ready with a tensor is the zeros of an unused unit, made in host memory.
         if name not in ("release", "grad_param"):
             continue
         releases += name == "release"
         grads += name == "grad_param"
-        if i == 0 or log[i - 1][0] != "wait_stream":
-            bad.append(f"call {i}: {name}({arg}) without a wait on torch's stream right before it")
-    return bad, releases, grads
+        if i < 2 or [c[0] for c in log[i - 2:i]] != ["wait_stream", "set_stream"]:
+            bad.append(f"call {i}: {name}({arg}) without a wait on torch's stream and setting it right before it")
+    return bad, releases, grads, fetches
 
 
 def main():
     ok = True
     e = zoe.Engine({"zero_optimization": {"stage": 3}})
-    try:
-        e.wait_stream(STREAM)
-        print("FAIL: zoe_wait_stream before zoe_start did not raise")
-        ok = False
-    except zoe.Error as err:
-        print(f"zoe_wait_stream before zoe_start: {err}")
+    for call in ("wait_stream", "set_stream"):
+        try:
+            getattr(e, call)(STREAM)
+            print(f"FAIL: zoe_{call} before zoe_start did not raise")
+            ok = False
+        except zoe.Error as err:
+            print(f"zoe_{call} before zoe_start: {err}")
     e.close()
 
     log, norm = train(on_gpu=True)
-    bad, releases, grads = check(log)
+    bad, releases, grads, fetches = check(log)
     for b in bad:
         print("FAIL:", b)
-    ok = ok and not bad and releases > 0 and grads > 0
-    print(f"{releases} releases and {grads} gradient hand-overs, {len(bad)} of them without a wait on torch's "
-          "stream right before")
+    ok = ok and not bad and releases > 0 and grads > 0 and fetches > 1
+    print(f"{fetches} fetches, {releases} releases and {grads} gradient hand-overs; {len(bad)} of them without "
+          "the waits and the caller's stream right before")
 
     cpu_log, cpu_norm = train(on_gpu=False)
-    waits = sum(1 for c in cpu_log if c[0] == "wait_stream")
+    waits = sum(1 for c in cpu_log if c[0] in ("wait_stream", "set_stream"))
     if waits:
-        print(f"FAIL: {waits} waits on a stream for tensors in host memory")
+        print(f"FAIL: {waits} waits on or settings of a stream for tensors in host memory")
         ok = False
     if norm != cpu_norm:
         print(f"FAIL: the waits changed the result: gradient norm {norm} vs {cpu_norm}")

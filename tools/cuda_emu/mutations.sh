@@ -62,6 +62,11 @@ mutate src/gpu/cuda_device.cc "  ZOE_RETURN_IF_ERROR(wait_on(copy_stream, record
 check "no event wait between the compute and copy streams (CudaDevice::upload/download)" cuda_device_gpu_test_emu \
   "cuda_emu: race on" tests/cuda_device_gpu_test_emu --gtest_filter='*UploadAndDownloadWait*'
 
+mutate src/gpu/cuda_device.cc "  return check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0), \"cudaStreamWaitEvent on the caller's stream\");" \
+  "  return ev ? Status::Ok() : Status::Ok();  // mutation: the caller's stream does not wait"
+check "a framework's stream not waiting for a fetch or a gradient's read (CudaDevice::external_wait_on)" \
+  capi_test_emu "cuda_emu: race on" tests/capi_test_emu --gtest_filter='CApiEmu.*'
+
 mutate src/sched/stage3/chunk_load.cc "  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
   h2d_ordered_ = true;" "  h2d_ordered_ = true;"
 check "a gather buffer reused by the next unit's load before its last reader ran (ChunkLoad)" zero_test_emu \
