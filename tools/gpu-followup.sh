@@ -5,11 +5,13 @@
 # machine's start and gpu-check); a step that the time left cannot hold is skipped, not started.
 # Writes OUTDIR/followup.md (each step's status, seconds and last lines) and OUTDIR/followup.log.
 #
-#   tools/gpu-followup.sh OUTDIR [STEP...]      STEP: python, offload, beyond_hbm, plan, deepspeed
-#                                               (default: all five, in that order)
+#   tools/gpu-followup.sh OUTDIR [STEP...]      STEP: python, wrap, offload, beyond_hbm, plan,
+#                                               deepspeed (default: all six, in that order)
 #   python      tests/python/torch_parity.py --device cuda: zoe.torch.wrap on the GPU against plain
 #               PyTorch (stages 0 and 3, and 3 on NVMe), the path Hugging Face / Accelerate /
 #               Lightning users take (build-gpu/python, built by gpu-check where pybind11 travelled)
+#   wrap        bench/torch_wrap_step.py --device cuda: that path's GPT-2 124M step against plain
+#               PyTorch's, with zoe_set_stream's events and with host waits
 #   offload     zoe bench offload --device cuda: the GPU's offloaded step against its bound (issue 48)
 #   beyond_hbm  bench/beyond_hbm.sh: a model 1.15x the GPU's memory at a fraction of its peak (48)
 #   plan        bench/plan_check.py --no-grid: `zoe plan`'s choice on the GPU, predicted against
@@ -22,7 +24,7 @@ cd "$(dirname "$0")/.."
 out=$(mkdir -p "$1" && readlink -f "$1") || { echo "gpu-followup: cannot create $1" >&2; exit 2; }
 shift
 steps=("$@")
-((${#steps[@]})) || steps=(python offload beyond_hbm plan deepspeed)
+((${#steps[@]})) || steps=(python wrap offload beyond_hbm plan deepspeed)
 zoe=build-gpu/zoe
 [[ -x $zoe ]] || { echo "gpu-followup: no $zoe: run tools/gpu-check.sh OUTDIR on this machine first" >&2; exit 2; }
 # gpu-check's choice of the bf16 attention's kernels (zoe's own where cuDNN's failed its test)
@@ -48,6 +50,8 @@ step_cmd() {
                  "{ echo 'SKIP: build-gpu has no Python package (no pybind11 carried, or no Python headers here)'; exit 77; };" \
                  "cmake --build build-gpu -j \${ZOE_JOBS:-16} --target zoe_python || exit 1; fi;" \
                  "$parity --stage 0 && $parity --stage 3 && $parity --stage 3 --nvme $out/python-nvme" ;;
+    wrap) echo "compgen -G 'build-gpu/python/zoe/_zoe*.so' >/dev/null || { echo 'SKIP: no Python package'; exit 77; };" \
+               "PYTHONPATH=build-gpu/python python3 bench/torch_wrap_step.py --device cuda --json $out/torch_wrap.json" ;;
     offload) echo "$zoe bench offload --device cuda --json --dir $out/offload-swap > $out/offload.json &&" \
                   "python3 -m json.tool $out/offload.json" ;;
     beyond_hbm) echo "BHBM_ZOE=$zoe bench/beyond_hbm.sh $out/beyond-hbm" ;;
@@ -57,7 +61,7 @@ step_cmd() {
     *) return 1 ;;
   esac
 }
-step_limit() { case $1 in python) echo 90 ;; offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; *) echo 300 ;; esac; }
+step_limit() { case $1 in python) echo 90 ;; wrap) echo 120 ;; offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; *) echo 300 ;; esac; }
 
 failed=0
 for s in "${steps[@]}"; do
