@@ -30,7 +30,8 @@ def main():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4))
     engine = zoe.Engine(zoe.integrations.config_from(lr=1e-3, weight_decay=0.1, max_grad_norm=1.0,
-                                                     zoe_config={"zero_optimization": {"stage": 3}}))
+                                                     zoe_config={"zero_optimization": {"stage": 3}},
+                                                     device=accelerator.device))
     model = zoe.torch.wrap(model, engine)
     optimizer = zoe.integrations.ZoeOptimizer(engine, lr=1e-3, weight_decay=0.1)
     n = accelerator.num_processes

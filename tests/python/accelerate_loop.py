@@ -80,7 +80,8 @@ def zoe_run(a, world, save_dir, resume=False):
     from transformers import get_linear_schedule_with_warmup
     accelerator = Accelerator(gradient_accumulation_steps=a.accum)
     engine = zoe.Engine(zoe.integrations.config_from(lr=LR, weight_decay=WD, max_grad_norm=CLIP,
-                                                     zoe_config={"zero_optimization": {"stage": a.stage}}))
+                                                     zoe_config={"zero_optimization": {"stage": a.stage}},
+                                                     device=accelerator.device))
     model = zoe.torch.wrap(tiny_gpt2(), engine)
     opt = zoe.integrations.ZoeOptimizer(engine, lr=LR, weight_decay=WD)
     # A prepared scheduler steps num_processes times per optimizer step: size it in those units.

@@ -58,8 +58,9 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
 
 # What the framework's arguments set, as zoe config paths.
-def _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16):
-    return {
+def _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16, device):
+    gpu = {("zoe", "device"): "cuda"} if device is not None and torch.device(device).type == "cuda" else {}
+    return {**gpu,
         ("optimizer", "type"): "AdamW",
         ("optimizer", "params", "lr"): lr,
         ("optimizer", "params", "betas"): list(betas),
@@ -98,18 +99,24 @@ def _same(a, b):
 
 
 def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_norm=0.0, bf16=False,
-                fp16=False, zoe_config=None):
+                fp16=False, zoe_config=None, device=None):
     """zoe's config from a framework's training arguments (AdamW, clipping by global norm, bf16
-    or fp16) and `zoe_config`, a dict of zoe's keys (zero_optimization, zoe.*, ...). A key given in
-    both must agree, or zoe.Error names it and both values; "auto" in zoe_config takes the
-    framework's value, as DeepSpeed's config does. The framework does gradient accumulation, so
-    gradient_accumulation_steps is 1 (another value in zoe_config is an error)."""
+    or fp16, the device it computes on) and `zoe_config`, a dict of zoe's keys (zero_optimization,
+    zoe.*, ...). A key given in both must agree, or zoe.Error names it and both values; "auto" in
+    zoe_config takes the framework's value, as DeepSpeed's config does. A framework on a GPU
+    (`device` cuda) makes zoe.device "cuda": the weights zoe hands out are then GPU memory, where
+    the framework's kernels run (on the CPU zoe.device stays zoe_config's, "cpu" by default). The
+    framework does gradient accumulation, so gradient_accumulation_steps is 1 (another value in
+    zoe_config is an error)."""
     if bf16 and fp16:
         raise Error("config_from: bf16 and fp16 are both set")
     cfg = copy.deepcopy(zoe_config or {})
     if not isinstance(cfg, dict):
         raise Error(f"config_from: zoe_config must be a dict of zoe's config keys, not {type(cfg).__name__}")
-    for path, value in _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16).items():
+    if device is not None and torch.device(device).type == "cpu" and _get(cfg, ("zoe", "device"))[0] == "cuda":
+        raise Error("config_from: 'zoe.device' is 'cuda' in zoe_config but the framework computes on the CPU: "
+                    "its inputs would meet weights in GPU memory; give the framework the GPU too")
+    for path, value in _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16, device).items():
         given, present = _get(cfg, path)
         if present and given != "auto" and not _same(given, value):
             name = ".".join(path)

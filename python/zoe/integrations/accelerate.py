@@ -5,7 +5,8 @@ not prepared; the rest goes through Accelerate as usual:
     import zoe.integrations.accelerate as za    # first: under mpirun it sets RANK, WORLD_SIZE, ...
     accelerator = Accelerator()
     engine = zoe.Engine(zoe.integrations.config_from(lr=1e-3, weight_decay=0.1, max_grad_norm=1.0,
-                                                     zoe_config={"zero_optimization": {"stage": 3}}))
+                                                     zoe_config={"zero_optimization": {"stage": 3}},
+                                                     device=accelerator.device))   # a GPU: zoe.device cuda
     model = zoe.torch.wrap(model, engine)
     optimizer = zoe.integrations.ZoeOptimizer(engine, lr=1e-3)
     model, optimizer, loader, scheduler = za.prepare(accelerator, model, optimizer, loader, scheduler)

@@ -66,7 +66,7 @@ def zoe_config_for(args, zoe_config):
                         "scale would both scale the loss); use bf16=True")
     cfg = config_from(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                       weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or 0.0, bf16=args.bf16,
-                      zoe_config=zoe_config)
+                      zoe_config=zoe_config, device=args.device)
     cfg.setdefault("train_micro_batch_size_per_gpu", args.per_device_train_batch_size)
     return cfg
 

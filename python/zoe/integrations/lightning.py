@@ -133,7 +133,8 @@ class ZoeStrategy(DDPStrategy):
                                 "by the global norm only ('norm')")
             clip = float(trainer.gradient_clip_val)
         bf16 = self.precision_plugin.dtype == torch.bfloat16
-        cfg = config_from(max_grad_norm=clip, bf16=bf16, zoe_config=self.zoe_config, **hyper)
+        cfg = config_from(max_grad_norm=clip, bf16=bf16, zoe_config=self.zoe_config, device=self.root_device,
+                          **hyper)
         self.precision_plugin.convert_module(module)
         engine = zoe.Engine(cfg)
         if engine.world_size != self.world_size:
