@@ -437,6 +437,25 @@ TEST(CApiEmu, ACallerStreamIsOrderedAfterFetchesAndGradientReadsByEvents) {
 }
 #endif
 
+// zoe_device: after zoe_start, the device fetched tensors carry (kDLCPU, or the emulated GPU's
+// kDLCUDA 0), for a framework to place buffers and inputs beside them.
+TEST(CApi, DeviceIsWhereFetchedTensorsLive) {
+  zoe_engine* e = two_units(3, /*start=*/false);
+  DLDevice d{};
+  expect_error(zoe_device(e, &d), ZOE_ERR_RUNTIME, "zoe_device: the engine is not started");
+  expect_error(zoe_device(e, nullptr), ZOE_ERR_INVALID, "zoe_device");
+  ASSERT_EQ(zoe_start(e), ZOE_OK) << zoe_last_error();
+  ASSERT_EQ(zoe_device(e, &d), ZOE_OK) << zoe_last_error();
+  DLManagedTensor* t = nullptr;
+  ASSERT_EQ(zoe_fetch(e, 0, &t), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(d.device_type, t->dl_tensor.device.device_type);
+  EXPECT_EQ(d.device_id, t->dl_tensor.device.device_id);
+  EXPECT_EQ(d.device_type, zoe::test::test_device_name() == "cuda" ? kDLCUDA : kDLCPU);
+  t->deleter(t);
+  EXPECT_EQ(zoe_release(e, 0), ZOE_OK);
+  zoe_engine_free(e);
+}
+
 // The CPU device has no streams: zoe_set_stream is accepted (before zoe_start it is not) and
 // changes nothing.
 TEST(CApi, SetStreamIsANoOpOnTheCpuDevice) {

@@ -104,6 +104,10 @@ ZOE_API zoe_status zoe_load_safetensors(zoe_engine* e, const char* path);
  * fetched unit must be released before zoe_step (which refuses otherwise). The memory holds the
  * parameters when this returns, or, with zoe_set_stream, for work then queued on that stream. */
 ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
+/* Where zoe's memory is, after zoe_start: what zoe_fetch's tensors carry, kDLCPU for the CPU device
+ * or kDLCUDA and the GPU's ordinal, so that a framework can place what zoe does not hold (buffers,
+ * inputs) beside it. */
+ZOE_API zoe_status zoe_device(zoe_engine* e, DLDevice* out);
 ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
 
 /* zoe's later device work waits for what `stream` (a cudaStream_t of zoe's GPU) has queued so far:

@@ -92,6 +92,12 @@ class Engine {
     return to_capsule(t);
   }
   void release(int u) { call([&](zoe_engine* e) { return zoe_release(e, u); }); }
+  // (DLPack's device type, the GPU's ordinal): (1, 0) for the CPU device, (2, n) for GPU n.
+  py::tuple device() {
+    DLDevice d{};
+    call([&](zoe_engine* e) { return zoe_device(e, &d); });
+    return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
+  }
   // stream: a cudaStream_t as an integer (torch.cuda.Stream.cuda_stream).
   void wait_stream(uintptr_t stream) {
     call([&](zoe_engine* e) { return zoe_wait_stream(e, reinterpret_cast<void*>(stream)); });
@@ -178,6 +184,7 @@ PYBIND11_MODULE(_zoe, m) {
       .def("release", &Engine::release)
       .def("wait_stream", &Engine::wait_stream)
       .def("set_stream", &Engine::set_stream)
+      .def("device", &Engine::device)
       .def("grad_param", &Engine::grad_param)
       .def("grads_ready", &Engine::grads_ready)
       .def("step", &Engine::step)

@@ -7,7 +7,9 @@
         loss.backward()                           # gradients go to zoe as each module's backward ends
         engine.step()                             # replaces optimizer.step() and zero_grad()
 
-Each submodule with parameters of its own is one zoe unit. Outside its forward and backward a
+Each submodule with parameters of its own is one zoe unit. wrap places the module on zoe's device
+(zoe.device: a GPU engine's empty parameters and the module's buffers go to that GPU; a parameter
+already on another device than zoe's is an error). Outside its forward and backward a
 parameter holds no memory (shape [0]); inside, it is a zero-copy view of zoe's gathered buffer
 (torch.utils.dlpack). Tensors autograd saves from those buffers are saved as (unit, offset, shape,
 strides) and re-made from the unit's buffer of the moment in backward, which fetches it again.
@@ -230,6 +232,21 @@ def _torch_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# Where zoe's memory is, as torch names it (zoe_device: DLPack's kDLCPU 1, kDLCUDA 2).
+def _engine_device(engine):
+    kind, index = engine.device()
+    return torch.device("cuda", index) if kind == 2 else torch.device("cpu")
+
+
+def _place_buffers(module, where):
+    """What zoe does not hold goes where its memory is, as DeepSpeed's engine moves the module: the
+    buffers (a causal mask, rotary frequencies), which a forward reads beside the weights."""
+    for mod in module.modules():
+        for key, b in mod._buffers.items():
+            if b is not None and b.device != where:
+                mod._buffers[key] = b.to(where)
+
+
 def _when_to_fetch(func):
     if isinstance(getattr(func, "__self__", None), types.GetSetDescriptorType):  # an attribute
         name = func.__self__.__name__
@@ -271,13 +288,20 @@ class _Wrapper:
             if mine:
                 module_units.append((mod, [id(p) for _, p in mine]))
         engine.start()
+        where = _engine_device(engine)
+        for ps in owned.values():
+            if ps.param.device.type not in ("cpu", where.type):
+                raise ValueError(f"zoe.torch.wrap: parameter {ps.name} is on {ps.param.device} but zoe's memory is on "
+                                 f"{where} (zoe.device): the forward would meet zoe's weights on another device; "
+                                 "set zoe.device to match, or leave the model on the CPU for zoe to place")
+        _place_buffers(module, where)
         for ps in owned.values():
             u, ps.offset, ps.numel = engine.param_info(ps.name)
             while len(self.units) <= u:
                 self.units.append(_Unit(self, len(self.units)))
             self.units[u].params.append(ps)
             engine.set_param(ps.name, _dlpack.to_dlpack(ps.param.detach().cpu().contiguous()))
-            ps.empty = torch.empty(0, dtype=ps.param.dtype, device=ps.param.device)
+            ps.empty = torch.empty(0, dtype=ps.param.dtype, device=where)  # (model.device says where)
             ps.param.data = ps.empty
             ps.param.__class__ = _ZoeParameter
             ps.param._zoe_unit = self.units[u]

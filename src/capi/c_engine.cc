@@ -158,6 +158,11 @@ Status CEngine::load_safetensors(const std::string& path) {
   return init_params_from_file(*engine_, path, "", "zoe_load_safetensors");
 }
 
+Result<DLDevice> CEngine::device() const {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_device"));
+  return dl_device();
+}
+
 DLDevice CEngine::dl_device() const {
   if (!backend_.device) return {kDLCPU, 0};
   const Device::Place p = backend_.device->place();

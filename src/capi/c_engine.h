@@ -45,6 +45,7 @@ class CEngine {
   Status set_param(const std::string& name, const DLTensor* value);
   Status load_safetensors(const std::string& path);
   Result<DLManagedTensor*> fetch(int u);
+  Result<DLDevice> device() const;
   Status release(int u);
   Status wait_stream(void* stream);
   // The caller's stream (nullptr: CUDA's default stream) that reads what fetch() returns and

@@ -162,6 +162,15 @@ zoe_status zoe_wait_stream(zoe_engine* e, void* stream) {
   return call(e, "zoe_wait_stream", [&](zoe::capi::CEngine& c) { return c.wait_stream(stream); });
 }
 
+zoe_status zoe_device(zoe_engine* e, DLDevice* out) {
+  if (!out) return null_arg("zoe_device", "out");
+  return call(e, "zoe_device", [&](zoe::capi::CEngine& c) {
+    auto r = c.device();
+    if (r.ok()) *out = r.value();
+    return r.status();
+  });
+}
+
 zoe_status zoe_set_stream(zoe_engine* e, void* stream) {
   return call(e, "zoe_set_stream", [&](zoe::capi::CEngine& c) { return c.set_stream(stream); });
 }

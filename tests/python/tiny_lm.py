@@ -25,9 +25,12 @@ class TinyLM(nn.Module):
         self.ln_f = nn.LayerNorm(c)
         self.lm_head = nn.Linear(c, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        # A buffer the forward reads (as a causal mask or rotary frequencies are): zoe.torch.wrap
+        # places it on zoe's device with the weights.
+        self.register_buffer("positions", torch.arange(t), persistent=False)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        x = self.wte(idx) + self.wpe(self.positions[:idx.shape[1]])
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x))

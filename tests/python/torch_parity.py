@@ -6,9 +6,10 @@ Every rank trains the wrapped model on its own batches; beside it, a plain PyTor
 every rank's batches together (the mean of the rank losses, which is what zoe's averaged gradient
 is). Each step's loss on this rank's batch must agree to 1e-5 relative. The wrapped model holds
 no parameter memory of its own between steps, and zoe's ledger holds the parameters: all of them
-at stage 0, a 1/N share at stage 3 (on NVMe with --nvme). With --device cuda both models, the data
-and zoe's device are on the GPU (one per rank; tools/gpu-followup.sh runs it on a lent GPU): torch
-reads zoe's GPU buffers through DLPack and zoe's streams wait for torch's."""
+at stage 0, a 1/N share at stage 3 (on NVMe with --nvme). With --device cuda the reference, the data
+and zoe's device are on the GPU (one per rank; tools/gpu-followup.sh runs it on a lent GPU), and the
+wrapped model is made on the CPU, as a Trainer leaves it, for wrap to place (its buffer too): torch
+reads zoe's GPU buffers through DLPack, and torch's stream and zoe's wait for each other by events."""
 import argparse
 import copy
 import os
@@ -60,7 +61,7 @@ def main():
     if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         torch.manual_seed(12345)  # other ranks build different initial values: rank 0's count
     make = TinyLM if a.model == "tiny" else HfGpt2
-    model = make().to(a.device)
+    model = make()  # on the CPU: wrap places it on zoe's device (the Trainer leaves placement to zoe)
     torch.manual_seed(0)
     ref = make().to(a.device)  # rank 0's initial values, on every rank
 
