@@ -558,7 +558,8 @@ class _Wrapper:
             g = ps.param.grad
             if g is None:
                 continue
-            self._after_torch(g)
+            if not handed:  # one wait covers the unit: torch queued all its gradients before this
+                self._after_torch(g)
             self.engine.grad_param(ps.name, _dlpack.to_dlpack(g))
             ps.param.grad = None
             handed = True

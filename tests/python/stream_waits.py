@@ -3,9 +3,10 @@ reads a gradient (hand-over): torch's kernels may still be queued; and torch's s
 zoe's caller stream (zoe_set_stream) when zoe hands it weights (fetch) or reads its gradient, so
 that torch's later kernels wait for zoe's work by an event, not the host. Here a stand-in plays
 torch's stream (zoe.torch._torch_stream, _on_gpu) and a recorder sits between the adapter and the
-engine: every release and every gradient hand-over must come right after a wait on torch's stream
-and torch's stream set as the caller's, every fetch after the first (which finds the GPU) right
-after the stream is set, and the training result must be unchanged. zoe_wait_stream and
+engine: every release and every unit's gradient hand-over (its first zoe_grad_param; the unit's
+others follow at once) must come right after a wait on torch's stream and torch's stream set as
+the caller's, every fetch after the first (which finds the GPU) right after the stream is set,
+and the training result must be unchanged. zoe_wait_stream and
 zoe_set_stream themselves run on the CPU device (nothing to wait for there) and refuse an engine
 that is not started."""
 import sys
@@ -70,6 +71,8 @@ def check(log):
             continue
         releases += name == "release"
         grads += name == "grad_param"
+        if name == "grad_param" and i > 0 and log[i - 1][0] == "grad_param":
+            continue  # the same unit's hand-over: one wait before its first gradient covers them all
         if i < 2 or [c[0] for c in log[i - 2:i]] != ["wait_stream", "set_stream"]:
             bad.append(f"call {i}: {name}({arg}) without a wait on torch's stream and setting it right before it")
     return bad, releases, grads, fetches
