@@ -269,7 +269,7 @@ class _Wrapper:
         self.saved_views = 0  # saved tensors that autograd kept as descriptors of a unit's buffer
         self.on_demand_fetches = 0
         self.fetch_trace = None  # zoe.torch.describe's callback(unit, in backward) at each fetch
-        self.gpu = None  # zoe's GPU as a torch device, once a fetch returned its memory
+        self.gpu = None  # zoe's GPU as a torch device (from zoe_device, or the first fetch's memory)
         _refuse_wrapped_parameters(module)
         # Parameters left out (frozen), by id, held so that no later tensor takes their id.
         self.frozen = {id(p): p for p in module.parameters() if not p.requires_grad}
@@ -295,6 +295,8 @@ class _Wrapper:
                                  f"{where} (zoe.device): the forward would meet zoe's weights on another device; "
                                  "set zoe.device to match, or leave the model on the CPU for zoe to place")
         _place_buffers(module, where)
+        if where.type == "cuda":
+            self.gpu = where  # every fetch, the first too, ordered for torch's stream by an event
         for ps in owned.values():
             u, ps.offset, ps.numel = engine.param_info(ps.name)
             while len(self.units) <= u:
@@ -343,7 +345,7 @@ class _Wrapper:
                 self.engine.set_stream(_torch_stream(self.gpu))
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
             if self.gpu is None and _on_gpu(unit.flat):
-                self.gpu = unit.flat.device  # (this first fetch waited on the host)
+                self.gpu = unit.flat.device
             _live[_storage_ptr(unit.flat)] = unit
             for ps in unit.params:
                 ps.param.data = unit.flat[ps.offset:ps.offset + ps.numel].view(ps.shape)
