@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """zoe.torch.wrap's training step against plain PyTorch's, same model, data and device, as a
-Trainer / Accelerate / Lightning user runs it: a GPT-2-shaped model in plain PyTorch (SDPA
-attention, a head tied to the token embedding), AdamW, bf16 autocast on a GPU. Rows, each in
-its own turn in one process:
+Trainer / Accelerate / Lightning user runs it: bench/torch_gpt2_step.py's GPT-2 in plain PyTorch
+(SDPA attention, a head tied to the token embedding), AdamW, bf16 autocast on a GPU. Rows, each
+in its own turn in one process:
   torch       plain PyTorch: the model resident, torch.optim.AdamW (fused on a GPU)
   zoe         zoe.torch.wrap at --stage (0: resident too): torch's stream set as zoe's caller
               stream (zoe_set_stream), so fetches and gradient hand-overs are ordered by events
   zoe-waits   the same, the stream never set: each fetch and hand-over waits on the host (what
               zoe_set_stream removed; the figure says what it is worth)
 Prints tokens/s per row and each zoe row against torch's; --json writes them. On the CPU it is a
-smoke run (tests/CMakeLists.txt: bench_torch_wrap_smoke); on a GPU tools/gpu-followup.sh runs it.
+smoke run (ctest python_bench_torch_wrap_smoke); on a GPU tools/gpu-followup.sh runs it.
 
   bench/torch_wrap_step.py [--device cuda] [--layers 12 --embd 768 --heads 12 --seq 1024
                            --batch 8 --vocab 50304] [--stage 0] [--steps 6] [--json OUT]
@@ -21,8 +21,8 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+from torch_gpt2_step import Gpt2
 
 try:  # PYTHONPATH's (build-gpu/python on a lease), else this checkout's build
     import zoe
@@ -34,47 +34,10 @@ import zoe.torch  # noqa: E402
 LR, WD = 3e-4, 0.1
 
 
-def attention(q, k, v):
-    if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0 (a flash kernel on a GPU)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    T = q.shape[-2]  # torch 1.13 (Debian's, the CPU smoke run's)
-    s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
-    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return s.softmax(-1) @ v
-
-
-class Block(nn.Module):
-    def __init__(self, c, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
-        self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-                   for t in self.c_attn(self.ln_1(x)).split(C, dim=2))
-        y = attention(q, k, v).transpose(1, 2).reshape(B, T, C)
-        x = x + self.attn_proj(y)
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class Gpt(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(a.vocab, a.embd), nn.Embedding(a.seq, a.embd)
-        self.blocks = nn.ModuleList([Block(a.embd, a.heads) for _ in range(a.layers)])
-        self.ln_f = nn.LayerNorm(a.embd)
-        nn.init.normal_(self.wte.weight, std=0.02)  # GPT-2's
-        nn.init.normal_(self.wpe.weight, std=0.01)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for b in self.blocks:
-            x = b(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # tied: a read zoe fetches on demand
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+def model_of(a):
+    """The GPT-2 that `zoe bench step`'s PyTorch side trains (bench/torch_gpt2_step.py), this shape."""
+    return Gpt2(argparse.Namespace(n_embd=a.embd, vocab_size=a.vocab, n_positions=a.seq, n_head=a.heads,
+                                   n_layer=a.layers))
 
 
 class HostWaits:
@@ -90,7 +53,7 @@ class HostWaits:
 def batches(a, n):
     """One random batch, n times: a loss that falls within a few steps (random tokens never fall)."""
     idx = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=torch.Generator().manual_seed(7))
-    return [(idx[:, :-1].to(a.device), idx[:, 1:].to(a.device))] * n
+    return [(idx[:, :-1].contiguous().to(a.device), idx[:, 1:].contiguous().to(a.device))] * n
 
 
 def sync(a):
@@ -116,7 +79,7 @@ def autocast(a):
 
 def run_torch(a, data):
     torch.manual_seed(0)
-    model = Gpt(a).to(a.device)
+    model = model_of(a).to(a.device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": rest, "weight_decay": 0.0}], lr=LR,
@@ -134,7 +97,7 @@ def run_torch(a, data):
 
 def run_zoe(a, data, host_waits):
     torch.manual_seed(0)
-    model = Gpt(a).to(a.device)
+    model = model_of(a).to(a.device)
     cfg = {"train_micro_batch_size_per_gpu": a.batch, "zero_optimization": {"stage": a.stage},
            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
            "zoe": {"device": "cuda" if a.device == "cuda" else "cpu"}}
