@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -24,12 +25,44 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+namespace {
+
+// The directories make_temp_dir made, each with its maker's pid: a death test's forked child
+// inherits the list and must remove none of its parent's. Never destroyed: read at exit.
+struct MadeDirs {
+  std::mutex mu;
+  std::vector<std::pair<pid_t, std::string>> dirs;
+};
+MadeDirs& made_dirs() {
+  static auto* m = new MadeDirs;
+  return *m;
+}
+
+void remove_made_dirs() {
+  const char* keep = std::getenv("ZOE_KEEP_TEST_DIRS");
+  if (keep && std::string(keep) == "1") return;
+  MadeDirs& m = made_dirs();
+  std::lock_guard l(m.mu);
+  for (const auto& [pid, dir] : m.dirs) {
+    std::error_code ec;
+    if (pid == ::getpid()) std::filesystem::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
+
 std::string make_temp_dir(const std::string& tag) {
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(remove_made_dirs); });
   std::string tmpl = (std::filesystem::temp_directory_path() / ("zoe-" + tag + "-XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   char* p = mkdtemp(buf.data());
-  return p ? std::string(p) : std::string();
+  if (!p) return std::string();
+  MadeDirs& m = made_dirs();
+  std::lock_guard l(m.mu);
+  m.dirs.emplace_back(::getpid(), p);
+  return p;
 }
 
 std::string slurp(const std::string& path) {

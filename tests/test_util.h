@@ -24,7 +24,9 @@ inline const std::string kMpirun =
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader mpirun --oversubscribe ";
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
-// A fresh empty directory under the system temp dir, unique per call.
+// A fresh empty directory under the system temp dir ($TMPDIR), unique per call, removed with
+// what it holds when the process that made it exits (ZOE_KEEP_TEST_DIRS=1 keeps it, to look at
+// a failure's files): a suite leaves nothing behind.
 std::string make_temp_dir(const std::string& tag);
 // A whole file's bytes ("" when it cannot be read).
 std::string slurp(const std::string& path);

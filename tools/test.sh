@@ -24,10 +24,29 @@ tools/build.sh
 # starts the long tests first (~50 s less on 2 cores); ctest keeps its own data after a run.
 tools/seed-ctest-costs.sh build tests/ctest_costs/release.txt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The tests' temporary files go to a directory of this run's, one folder a pass, removed at the
+# end: what a killed or mutated test leaves never outlives the run, and what a pass's tests left
+# behind fails the suite, named (a test removes what it makes: tests/test_util.h's make_temp_dir).
+run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/zoe-suite.XXXXXX")
+trap 'rm -rf "$run_tmp"' EXIT
+leftovers_rc=0
+# pass_tmp NAME: a fresh $TMPDIR for one pass's tests.
+pass_tmp() { export TMPDIR=$run_tmp/$1 && mkdir -p "$TMPDIR"; }
+# check_left NAME: what the pass's tests left in its $TMPDIR (OpenMPI's session folder aside).
+check_left() {
+  local left
+  left=$(find "$run_tmp/$1" -mindepth 1 -maxdepth 1 ! -name 'ompi.*' -printf '%f\n' | sort)
+  [[ -z $left ]] && return 0
+  echo "test.sh: the $1 pass's tests left $(wc -l <<<"$left") entries in \$TMPDIR (each test removes what it makes):"
+  head -20 <<<"$left"
+  leftovers_rc=1
+}
+pass_tmp release
 # Old coverage counts go: the report below is this run's.
 find build/CMakeFiles/zoe_gpu_emu.dir -name '*.gcda' -delete 2>/dev/null || true
 (cd build && ctest --output-on-failure -j 2 --timeout 900 "$@")
 echo "test.sh: Release build + tests took $((SECONDS - start)) s"
+check_left release
 # src/gpu's line coverage under the emu-labelled tests that ctest just ran (src/gpu on the CPU
 # emulation of CUDA, tools/cuda_emu; built wherever nvcc is, as here and in CI).
 mutations=0 coverage_rc=0
@@ -35,11 +54,13 @@ if [ $# -eq 0 ] && [ -d build/CMakeFiles/zoe_gpu_emu.dir ]; then
   # The kernels' tests under the other schedules of the emulation (threads and interleaved blocks),
   # with another seed (the suite above ran the random one, seed 12345; the engine's tests do not
   # depend on the schedule).
+  pass_tmp schedules
   for schedule in ascending alternating chaos; do
     echo "test.sh: the emulated kernels' tests under CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2"
     (cd build && CUDA_EMU_SCHEDULE=$schedule CUDA_EMU_SEED=2 ctest -j 2 --timeout 900 --output-on-failure \
       -R '^emu\.(CudaModelOpsTest|AdamCuda|CudaDevice|GpuFaults\.AFailed)')
   done
+  check_left schedules
   # (held to 95 %, issue 43's floor: a shortfall fails the suite after the passes below)
   echo "test.sh: line coverage of src/gpu under tools/cuda_emu:"
   tools/cuda_emu/coverage.sh build --min 95 || coverage_rc=$?
@@ -56,13 +77,16 @@ if [ $sanitize = 1 ]; then
 fi
 if [ $mutations = 1 ]; then
   # Each mutation must be caught by a test under the emulation (exit 1 if one is missed).
-  mutation_log=$(mktemp)
-  tools/cuda_emu/mutations.sh >"$mutation_log" 2>&1 &
+  mutation_log=$run_tmp/mutations.log
+  mkdir -p "$run_tmp/mutations"  # a mutated test may leave its files: not checked
+  TMPDIR=$run_tmp/mutations tools/cuda_emu/mutations.sh >"$mutation_log" 2>&1 &
   mutation_pid=$!
 fi
 rc=0
 if [ $sanitize = 1 ]; then
+  pass_tmp sanitizers
   { tools/test-sanitize.sh --tests-only "$@" && tools/test-tsan.sh --tests-only; } || rc=$?
+  [ $rc -ne 0 ] || check_left sanitizers
 fi
 if [ $mutations = 1 ]; then
   mutation_rc=0
@@ -73,5 +97,6 @@ if [ $mutations = 1 ]; then
   [ $mutation_rc -eq 0 ] || rc=$mutation_rc
 fi
 [ $coverage_rc -eq 0 ] || rc=$coverage_rc
+[ $leftovers_rc -eq 0 ] || rc=$leftovers_rc
 echo "test.sh: all passes took $((SECONDS - start)) s"
 exit $rc

@@ -7,7 +7,7 @@
 set -euo pipefail
 build=$1 mpiexec=$2
 src=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d /tmp/zoe_capi.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/zoe_capi.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null

@@ -191,9 +191,9 @@ def main():
     import zoe.integrations.lightning  # noqa: F401  (sets RANK, WORLD_SIZE, ... and registers zoe_stage_*)
     from safetensors.torch import load_file
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    work = tempfile.mkdtemp(prefix="zoe_pl_")
-    t, m = zoe_fit(a, work, world, a.accum, ckpt_every=5 if a.resume else None)
-    work = t.strategy.broadcast(work)
+    own = tempfile.mkdtemp(prefix="zoe_pl_")  # each rank's trainer root; rank 0's is the shared one
+    t, m = zoe_fit(a, own, world, a.accum, ckpt_every=5 if a.resume else None)
+    work = t.strategy.broadcast(own)
     ref = framework_common.shared_reference(__file__, ["--world", str(world), "--accum", str(a.accum)] +
                                             (["--bf16"] if a.bf16 else []), work)
     tol = 2e-2 if a.bf16 else 1e-5
@@ -224,8 +224,7 @@ def main():
         resume_checks(a, rank, world, work, m)
         validate_then_fit_is_refused(a, rank, world, work)
     t.strategy.close_engine()
-    if rank == 0:
-        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(own, ignore_errors=True)
     return framework_common.report(
         failures, f"ZoeStrategy ({a.strategy}) vs Lightning's own, {world} ranks, accumulation {a.accum}"
         f"{', bf16' if a.bf16 else ''}, worst per-step loss {worst:.1e}, grad norm {norm_gap:.1e}, weights {gap:.1e}"

@@ -11,7 +11,10 @@ if [[ ${1:-} != --min ]]; then build=$(cd "${1:-$root/build}" && pwd); shift $((
 if [[ ${1:-} == --min ]]; then min=${2:?--min needs a percentage}; fi
 dir=$build/CMakeFiles/zoe_gpu_emu.dir
 [[ -d $dir ]] || { echo "coverage.sh: no $dir (a build with ZOE_CUDA_EMU)" >&2; exit 1; }
-cd "$(mktemp -d)"
+# gcov -n writes no files; the directory is for anything it would.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
 for o in "$dir"/cuda_emu_src/*.o "$dir"/src/gpu/*.o; do
   [[ -f ${o%.o}.gcda ]] || continue
   src=$build/cuda_emu_src/$(basename "$o" .o)

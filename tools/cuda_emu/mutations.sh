@@ -18,6 +18,7 @@ current=""
 restore() { [[ -n $current ]] && cp "$backup" "$root/$current"; current=""; }
 finish() {
   restore
+  rm -f "$backup"
   echo "mutations.sh: rebuilding the unmutated targets"
   cmake --build "$build" >/dev/null
 }
