@@ -290,10 +290,12 @@ class _Wrapper:
         engine.start()
         where = _engine_device(engine)
         for ps in owned.values():
-            if ps.param.device.type not in ("cpu", where.type):
+            if ps.param.device.type != "cpu" and ps.param.device != where:  # another GPU's too
+                fix = ("zoe takes its rank's local GPU (OMPI_COMM_WORLD_LOCAL_RANK modulo the GPUs visible): "
+                       "place the model there" if ps.param.device.type == where.type else "set zoe.device to match")
                 raise ValueError(f"zoe.torch.wrap: parameter {ps.name} is on {ps.param.device} but zoe's memory is on "
                                  f"{where} (zoe.device): the forward would meet zoe's weights on another device; "
-                                 "set zoe.device to match, or leave the model on the CPU for zoe to place")
+                                 f"{fix}, or leave the model on the CPU for zoe to place")
         _place_buffers(module, where)
         if where.type == "cuda":
             self.gpu = where  # every fetch, the first too, ordered for torch's stream by an event
