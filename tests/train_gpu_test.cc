@@ -289,6 +289,21 @@ Outcome one_step(const std::string& env, const std::string& extra = "") {
 
 bool has(const std::string& out, const std::string& regex) { return std::regex_search(out, std::regex(regex)); }
 
+// run(i) for i = 0..count-1 on `workers` threads (each run a zoe process or job of its own);
+// the outcomes in i's order.
+template <class Run>
+std::vector<Outcome> run_all(int count, int workers, Run run) {
+  std::vector<Outcome> out(count);
+  std::atomic<int> next{0};
+  std::vector<std::future<void>> done;
+  for (int w = 0; w < workers; ++w)
+    done.push_back(std::async(std::launch::async, [&] {
+      for (int i; (i = next++) < count;) out[i] = run(i);
+    }));
+  for (auto& f : done) f.get();
+  return out;
+}
+
 // How many calls of `kind` a run with CUDA_EMU_COUNT=1 made (0 when it did not say).
 int calls_of(const Outcome& o, const std::string& kind) {
   std::smatch m;
@@ -395,8 +410,8 @@ TEST(TrainGpu, NcclsOwnReduceScatterTrainsAsTheRankOrderSum) {
 // ends the job within seconds with rank 1's line, never a hang (the others may be waiting inside
 // a collective for it: the job is aborted, as a rank failing alone is).
 TEST(GpuFaults, AnNcclCallFailedOnOneRankEndsTheJob) {
-  const std::string dir = make_temp_dir("gpu-fault-nccl");
   auto run = [&](const std::string& rank1_env) {
+    const std::string dir = make_temp_dir("gpu-fault-nccl");
     Outcome o;
     o.rc = run_command("cd " + dir + " && timeout -s KILL 120 env " + kMpirun + "-q -np 2 sh -c '" +
                            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then export " + rank1_env + "; fi; exec " + kZoe +
@@ -406,18 +421,20 @@ TEST(GpuFaults, AnNcclCallFailedOnOneRankEndsTheJob) {
   };
   const Outcome ref = run("CUDA_EMU_COUNT=1");
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  int tried = 0;
-  for (const char* kind : {"ncclCommInitRank", "ncclAllGather", "ncclGroupEnd"}) {
-    for (int n = 1; n <= calls_of(ref, kind); n++) {
-      const std::string what = std::string(kind) + ":" + std::to_string(n);
-      const Outcome o = run("CUDA_EMU_FAIL=" + what);
-      EXPECT_TRUE(has(o.out, "cuda_emu: injected a failure")) << what << ": not reached\n" << o.out;
-      EXPECT_EQ(o.rc, 1) << what << " (137: a hang)\n" << o.out;
-      EXPECT_TRUE(has(o.out, "zoe: rank 1: .*" + std::string(kind))) << what << "\n" << o.out;
-      tried++;
-    }
+  std::vector<std::pair<std::string, std::string>> cases;  // (kind, kind:n)
+  for (const char* kind : {"ncclCommInitRank", "ncclAllGather", "ncclGroupEnd"})
+    for (int n = 1; n <= calls_of(ref, kind); n++) cases.emplace_back(kind, std::string(kind) + ":" + std::to_string(n));
+  EXPECT_GE(cases.size(), 5u) << "a step at two ranks makes fewer NCCL calls than expected";
+  // Three jobs at a time: each is mostly rank 0's wait (3 s) for the failed rank at the barrier.
+  const std::vector<Outcome> got =
+      run_all(static_cast<int>(cases.size()), 3, [&](int i) { return run("CUDA_EMU_FAIL=" + cases[i].second); });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [kind, what] = cases[i];
+    const Outcome& o = got[i];
+    EXPECT_TRUE(has(o.out, "cuda_emu: injected a failure")) << what << ": not reached\n" << o.out;
+    EXPECT_EQ(o.rc, 1) << what << " (137: a hang)\n" << o.out;
+    EXPECT_TRUE(has(o.out, "zoe: rank 1: .*" + kind)) << what << "\n" << o.out;
   }
-  EXPECT_GE(tried, 5) << "a step at two ranks makes fewer NCCL calls than expected";
 }
 
 // Every call of one step that the emulation can fail (each n up to the step's count, two runs at
@@ -427,21 +444,11 @@ TEST(GpuFaults, EveryCallOfAStepFailedInTurnEndsCleanly) {
   ASSERT_EQ(ref.rc, 0) << ref.out;
   const int total = calls_of(ref, "any");
   EXPECT_GT(total, 200) << "a step makes fewer calls than the sweep expects";
-  std::atomic<int> next{1};
-  auto worker = [&] {
-    std::vector<std::pair<int, Outcome>> done;
-    for (int n; (n = next++) <= total;) done.emplace_back(n, one_step("CUDA_EMU_FAIL=any:" + std::to_string(n)));
-    return done;
-  };
-  auto a = std::async(std::launch::async, worker), b = std::async(std::launch::async, worker);
-  int runs = 0;
-  for (auto* f : {&a, &b})
-    for (const auto& [n, o] : f->get()) {
-      expect_clean(o, ref.loss, "call " + std::to_string(n) + " of " + std::to_string(total));
-      runs++;
-    }
-  EXPECT_EQ(runs, total);
-  std::printf("fault sweep: %d calls failed in turn, each ended cleanly or was reported above\n", runs);
+  const std::vector<Outcome> got =
+      run_all(total, 2, [&](int i) { return one_step("CUDA_EMU_FAIL=any:" + std::to_string(i + 1)); });
+  for (int i = 0; i < total; ++i)
+    expect_clean(got[i], ref.loss, "call " + std::to_string(i + 1) + " of " + std::to_string(total));
+  std::printf("fault sweep: %d calls failed in turn, each ended cleanly or was reported above\n", total);
 }
 #endif
 
