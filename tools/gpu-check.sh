@@ -573,6 +573,27 @@ json_str() {  # a JSON string literal
   printf '"%s"' "$s"
 }
 
+# python3's version and headers, and the versions of torch and the frameworks zoe integrates
+# with (package metadata, nothing imported): what a later session needs to carry wheels for.
+python_info() {
+  command -v python3 >/dev/null || { echo "no python3"; return 0; }
+  timeout 20 python3 - <<'PY' 2>/dev/null || echo "$(python3 -V 2>&1) (no more could be asked)"
+import os, sys, sysconfig
+from importlib import metadata
+def version(*names):
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return "none"
+headers = os.path.exists(os.path.join(sysconfig.get_paths().get("include", ""), "Python.h"))
+print(f"{sys.version.split()[0]} ({sys.executable}, headers {'yes' if headers else 'no'}); torch {version('torch')}, "
+      f"transformers {version('transformers')}, accelerate {version('accelerate')}, "
+      f"lightning {version('lightning', 'pytorch-lightning')}, deepspeed {version('deepspeed')}, numpy {version('numpy')}")
+PY
+}
+
 gpu_info() {  # name, driver, memory of each GPU; empty without nvidia-smi or a GPU
   command -v nvidia-smi >/dev/null || return 0
   timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -600,7 +621,8 @@ all_passed() {
   for s in "${STEP_STATUS[@]}"; do [[ $s == passed ]] || return 1; done
 }
 
-# GPUS (gpu_info's lines) and SRC (source_info's words) are read once, by check().
+# GPUS (gpu_info's lines), SRC (source_info's words) and PYINFO (python_info's) are read once, by
+# check().
 write_json() {
   local out=$1 mode=$2 commit dirty origin i name driver mem sep=""
   read -r commit dirty origin <<<"$SRC"
@@ -609,7 +631,8 @@ write_json() {
       "$(all_passed && echo true || echo false)" $((SECONDS - T0))
     printf '  "git_commit": %s,\n  "git_dirty": %s,\n  "git_commit_from": %s,\n' \
       "$(json_str "$commit")" "$dirty" "$(json_str "$origin")"
-    printf '  "host": %s,\n  "gpus": [' "$(json_str "$(hostname 2>/dev/null || echo unknown)")"
+    printf '  "host": %s,\n  "python": %s,\n  "gpus": [' "$(json_str "$(hostname 2>/dev/null || echo unknown)")" \
+      "$(json_str "${PYINFO:-}")"
     while IFS=, read -r name driver mem; do
       [[ -n $name ]] || continue
       printf '%s\n    {"name": %s, "driver": %s, "memory": %s}' "$sep" "$(json_str "$(trim "$name")")" \
@@ -639,6 +662,7 @@ write_summary() {
     echo
     echo "- commit: \`$commit\`$([[ $dirty == true ]] && echo ' (with uncommitted changes)') (from $origin)"
     echo "- GPU (name, driver, memory): ${gpus:-none seen (no nvidia-smi, or it found no GPU)}"
+    echo "- python: ${PYINFO:-not asked}"
     echo "- cuDNN: ${ZOE_CUDNN_LIB:-none found (the bf16 attention ran on the kernels of zoe)}$(cudnn_configured ||
       echo ' (not in the build)')${ATTENTION_NOTE:+; $ATTENTION_NOTE}"
     echo "- result: $(all_passed && echo 'every step passed' || echo 'NOT every step passed'), $((SECONDS - T0)) s in all"
@@ -703,6 +727,7 @@ check() {
   GPUS=$(gpu_info)
   SRC=$(source_info)
   add_python_bin
+  PYINFO=$(python_info)
   deps_env "$DEPS_ROOT"
   nccl_env >>"$LOG" 2>&1
   cudnn_env >>"$LOG" 2>&1
