@@ -2,9 +2,15 @@
 // equivalence across stages. (N = 1 is covered by zero_test.cc.)
 #include <gtest/gtest.h>
 
+#include <time.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -390,6 +396,47 @@ TEST(ZeroMpi, StepsOutOfTheRecordedOrderStillGiveTheRightWeights) {
 
 TEST(ZeroMpi, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
   EXPECT_EQ(check_quarter_budget(*g_comm), "");
+}
+
+// ZOE_MPI_WAIT (src/comm/mpi_comm.cc): the default waits for a slower peer without holding a
+// core (sleeping between tests); `spin` is MPI's own wait and moves the same bytes; anything else
+// is refused naming the variable.
+TEST(ZeroMpi, ARankWaitingForASlowerPeerLeavesItsCoreFree) {
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+  };
+  ASSERT_TRUE(g_comm->barrier().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = cpu_seconds();
+  if (g_comm->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ASSERT_TRUE(g_comm->barrier().ok());
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = cpu_seconds() - cpu0;
+  if (g_comm->rank() != 0) {
+    EXPECT_GE(wall, 0.3);
+    EXPECT_LT(cpu, 0.25 * wall) << "rank " << g_comm->rank() << " used " << cpu << " s of CPU waiting " << wall
+                                << " s for rank 0";
+  }
+  ASSERT_EQ(setenv("ZOE_MPI_WAIT", "spin", 1), 0);
+  auto spin = make_mpi_comm();
+  ASSERT_EQ(setenv("ZOE_MPI_WAIT", "busy", 1), 0);
+  auto bad = make_mpi_comm();
+  ASSERT_EQ(unsetenv("ZOE_MPI_WAIT"), 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ZOE_MPI_WAIT=busy"), std::string::npos) << bad.status().message();
+  ASSERT_TRUE(spin.ok()) << spin.status().message();
+  const int N = g_comm->size(), r = g_comm->rank();
+  std::vector<float> send(N * 5), poll_out(5), spin_out(5), poll_all(N * 5), spin_all(N * 5);
+  for (int i = 0; i < N * 5; ++i) send[i] = 0.25f * (r + 1) * i;
+  ASSERT_TRUE(g_comm->reduce_scatter(send.data(), poll_out.data(), 5, DType::kF32).ok());
+  ASSERT_TRUE((*spin)->reduce_scatter(send.data(), spin_out.data(), 5, DType::kF32).ok());
+  ASSERT_TRUE(g_comm->all_gather(send.data(), poll_all.data(), 5 * sizeof(float)).ok());
+  ASSERT_TRUE((*spin)->all_gather(send.data(), spin_all.data(), 5 * sizeof(float)).ok());
+  ASSERT_TRUE((*spin)->barrier().ok());
+  EXPECT_EQ(poll_out, spin_out);
+  EXPECT_EQ(poll_all, spin_all);
 }
 
 TEST(ZeroMpi, LossFallsInEveryPrecision) {
