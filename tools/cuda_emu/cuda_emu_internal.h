@@ -65,10 +65,14 @@ Where where(const void* p);
 Range block_of(const void* p, bool write);
 // "a cudaMalloc of N bytes (byte K)" and the like, for messages.
 std::string describe(const void* p);
-// Opens (PROT_READ|WRITE) the cudaMalloc allocations `uses` touch (all of them with kAllMemory)
-// around an operation, and closes them (PROT_NONE) after it.
-std::vector<char*> open_device_memory(const std::vector<Range>& uses);
-void close_device_memory(const std::vector<char*>& opened, bool all);
+// Opens (PROT_READ|WRITE) the pages of cudaMalloc allocations that `uses` touch (every allocation
+// with kAllMemory) around an operation, and closes them (PROT_NONE) after it.
+struct OpenedSpan {
+  char* p;
+  size_t bytes;
+};
+std::vector<OpenedSpan> open_device_memory(const std::vector<Range>& uses);
+void close_device_memory(const std::vector<OpenedSpan>& opened, bool all);
 
 // x rounded to bf16, to nearest with ties to even (NaN quieted), as a GPU rounds it: a bf16 D of
 // cuBLASLt, a bf16 partial sum of NCCL (cuda_emu_cublaslt.cc).

@@ -14,11 +14,14 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 struct ncclComm {
@@ -63,11 +66,33 @@ void check_mpi(int rc, const char* call) {
   emu::die(std::string("emulated NCCL: ") + call + " failed: " + std::string(msg, n));
 }
 
+// Waits for the requests as a GPU waits for its peers, without holding a core: MPI's own wait
+// spins, and a stream worker spinning for a slower rank took the core that rank's emulated
+// kernels needed (2 ranks on 2 cores). Sleeps of 20 us growing to 200 us between tests.
+void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* statuses, const char* call) {
+  std::chrono::microseconds nap(20);
+  for (;;) {
+    int flag = 0;
+    check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, statuses), call);
+    if (flag) return;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+// MPI_Allgather of `bytes` from each rank, waited for as above.
+void all_gather(ncclComm* c, const void* mine, void* all, size_t bytes) {
+  std::vector<MPI_Request> req(1);
+  const int n = static_cast<int>(bytes);
+  check_mpi(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, c->mpi, req.data()), "MPI_Iallgather");
+  wait_all(req, MPI_STATUSES_IGNORE, "MPI_Iallgather");
+}
+
 // Every rank's n-th call on comm must be the same call (see the top of this file).
 void agree(ncclComm* c, const Signature& mine) {
   if (c->size == 1) return;
   std::vector<Signature> all(c->size);
-  check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, c->mpi), "MPI_Allgather");
+  all_gather(c, &mine, all.data(), sizeof mine);
   for (int r = 0; r < c->size; r++)
     if (std::strcmp(all[r].what, mine.what) != 0 || all[r].bytes != mine.bytes)
       emu::die("NCCL call order differs between ranks: call " + std::to_string(mine.seq) + " on the communicator is " +
@@ -108,10 +133,12 @@ thread_local std::vector<P2p> t_group;
 void run_group(const std::vector<P2p>& ops) {
   ncclComm* c = ops.front().comm;
   std::vector<std::vector<char>> staged(ops.size());
+  std::vector<emu::Range> sent, received;  // what the copies in and out touch (exclusive() opens it)
+  for (const P2p& o : ops) (o.send ? sent : received).push_back({o.buf, o.bytes, !o.send});
   emu::exclusive([&] {
     for (size_t i = 0; i < ops.size(); i++)
       if (ops[i].send) staged[i].assign(ops[i].buf, ops[i].buf + ops[i].bytes);
-  });
+  }, &sent);
   std::vector<MPI_Request> reqs(ops.size());
   for (size_t i = 0; i < ops.size(); i++) {
     const P2p& o = ops[i];
@@ -122,7 +149,7 @@ void run_group(const std::vector<P2p>& ops) {
               o.send ? "MPI_Isend" : "MPI_Irecv");
   }
   std::vector<MPI_Status> st(ops.size());
-  check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), st.data()), "MPI_Waitall");
+  wait_all(reqs, st.data(), "MPI_Testall");
   for (size_t i = 0; i < ops.size(); i++) {
     int got = 0;
     MPI_Get_count(&st[i], MPI_BYTE, &got);
@@ -133,7 +160,7 @@ void run_group(const std::vector<P2p>& ops) {
   emu::exclusive([&] {
     for (size_t i = 0; i < ops.size(); i++)
       if (!ops[i].send) std::memcpy(ops[i].buf, staged[i].data(), ops[i].bytes);
-  });
+  }, &received);
 }
 
 }  // namespace
@@ -207,14 +234,13 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   if (!in_place) uses.push_back({in, bytes, false});
   queue_call(c, stream, "ncclAllGather", bytes, std::move(uses), [=] {
     std::vector<char> mine(bytes), all(bytes * c->size);
-    emu::exclusive([&] { std::memcpy(mine.data(), in, bytes); });
+    const std::vector<emu::Range> read = {{in, bytes, false}}, written = {{out, all.size(), true}};
+    emu::exclusive([&] { std::memcpy(mine.data(), in, bytes); }, &read);
     if (c->size > 1)
-      check_mpi(MPI_Allgather(mine.data(), static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes),
-                              MPI_BYTE, c->mpi),
-                "MPI_Allgather");
+      all_gather(c, mine.data(), all.data(), bytes);
     else
       all = mine;
-    emu::exclusive([&] { std::memcpy(out, all.data(), all.size()); });
+    emu::exclusive([&] { std::memcpy(out, all.data(), all.size()); }, &written);
   });
   return ncclSuccess;
 }
@@ -235,11 +261,10 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   std::vector<emu::Range> uses = {{in, bytes * c->size, false}, {out, bytes, true}};
   queue_call(c, stream, "ncclReduceScatter", bytes, std::move(uses), [=] {
     std::vector<char> mine(bytes * c->size), all(bytes * c->size * c->size);
-    emu::exclusive([&] { std::memcpy(mine.data(), in, mine.size()); });
+    const std::vector<emu::Range> read = {{in, mine.size(), false}}, written = {{out, bytes, true}};
+    emu::exclusive([&] { std::memcpy(mine.data(), in, mine.size()); }, &read);
     if (c->size > 1)
-      check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
-                              static_cast<int>(mine.size()), MPI_BYTE, c->mpi),
-                "MPI_Allgather");
+      all_gather(c, mine.data(), all.data(), mine.size());
     else
       all = mine;
     // Element i of rank p's contribution to this rank's chunk.
@@ -268,7 +293,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
         std::memcpy(result.data() + 2 * i, &h, 2);
       }
     }
-    emu::exclusive([&] { std::memcpy(out, result.data(), bytes); });
+    emu::exclusive([&] { std::memcpy(out, result.data(), bytes); }, &written);
   });
   return ncclSuccess;
 }

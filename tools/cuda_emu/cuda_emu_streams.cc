@@ -251,7 +251,7 @@ void exclusive(const std::function<void()>& fn, const std::vector<Range>* uses) 
   bool every = false;
   for (const Range& r : u) every |= r.p == nullptr;
   std::lock_guard<std::mutex> exec(g_exec);
-  const std::vector<char*> opened = open_device_memory(u);
+  const std::vector<OpenedSpan> opened = open_device_memory(u);
   fn();
   close_device_memory(opened, every);
 }
