@@ -27,6 +27,11 @@
 namespace zoe::test {
 namespace {
 
+// The benches' and the plan's own logic under the emulation, not their kernels (the model-op and
+// training tests check those with the race check inside launches): their runs leave that check
+// off, a third to a half of their time. The streams' checks stay on; a GPU ignores the variable.
+const std::string kZoeNoLaunchCheck = "CUDA_EMU_RACECHECK=0 " + kZoe;
+
 // The losses of a 20-step GPT-2 job on `device` at `stage`, from its report: fp32, or bf16
 // training with bf16 compute.
 std::vector<double> losses(const std::string& device, int stage, bool bf16 = false) {
@@ -122,7 +127,8 @@ TEST(BenchGpu, ASmokeRunHasEveryRowAndTheStepsSplit) {
   std::string why;
   if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, zoe bench gpu not tested: " << why;
   std::string dir = make_temp_dir("bench-gpu"), out;
-  ASSERT_EQ(run_command(kZoe + " bench gpu --smoke --json --dir " + dir + "/nvme > " + dir + "/b.json", &out), 0)
+  ASSERT_EQ(
+      run_command(kZoeNoLaunchCheck + " bench gpu --smoke --json --dir " + dir + "/nvme > " + dir + "/b.json", &out), 0)
       << out << slurp(dir + "/b.json");
   const nlohmann::json j = nlohmann::json::parse(slurp(dir + "/b.json"));
   std::vector<std::string> cases;
@@ -169,7 +175,8 @@ TEST(BenchOffloadGpu, TheOffloadedStepOnTheGpuAgainstItsComputeAndIoSteps) {
   std::string why;
   if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU: " << why;
   std::string dir = make_temp_dir("bench-offload-gpu"), out;
-  ASSERT_EQ(run_command(kZoe + " bench offload --device cuda --smoke --json --dir " + dir + "/swap > " + dir + "/o.json",
+  ASSERT_EQ(run_command(kZoeNoLaunchCheck + " bench offload --device cuda --smoke --json --dir " + dir + "/swap > " + dir +
+                            "/o.json",
                         &out),
             0)
       << out << slurp(dir + "/o.json");
@@ -206,7 +213,7 @@ TEST(PlanGpu, MeasuresTheGpuAndItsLinkAndWritesAConfigThatTrainsThere) {
     job += std::string(" --set ") + kv;
   job += " --set zero_optimization.offload_optimizer.nvme_path='\"" + dir + "/nvme\"'";
   std::string out;
-  ASSERT_EQ(run_command(kZoe + " plan" + job + files, &out), 0) << out;
+  ASSERT_EQ(run_command(kZoeNoLaunchCheck + " plan" + job + files, &out), 0) << out;
   for (const char* said : {"cpu adam", "gpu", "host to device", gpus.front().name.c_str(), "micro-step", "configurations fit"})
     EXPECT_NE(out.find(said), std::string::npos) << said << " missing from:\n" << out;
   out.clear();
@@ -438,14 +445,18 @@ TEST(GpuFaults, AnNcclCallFailedOnOneRankEndsTheJob) {
 }
 
 // Every call of one step that the emulation can fail (each n up to the step's count, two runs at
-// a time) ends cleanly (expect_clean).
+// a time) ends cleanly (expect_clean). The failed runs leave the race check inside launches off
+// (the reference run keeps it): a failed call changes no kernel's code, and the check was 40 % of
+// each of the 320 runs. The streams' checks (event order, memory still in use) stay on.
 TEST(GpuFaults, EveryCallOfAStepFailedInTurnEndsCleanly) {
   const Outcome ref = one_step("CUDA_EMU_COUNT=1");
   ASSERT_EQ(ref.rc, 0) << ref.out;
   const int total = calls_of(ref, "any");
   EXPECT_GT(total, 200) << "a step makes fewer calls than the sweep expects";
   const std::vector<Outcome> got =
-      run_all(total, 2, [&](int i) { return one_step("CUDA_EMU_FAIL=any:" + std::to_string(i + 1)); });
+      run_all(total, 2, [&](int i) {
+        return one_step("CUDA_EMU_RACECHECK=0 CUDA_EMU_FAIL=any:" + std::to_string(i + 1));
+      });
   for (int i = 0; i < total; ++i)
     expect_clean(got[i], ref.loss, "call " + std::to_string(i + 1) + " of " + std::to_string(total));
   std::printf("fault sweep: %d calls failed in turn, each ended cleanly or was reported above\n", total);
