@@ -64,10 +64,13 @@ Result<MlpRun> run_model(const Config& c, Comm& control, int steps, Model& model
   auto units = model.units();
   ZeroEngine engine(engine_options(c), dev, comm, units);
   ZOE_RETURN_IF_ERROR(engine.allocate());
-  ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
   MlpRun run;
+  run.at_start = dev.ledger().snapshot();
+  ZOE_RETURN_IF_ERROR(init_params(engine, model, c.seed));
   run.padded = engine.layout().padded_params();
   run.shard = engine.layout().shard_size();
+  for (int u = 0; u < engine.num_units(); ++u)
+    run.largest_chunk = std::max(run.largest_chunk, engine.layout().slot(u).chunk);
   for (int s = 0; s < steps; ++s) {
     comm.reset_counters();
     double loss = 0;
@@ -283,6 +286,29 @@ std::string check_quarter_budget(Comm& comm) {
       return what + ": no chunk was read ahead into pinned memory while the device had no room";
   }
   std::filesystem::remove_all(dir);
+  return "";
+}
+
+std::string check_staging_booked_at_start(Comm& comm) {
+  auto comm_bytes = [](const LedgerSnapshot& l) {
+    uint64_t b = 0;
+    for (int t = 0; t < kNumTiers; ++t) b += l.bytes[t][static_cast<int>(Kind::kComm)];
+    return b;
+  };
+  for (int stage = 0; stage <= 3; ++stage)
+    for (bool overlap : {false, true}) {
+      Config c = mlp_config(stage, DType::kBF16);
+      c.overlap_comm = overlap;
+      auto run = run_mlp(c, comm, 2);
+      std::string what = fmt::format("stage {}, overlap_comm {}", stage, overlap);
+      if (!run.ok()) return what + ": " + run.status().message();
+      // One largest chunk from every rank in the gradient dtype (MPI rounds to 64 bytes).
+      const uint64_t one = static_cast<uint64_t>(run->largest_chunk) * comm.size() * 2;
+      const uint64_t start = comm_bytes(run->at_start), end = comm_bytes(run->ledger);
+      if (start < one || start >= one + 64)
+        return what + fmt::format(": {} bytes of staging booked at the start, expected {} (one reduction's)", start, one);
+      if (end != start) return what + fmt::format(": staging {} bytes at the start, {} after training", start, end);
+    }
   return "";
 }
 

@@ -20,7 +20,9 @@ struct MlpRun {
   std::vector<double> grad_norms;  // the global gradient norm of each step (before clipping)
   std::vector<CommBytes> comm;    // bytes this rank sent, per step
   LedgerSnapshot ledger;
+  LedgerSnapshot at_start;        // right after the engine's allocate()
   int64_t padded = 0, shard = 0;
+  int64_t largest_chunk = 0;      // elements of the largest unit each rank owns
   int64_t host_stepped = 0;       // optimizer elements the CPU Adam stepped on the host, last step
   int64_t owned = 0;              // optimizer elements this rank owns (real, no padding)
   int skipped = 0;                // steps not applied (overflow)
@@ -90,6 +92,11 @@ std::string check_reordered_steps_match(Comm& comm);
 // budget, with gradient reductions in flight beside the backward; on NVMe, chunks are read
 // ahead into pinned memory while the device has no room.
 std::string check_quarter_budget(Comm& comm);
+// The communicator that reduces holds its staging (host memory for MPI, device memory for
+// NCCL's rank-order sum) from allocate() on, one largest reduction's worth, booked as kind comm:
+// the ledger shows the same bytes then and after training, at stages 0-3 with and without the
+// communication thread. Returns "" or what differed.
+std::string check_staging_booked_at_start(Comm& comm);
 // Gradient reductions on the engine's communication thread (overlap_comm) give bitwise the
 // weights and the same traffic as reductions at the hand-over: stages 2 and 3, fp32 and bf16,
 // with and without accumulation micro-steps; and they did run there.

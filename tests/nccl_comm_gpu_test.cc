@@ -133,6 +133,23 @@ TEST_F(NcclCommTest, ReduceScatterGoesThroughSumChunks) {
   EXPECT_EQ(comm_bytes_booked(), nccl.staging_bytes());
 }
 
+// An engine reserves the staging of its largest reduction before it sizes its device reserve;
+// a reduce_scatter within it allocates nothing more, and 0 gives it back.
+TEST_F(NcclCommTest, ReservedStagingIsHeldUntilGivenBack) {
+  auto& nccl = static_cast<NcclComm&>(*comm_);
+  ASSERT_TRUE(comm_->reserve_staging(1000, DType::kBF16).ok());
+  EXPECT_EQ(nccl.staging_bytes(), 1000u * 2 * comm_->size());
+  EXPECT_EQ(comm_bytes_booked(), nccl.staging_bytes());
+  void* buf = alloc(4096);
+  ASSERT_NE(buf, nullptr);
+  ASSERT_TRUE(dev_->zero(buf, 4096).ok());
+  ASSERT_TRUE(comm_->reduce_scatter(buf, buf, 400, DType::kF32).ok());  // 1600 bytes a chunk: within
+  EXPECT_EQ(nccl.staging_bytes(), 1000u * 2 * comm_->size());
+  ASSERT_TRUE(comm_->reserve_staging(0, DType::kBF16).ok());
+  EXPECT_EQ(nccl.staging_bytes(), 0u);
+  EXPECT_EQ(comm_bytes_booked(), 0u);
+}
+
 TEST_F(NcclCommTest, StagingLivesWithTheDevice) {
   auto& nccl = static_cast<NcclComm&>(*comm_);
   void* buf = alloc(4096);

@@ -394,6 +394,10 @@ TEST(ZeroMpi, StepsOutOfTheRecordedOrderStillGiveTheRightWeights) {
   EXPECT_EQ(check_reordered_steps_match(*g_comm), "");
 }
 
+TEST(ZeroMpi, TheStagingOfReductionsIsBookedBeforeTheFirstStep) {
+  EXPECT_EQ(check_staging_booked_at_start(*g_comm), "");
+}
+
 TEST(ZeroMpi, AQuarterOfTheFootprintAsDeviceBudgetTrainsWithinIt) {
   EXPECT_EQ(check_quarter_budget(*g_comm), "");
 }

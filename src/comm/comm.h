@@ -77,6 +77,12 @@ class Comm {
   // already moves to the new ledger. nullptr unbooks (before that ledger goes away).
   virtual void set_ledger(Ledger* l) { ledger_ = l; }
 
+  // Holds from now on the staging a reduce_scatter of up to `chunk_count` elements of `dtype` a
+  // chunk needs beside its arguments (0: gives it back). An engine asks before it sizes its
+  // device reserve, so the buffer is booked then and never taken from the reserve in the middle
+  // of a step; a larger reduce_scatter still grows it. Default: nothing is staged.
+  virtual Status reserve_staging(size_t chunk_count, DType dtype) { return Status::Ok(); }
+
   // A communicator of its own over the same ranks, paired with the same device and booking its
   // staging in the same ledger (until the engine that asked for it goes), for collectives
   // that another thread runs beside this one's (MPI_Comm_dup; the library must allow

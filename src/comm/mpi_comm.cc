@@ -115,7 +115,7 @@ class MpiComm final : public Comm {
     // Every rank sends its chunk k to rank k; we receive our chunk from all ranks into staging,
     // then sum in rank order. Chunks beyond MPI's int counts go in pieces; a piece's send type
     // has the extent of a whole chunk, so pieces are sent from where they are.
-    size_t piece_elems = std::max<size_t>(1, max_piece_ / esz / size_);
+    const size_t piece_elems = reduce_piece_elems(esz);
     for (size_t e0 = 0; e0 < count; e0 += piece_elems) {
       size_t pe = std::min(piece_elems, count - e0);
       int pb = static_cast<int>(pe * esz);
@@ -191,6 +191,15 @@ class MpiComm final : public Comm {
     if (owned_ && !fin) MPI_Comm_free(&comm_);
   }
 
+  Status reserve_staging(size_t count, DType dtype) override {
+    const size_t esz = dtype_size(dtype);
+    if (count == 0) {
+      release_staging();
+      return Status::Ok();
+    }
+    return grow(std::min(count, reduce_piece_elems(esz)) * esz * size_);
+  }
+
   // The staging buffer is host memory the device's sum_chunks kernel reads.
   void set_device(Device* d) override {
     if (device_ && staging_) device_->unregister_host(staging_);
@@ -221,6 +230,9 @@ class MpiComm final : public Comm {
       nap = std::min(nap * 2, std::chrono::microseconds(200));
     }
   }
+
+  // A reduce_scatter's elements a chunk per piece: every rank's piece fits MPI's int counts.
+  size_t reduce_piece_elems(size_t esz) const { return std::max<size_t>(1, max_piece_ / esz / size_); }
 
   // The staging buffer is communication memory: booked in the ledger (host tier, kind comm) for
   // as long as it is held, so the ledger's peaks cover it.

@@ -98,6 +98,15 @@ Status NcclComm::grow_staging(size_t bytes) {
   return Status::Ok();
 }
 
+Status NcclComm::reserve_staging(size_t chunk_count, DType dtype) {
+  if (chunk_count == 0 || sum_ == Sum::kNccl) {
+    release_staging();
+    return Status::Ok();
+  }
+  if (device_ != &cuda_) return Status::Ok();  // staging is the paired device's memory
+  return grow_staging(chunk_count * dtype_size(dtype) * size_);
+}
+
 void NcclComm::release_staging() {
   if (!staging_) return;
   // The device may still run the last reduce_scatter's transfers and sum from it.

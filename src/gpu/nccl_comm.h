@@ -70,6 +70,9 @@ class NcclComm final : public Comm {
   // changing it returns the staging buffer to the device it came from.
   void set_device(Device* d) override;
 
+  // The rank-order sum's staging (size() chunks); NCCL's own sum stages nothing of ours.
+  Status reserve_staging(size_t chunk_count, DType dtype) override;
+
   size_t staging_bytes() const { return staging_.bytes; }
 
  private:

@@ -104,8 +104,19 @@ Status ZeroEngine::allocate() {
   ZOE_RETURN_IF_ERROR(check_state_fits());
   ZOE_RETURN_IF_ERROR(state_.allocate(job));
   ZOE_RETURN_IF_ERROR(pass_.allocate());
+  ZOE_RETURN_IF_ERROR(reserve_staging(comm_));
   ZOE_RETURN_IF_ERROR(check_device_fits());
   return start_comm_worker();
+}
+
+// The communicator that reduces holds its staging from the start (booked before the reserve is
+// sized): grown by the first reduction instead, on the communication thread, it would take the
+// room the reserve keeps for the model's gradient in the middle of the first step.
+Status ZeroEngine::reserve_staging(Comm& c) {
+  int64_t chunk = 0;
+  for (int u = 0; u < num_units(); ++u) chunk = std::max(chunk, layout_.slot(u).chunk);
+  return c.reserve_staging(static_cast<size_t>(chunk), gdtype_)
+      .prefixed(fmt::format("the communicator's staging for the largest gradient reduction ({} elements a rank): ", chunk));
 }
 
 // Sharded gradients are reduced on a communication thread of their own when the transport lets
@@ -122,6 +133,10 @@ Status ZeroEngine::start_comm_worker() {
   if (std::count(all.begin(), all.end(), 1) != comm_.size()) return Status::Ok();
   auto dup = comm_.duplicate();
   if (!dup.ok()) return dup.status().code() == Code::kUnsupported ? Status::Ok() : dup.status();
+  // The duplicate reduces from now on: the staging moves to it (given back first, so the device
+  // never holds both).
+  ZOE_RETURN_IF_ERROR(comm_.reserve_staging(0, gdtype_));
+  ZOE_RETURN_IF_ERROR(reserve_staging(**dup));
   comm_worker_ = std::make_unique<CommWorker>(std::move(*dup), dev_);
   reducer_.set_worker(comm_worker_.get());
   mover_.set_worker(comm_worker_.get());
@@ -262,8 +277,9 @@ Status ZeroEngine::check_device_fits() {
     if (need > left)
       return Status::Invalid(fmt::format(
           "unit '{}' needs {} bytes on the device at once (its gathered weights, its fp32 gradient and its "
-          "reduction buffer), but zoe.device_memory_budget ({} bytes) leaves {} after the persistent state ({} "
-          "bytes): raise the budget or offload the state (offload_param, offload_optimizer)",
+          "reduction buffer), but zoe.device_memory_budget ({} bytes) leaves {} after the persistent state and "
+          "the communicator's staging ({} bytes): raise the budget or offload the state (offload_param, "
+          "offload_optimizer)",
           unit(u).name, need, budget, left, budget - left));
   }
   units_.set_reserve(reserve);

@@ -113,6 +113,7 @@ class ZeroEngine final : public Engine {
   Status check_host_fits();                 // start-up: the state in host memory fits its budget
   Status check_device_fits();               // start-up: the largest unit fits next to the state
   Status start_comm_worker();               // start-up: comm_worker_ where overlap_comm can run
+  Status reserve_staging(Comm& c);          // start-up: c's staging for the largest reduction
   uint64_t unit_device_need(int u) const;   // device bytes of one unit in flight
   std::string ways_to_fit(uint64_t need, uint64_t left) const;  // check_state_fits' suggestions
   Status unload_all();                      // before the parameters change (stage 3's units)
