@@ -71,6 +71,32 @@ TEST(StepModel, StateBytesPerTierAreTheLedgersToTheByte) {
   EXPECT_EQ(state_bytes(job, k)[0], 4002 * (4u + 4u + 8u));
 }
 
+// At 2+ ranks the communicator that reduces holds one largest reduction's staging from start-up
+// (ZeroEngine::reserve_staging): size() chunks of the largest unit in the gradient dtype, in host
+// memory over MPI (rounded to 64 bytes), on the device for NCCL's rank-order sum, nowhere for
+// NCCL's own reduce-scatter; one rank reduces without it.
+TEST(StepModel, TheReductionsStagingIsCountedWhereTheCommunicatorHoldsIt) {
+  PlanJob job = roomy({1000, 3001});  // chunks of 500 and 1501 at 2 ranks
+  job.ranks = 2;
+  PlanKnobs k;
+  k.stage = 3;
+  job.staging = std::nullopt;
+  const StepPrediction none = predict_step(job, k, work(2, 0.1), rates());
+  ASSERT_TRUE(none.fits) << none.why;
+  job.staging = Tier::kHost;
+  const StepPrediction host = predict_step(job, k, work(2, 0.1), rates());
+  EXPECT_EQ(host.bytes[0], none.bytes[0]);
+  EXPECT_EQ(host.bytes[1], none.bytes[1] + 6016);  // 1501 x 2 ranks x 2 bytes = 6004, rounded
+  job.staging = Tier::kDevice;
+  const StepPrediction device = predict_step(job, k, work(2, 0.1), rates());
+  EXPECT_EQ(device.bytes[0], none.bytes[0] + 6004);
+  EXPECT_EQ(device.bytes[1], none.bytes[1]);
+  job.ranks = 1;
+  const StepPrediction one = predict_step(job, k, work(2, 0.1), rates());
+  job.staging = std::nullopt;
+  EXPECT_EQ(one.bytes, predict_step(job, k, work(2, 0.1), rates()).bytes);
+}
+
 TEST(StepModel, AResidentStepIsItsMicroStepsAndAdam) {
   PlanJob job;
   job.unit_elems = {1'000'000, 1'000'000};
@@ -336,8 +362,8 @@ TEST(PlanSearch, TheGridPairsKnobsThatMeanSomethingTogether) {
   s.nvme = false;
   for (const PlanKnobs& k : plan_grid(s)) {
     EXPECT_EQ(k.micro_batch * k.accumulation, 6);
-    if (k.stage < 3) EXPECT_EQ(k.param, OffloadDevice::kNone);
-    if (k.optimizer == OffloadDevice::kNone) EXPECT_EQ(k.optimizer_ratio, 1.0);
+    if (k.stage < 3) { EXPECT_EQ(k.param, OffloadDevice::kNone); }
+    if (k.optimizer == OffloadDevice::kNone) { EXPECT_EQ(k.optimizer_ratio, 1.0); }
     EXPECT_NE(k.optimizer, OffloadDevice::kNvme);
     EXPECT_FALSE(k.update_in_backward);  // offered on a GPU only
   }

@@ -176,6 +176,7 @@ Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalib
   }
   job.ranks = comm.size();
   job.dtype = c.dtype;
+  if (c.device == "cuda") job.staging = c.nccl_reduce_scatter ? std::nullopt : std::optional<Tier>(Tier::kDevice);
   job.device_budget = c.device_memory_budget;
   job.host_budget = c.host_memory_budget;
   run.nvme_path = c.offload_optimizer.nvme_path.empty() ? c.offload_param.nvme_path : c.offload_optimizer.nvme_path;

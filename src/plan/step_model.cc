@@ -137,8 +137,16 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   // Memory: the ledger's state, the engine's in-flight reserve, the model's activations.
   std::array<uint64_t, kNumTiers> st = state_bytes_of(l, job, k);
   uint64_t in_flight = 0;
-  for (int u = 0; u < l.num_units(); ++u)
+  int64_t chunk = 0;
+  for (int u = 0; u < l.num_units(); ++u) {
     in_flight = std::max(in_flight, unit_in_flight_bytes(l.slot(u).full_size, k.stage, w, g));
+    chunk = std::max(chunk, l.slot(u).chunk);
+  }
+  // The reduction's staging is held from start-up, as the state is (MPI rounds it to 64 bytes).
+  if (job.ranks > 1 && job.staging) {
+    const uint64_t staging = static_cast<uint64_t>(chunk) * job.ranks * g;
+    st[static_cast<int>(*job.staging)] += *job.staging == Tier::kHost ? (staging + 63) / 64 * 64 : staging;
+  }
   out.bytes = st;
   out.bytes[0] += in_flight + work.activation_bytes;
   out.bytes[1] += pool_of(l, job, k).bytes;

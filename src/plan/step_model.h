@@ -7,6 +7,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,10 @@ struct PlanJob {
   DType dtype = DType::kBF16;
   uint64_t device_budget = 0, host_budget = 0;
   uint64_t nvme_free = 0;  // bytes free on the swap path's file system (0: no NVMe tier)
+  // Where the communicator that reduces holds one largest reduction's staging at 2+ ranks (the
+  // engine books it at start-up): host memory over MPI, device memory for NCCL's rank-order sum,
+  // nowhere for NCCL's own reduce-scatter (zoe.nccl_reduce_scatter).
+  std::optional<Tier> staging = Tier::kHost;
 };
 
 struct StepPrediction {
