@@ -191,12 +191,16 @@ class MpiComm final : public Comm {
     if (owned_ && !fin) MPI_Comm_free(&comm_);
   }
 
+  // One rank reserves nothing: its engine mostly reduces without a reduce_scatter (a unit's
+  // first reduction of a step goes straight into its chunk), and staging there is host memory
+  // that no device reserve counts on; what one rank does reduce grows it then.
   Status reserve_staging(size_t count, DType dtype) override {
     const size_t esz = dtype_size(dtype);
     if (count == 0) {
       release_staging();
       return Status::Ok();
     }
+    if (size_ == 1) return Status::Ok();
     return grow(std::min(count, reduce_piece_elems(esz)) * esz * size_);
   }
 
