@@ -215,6 +215,42 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
   }
 }
 
+// A device full in the middle of a step is an error naming the unit and what its memory was for
+// (the gather, the gradient's reduction buffer, the buffer a gradient is handed over from), after
+// the engine gave up what it could; once there is room again the step goes on and trains.
+TEST(ZeroOneRank, AFullDeviceIsAnErrorNamingTheUnitAndWhatFor) {
+  Config c = mlp_config(3, DType::kF32, 2, 16);
+  c.grad_accum = 2;  // one rank: only a later micro-step's reduction takes a buffer
+  auto self = make_self_comm();
+  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
+  MlpModel model(c.n_layer, c.n_embd, 5);
+  ZeroEngine e(engine_options(c), dev, *self, model.units());
+  ASSERT_TRUE(e.allocate().ok());
+  std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
+  Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
+  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, (u ? d1 : d0).as<float>()).ok());  // the first micro-step
+  std::vector<Buffer> filler = fill_device(dev);
+  auto said = [](const Status& st, const std::string& unit, const std::string& what) {
+    return st.code() == Code::kOutOfMemory && st.message().find("unit '" + unit + "'") != std::string::npos &&
+           st.message().find(what) != std::string::npos && st.message().find("budget exhausted") != std::string::npos;
+  };
+  Status fetch = e.fetch(0).status();
+  EXPECT_TRUE(said(fetch, e.unit(0).name, "fetch of")) << fetch.message();
+  Status reduce = e.grads_ready(1, d1.as<float>());
+  EXPECT_TRUE(said(reduce, e.unit(1).name, "reduction buffer")) << reduce.message();
+  Status staged = grads_from_host(e, 0, h0.data());
+  EXPECT_TRUE(said(staged, e.unit(0).name, "handed over from")) << staged.message();
+  for (Buffer& b : filler) dev.free(b);
+  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, (u ? d1 : d0).as<float>()).ok());
+  auto step = e.step(1e-3);
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  EXPECT_TRUE(step->applied);
+  EXPECT_TRUE(e.flush().ok());
+  EXPECT_TRUE(e.fetch(0).ok());
+  EXPECT_TRUE(e.release(0).ok());
+  for (Buffer* b : {&d0, &d1}) dev.free(*b);
+}
+
 // A full device gives up what the engine holds idle (free gather buffers, units kept for reuse)
 // for a gradient's reduction buffer; before, the hand-over failed ("budget exhausted") after a
 // block that had every unit gathered at once (zoe.torch.gathered) left them in the pool. (At one

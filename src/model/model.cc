@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "zoe/device.h"
 
 namespace zoe {
@@ -26,7 +28,11 @@ Status init_params(Engine& e, const Model& model, uint64_t seed) {
 Status grads_from_host(Engine& e, int u, const float* grad) {
   Device& d = e.device();
   const int64_t n = e.unit(u).numel;
-  ZOE_ASSIGN_OR_RETURN(Buffer g, d.alloc(n * 4, Tier::kDevice, Kind::kStaging));
+  Result<Buffer> got = d.alloc(n * 4, Tier::kDevice, Kind::kStaging);
+  if (!got.ok())
+    return got.status().prefixed(
+        fmt::format("unit '{}': the device buffer its gradient is handed over from ({} bytes): ", e.unit(u).name, n * 4));
+  Buffer g = *got;
   Status st = d.upload(g.data, grad, n * 4);
   if (st.ok()) st = e.grads_ready(u, g.as<float>());
   d.free(g);

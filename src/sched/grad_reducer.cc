@@ -89,6 +89,10 @@ Status GradReducer::reduce_sharded(int u, const float* grad) {
     ZOE_RETURN_IF_ERROR(make_room_());
     got = alloc();
   }
+  if (!got.ok() && got.status().code() == Code::kOutOfMemory)
+    return got.status().prefixed(fmt::format("unit '{}': its gradient's reduction buffer ({} bytes; the reductions "
+                                             "in flight finished and idle units went first): ",
+                                             name(u), s.full_size * s_.gsize()));
   ZOE_ASSIGN_OR_RETURN(Buffer buf, std::move(got));
   Status st = grad ? dev_.accumulate(buf.data, s_.gdtype(), grad, DType::kF32, s.numel, false)
                    : dev_.zero(buf.data, s.numel * s_.gsize());

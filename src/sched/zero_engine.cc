@@ -332,7 +332,12 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   if (u < 0 || u >= num_units()) return Status::Invalid(fmt::format("fetch: unit {} out of range", u));
   const UnitSlot& s = layout_.slot(u);
   if (!plan_.shard_params) return ParamView{state_.param().ptr(s.full_offset), dtype_, s.numel};
-  ZOE_ASSIGN_OR_RETURN(UnitScheduler::Fetched f, units_.fetch(u));
+  Result<UnitScheduler::Fetched> got = units_.fetch(u);
+  if (!got.ok() && got.status().code() == Code::kOutOfMemory)
+    return got.status().prefixed(fmt::format("fetch of unit '{}' ({} bytes gathered; the reductions in flight "
+                                             "finished and idle units went first): ",
+                                             unit(u).name, s.full_size * wsize_));
+  ZOE_ASSIGN_OR_RETURN(UnitScheduler::Fetched f, std::move(got));
   if (f.left_plan && !told_deviation_ && comm_.rank() == 0) {
     told_deviation_ = true;
     std::fprintf(stderr, "zoe: warning: a step fetched unit '%s' out of the recorded order: prefetching stops for "
