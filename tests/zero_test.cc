@@ -215,67 +215,82 @@ TEST(ZeroOneRank, FailedFetchAndGradsReadyLeaveNoStateBehind) {
   }
 }
 
+// Stage 3 at one rank with two micro-steps a step, the first handed over by start(): only the
+// second's reductions take a buffer (GradReducer::reduce_alone makes the first's).
+struct SecondMicroStep {
+  static Config config() {
+    Config c = mlp_config(3, DType::kF32, 2, 16);
+    c.grad_accum = 2;
+    return c;
+  }
+  Config c = config();
+  std::unique_ptr<Comm> self = make_self_comm();
+  CpuDevice dev{c.device_memory_budget, c.host_memory_budget, true};
+  MlpModel model{c.n_layer, c.n_embd, 5};
+  ZeroEngine e{engine_options(c), dev, *self, model.units()};
+  std::vector<float> h0, h1;
+  Buffer d0, d1;  // h0, h1 in device memory
+
+  Status start() {
+    ZOE_RETURN_IF_ERROR(e.allocate());
+    h0 = random_floats(e.unit(0).numel, 1);
+    h1 = random_floats(e.unit(1).numel, 2);
+    d0 = on_device(dev, h0);
+    d1 = on_device(dev, h1);
+    for (int u : {1, 0}) ZOE_RETURN_IF_ERROR(e.grads_ready(u, grad(u)));
+    return Status::Ok();
+  }
+  const float* grad(int u) const { return (u ? d1 : d0).as<float>(); }
+  ~SecondMicroStep() {
+    dev.free(d0);
+    dev.free(d1);
+  }
+};
+
 // A device full in the middle of a step is an error naming the unit and what its memory was for
 // (the gather, the gradient's reduction buffer, the buffer a gradient is handed over from), after
 // the engine gave up what it could; once there is room again the step goes on and trains.
 TEST(ZeroOneRank, AFullDeviceIsAnErrorNamingTheUnitAndWhatFor) {
-  Config c = mlp_config(3, DType::kF32, 2, 16);
-  c.grad_accum = 2;  // one rank: only a later micro-step's reduction takes a buffer
-  auto self = make_self_comm();
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
-  MlpModel model(c.n_layer, c.n_embd, 5);
-  ZeroEngine e(engine_options(c), dev, *self, model.units());
-  ASSERT_TRUE(e.allocate().ok());
-  std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
-  Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
-  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, (u ? d1 : d0).as<float>()).ok());  // the first micro-step
-  std::vector<Buffer> filler = fill_device(dev);
+  SecondMicroStep t;
+  ASSERT_TRUE(t.start().ok());
+  ZeroEngine& e = t.e;
+  std::vector<Buffer> filler = fill_device(t.dev);
   auto said = [](const Status& st, const std::string& unit, const std::string& what) {
     return st.code() == Code::kOutOfMemory && st.message().find("unit '" + unit + "'") != std::string::npos &&
            st.message().find(what) != std::string::npos && st.message().find("budget exhausted") != std::string::npos;
   };
   Status fetch = e.fetch(0).status();
   EXPECT_TRUE(said(fetch, e.unit(0).name, "fetch of")) << fetch.message();
-  Status reduce = e.grads_ready(1, d1.as<float>());
+  Status reduce = e.grads_ready(1, t.grad(1));
   EXPECT_TRUE(said(reduce, e.unit(1).name, "reduction buffer")) << reduce.message();
-  Status staged = grads_from_host(e, 0, h0.data());
+  Status staged = grads_from_host(e, 0, t.h0.data());
   EXPECT_TRUE(said(staged, e.unit(0).name, "handed over from")) << staged.message();
-  for (Buffer& b : filler) dev.free(b);
-  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, (u ? d1 : d0).as<float>()).ok());
+  for (Buffer& b : filler) t.dev.free(b);
+  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, t.grad(u)).ok());
   auto step = e.step(1e-3);
   ASSERT_TRUE(step.ok()) << step.status().message();
   EXPECT_TRUE(step->applied);
   EXPECT_TRUE(e.flush().ok());
   EXPECT_TRUE(e.fetch(0).ok());
   EXPECT_TRUE(e.release(0).ok());
-  for (Buffer* b : {&d0, &d1}) dev.free(*b);
 }
 
 // A full device gives up what the engine holds idle (free gather buffers, units kept for reuse)
 // for a gradient's reduction buffer; before, the hand-over failed ("budget exhausted") after a
-// block that had every unit gathered at once (zoe.torch.gathered) left them in the pool. (At one
-// rank only a later micro-step's reduction takes a buffer: two micro-steps, the first before.)
+// block that had every unit gathered at once (zoe.torch.gathered) left them in the pool.
 TEST(ZeroOneRank, AReductionBufferTakesTheRoomOfIdleGatherBuffers) {
-  Config c = mlp_config(3, DType::kF32, 2, 16);
-  c.grad_accum = 2;
-  auto self = make_self_comm();
-  CpuDevice dev(c.device_memory_budget, c.host_memory_budget, true);
-  MlpModel model(c.n_layer, c.n_embd, 5);
-  ZeroEngine e(engine_options(c), dev, *self, model.units());
-  ASSERT_TRUE(e.allocate().ok());
-  std::vector<float> h0 = random_floats(e.unit(0).numel, 1), h1 = random_floats(e.unit(1).numel, 2);
-  Buffer d0 = on_device(dev, h0), d1 = on_device(dev, h1);
-  for (int u : {1, 0}) ASSERT_TRUE(e.grads_ready(u, (u ? d1 : d0).as<float>()).ok());  // the first micro-step
+  SecondMicroStep t;
+  ASSERT_TRUE(t.start().ok());
+  ZeroEngine& e = t.e;
   for (int u : {0, 1}) ASSERT_TRUE(e.fetch(u).ok());  // both gathered at once
   for (int u : {0, 1}) ASSERT_TRUE(e.release(u).ok());
-  std::vector<Buffer> filler = fill_device(dev);  // nothing else fits: only the idle buffers can go
-  Status st = e.grads_ready(1, d1.as<float>());
+  std::vector<Buffer> filler = fill_device(t.dev);  // nothing else fits: only the idle buffers can go
+  Status st = e.grads_ready(1, t.grad(1));
   EXPECT_TRUE(st.ok()) << st.message();
-  for (Buffer& b : filler) dev.free(b);
-  ASSERT_TRUE(e.grads_ready(0, d0.as<float>()).ok());
+  for (Buffer& b : filler) t.dev.free(b);
+  ASSERT_TRUE(e.grads_ready(0, t.grad(0)).ok());
   EXPECT_TRUE(e.step(1e-3).ok());
   EXPECT_TRUE(e.flush().ok());
-  for (Buffer* b : {&d0, &d1}) dev.free(*b);
 }
 
 // At one rank without accumulation a unit's share of the norm is made as its gradient goes into
