@@ -334,9 +334,8 @@ Result<ParamView> ZeroEngine::fetch(int u) {
   if (!plan_.shard_params) return ParamView{state_.param().ptr(s.full_offset), dtype_, s.numel};
   Result<UnitScheduler::Fetched> got = units_.fetch(u);
   if (!got.ok() && got.status().code() == Code::kOutOfMemory)
-    return got.status().prefixed(fmt::format("fetch of unit '{}' ({} bytes gathered; the reductions in flight "
-                                             "finished and idle units went first): ",
-                                             unit(u).name, s.full_size * wsize_));
+    return got.status().prefixed(fmt::format("fetch of unit '{}' ({} bytes gathered): ", unit(u).name,
+                                             s.full_size * wsize_));
   ZOE_ASSIGN_OR_RETURN(UnitScheduler::Fetched f, std::move(got));
   if (f.left_plan && !told_deviation_ && comm_.rank() == 0) {
     told_deviation_ = true;
