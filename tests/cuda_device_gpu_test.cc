@@ -25,8 +25,10 @@
 
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
+#include "gpu/cuda_model_ops.h"
 #include "gpu/gpu_info.h"
 #include "nvme/nvme_store.h"
+#include "ops/gpt2_ops.h"
 #include "nvme/pinned_pool.h"
 #include "sched/stage3/chunk_load.h"
 #include "sched/stage3/window_retirement.h"
@@ -814,6 +816,66 @@ TEST(CudaDeviceMemory, BudgetsAreEnforcedWithTheirKeysAndTheLedgerSkipsTheCache)
   dev.free(h.value());
   EXPECT_EQ(dev.ledger().snapshot().bytes[1][static_cast<int>(Kind::kStaging)], 0u);
   EXPECT_EQ(dev.ledger().snapshot().peak[0], 60 * MiB);
+}
+
+// The compute ops' workspaces (cuBLASLt's, the scratch of their reductions) come from the device
+// budget and show in the ledger as the model's activations, as PyTorch's allocator holds its
+// cuBLAS workspaces: a budget without room for them is an error naming it, at the ops' start or
+// at the op that needs more, and the op runs once room is made.
+TEST(CudaDeviceMemory, TheOpsWorkspacesComeFromTheBudgetAndShowInTheLedger) {
+  std::string why;
+  if (gpu::list_gpus(&why).empty()) GTEST_SKIP() << "no usable GPU, CudaDevice not tested: " << why;
+  constexpr int kAct = static_cast<int>(Kind::kActivation);
+  auto has = [](const Status& s, const std::string& text) { return s.message().find(text) != std::string::npos; };
+  {
+    auto small = make_cuda_device(local_gpu_index(), 16 * MiB, 16 * MiB);
+    ASSERT_TRUE(small.ok()) << small.status().message();
+    const Status s = (*small)->ops().status();
+    EXPECT_EQ(s.code(), Code::kOutOfMemory) << s.message();
+    EXPECT_TRUE(has(s, "the cuBLASLt workspace (33554432 bytes): device memory budget exhausted")) << s.message();
+    EXPECT_TRUE(has(s, "zoe.device_memory_budget")) << s.message();
+    EXPECT_EQ((*small)->ledger().snapshot().bytes[0][kAct], 0u);
+  }
+  constexpr size_t kBudget = 40 * MiB;
+  auto r = make_cuda_device(local_gpu_index(), kBudget, 16 * MiB);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto& dev = static_cast<CudaDevice&>(*r.value());
+  auto& ops = static_cast<gpu::CudaModelOps&>(dev.ops());
+  ASSERT_TRUE(ops.status().ok()) << ops.status().message();
+  EXPECT_EQ(dev.ledger().snapshot().bytes[0][kAct], 32 * MiB);
+  EXPECT_EQ(ops.workspace_bytes(), 32 * MiB);
+  // The op's operands in mapped pinned memory (the device reaches it): the device budget holds
+  // the workspace and, next, a filler of everything else.
+  constexpr int N = 4, V = 8;
+  auto in = dev.alloc(N * V * 4 + N * 4 + 4, Tier::kHost, Kind::kStaging);
+  ASSERT_TRUE(in.ok()) << in.status().message();
+  auto* logits = in->as<float>();
+  auto* targets = reinterpret_cast<int32_t*>(logits + N * V);
+  auto* loss = reinterpret_cast<float*>(targets + N);
+  for (int i = 0; i < N * V; ++i) logits[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  for (int n = 0; n < N; ++n) targets[n] = (3 * n + 1) % V;
+  const float expected = gpt2::crossentropy_forward_backward(nullptr, nullptr, logits, targets, N, V, 1.0f);
+  auto filler = dev.alloc(kBudget - dev.device_memory().reserved, Tier::kDevice, Kind::kParam);
+  ASSERT_TRUE(filler.ok()) << filler.status().message();
+  ops.crossentropy(loss, nullptr, logits, targets, N, V, 1.0f);
+  const Status full = ops.status();
+  EXPECT_EQ(full.code(), Code::kOutOfMemory) << full.message();
+  EXPECT_TRUE(has(full, "crossentropy(N 4, V 8): the ops scratch (1048576 bytes): device memory budget exhausted"))
+      << full.message();
+  EXPECT_TRUE(has(full, "zoe.device_memory_budget")) << full.message();
+  // With room again (the filler's segment goes back to make it), the op runs and its scratch
+  // joins the workspace in the ledger; the budget held throughout.
+  dev.free(*filler);
+  ops.clear_status();
+  ops.crossentropy(loss, nullptr, logits, targets, N, V, 1.0f);
+  ASSERT_TRUE(dev.synchronize().ok());
+  ASSERT_TRUE(ops.status().ok()) << ops.status().message();
+  EXPECT_NEAR(*loss, expected, 1e-5f * std::fabs(expected));
+  EXPECT_EQ(dev.ledger().snapshot().bytes[0][kAct], ops.workspace_bytes());
+  EXPECT_EQ(ops.workspace_bytes(), 33 * MiB);
+  EXPECT_LE(dev.device_memory().reserved, kBudget);
+  EXPECT_LE(dev.ledger().snapshot().peak[0], kBudget);
+  dev.free(*in);
 }
 
 }  // namespace

@@ -1180,7 +1180,7 @@ TEST(CudnnAttentionTest, NamesItsVersionAndWithoutAGpuSaysWhy) {
   if (!gpu::list_gpus(&why).empty())
     GTEST_SKIP() << "a GPU (or the emulation's) is here: create() is left to Bf16AttentionOnTensorCores";
   std::unique_ptr<gpu::CudnnAttention> a;
-  const Status s = gpu::CudnnAttention::create(nullptr, &a);
+  const Status s = gpu::CudnnAttention::create(nullptr, gpu::cuda_raw_memory(), &a);
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(a, nullptr);
   EXPECT_FALSE(s.message().empty());

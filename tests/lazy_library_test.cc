@@ -159,7 +159,7 @@ TEST(CudnnLibraryDeathTest, ALibraryThatCannotLoadIsNamedAndRefusesTheAttention)
   auto child = [] {
     setenv("ZOE_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9", 1);
     std::unique_ptr<CudnnAttention> attention;
-    const Status s = CudnnAttention::create(nullptr, &attention);
+    const Status s = CudnnAttention::create(nullptr, cuda_raw_memory(), &attention);
     char last[64];
     cudnnGetLastErrorString(last, sizeof last);
     std::fprintf(stderr, "version: %s | create: %s | last: %s\n", CudnnAttention::version_text().c_str(),

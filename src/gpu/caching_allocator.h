@@ -33,17 +33,11 @@
 #include <string>
 #include <unordered_map>
 
+#include "gpu/raw_memory.h"
 #include "zoe/ledger.h"
 #include "zoe/status.h"
 
 namespace zoe::gpu {
-
-// The memory underneath: malloc returns memory or a Status saying why not (out of memory, or a
-// broken driver); free takes back what malloc returned.
-struct RawMemory {
-  std::function<Result<void*>(size_t bytes)> malloc;
-  std::function<void(void* p)> free;
-};
 
 class CachingAllocator {
  public:

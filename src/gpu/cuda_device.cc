@@ -61,15 +61,7 @@ bool valid_stream(Stream s) { return stream_index(s) >= 0 && stream_index(s) < k
 CudaDevice::CudaDevice(int gpu, size_t device_budget, size_t host_budget, bool allow_tf32)
     : gpu_(gpu), allow_tf32_(allow_tf32) {
   gpu::RawMemory device_raw{
-      [](size_t n) -> Result<void*> {
-        void* p = nullptr;
-        const cudaError_t e = cudaMalloc(&p, n);
-        if (e != cudaSuccess) {
-          cudaGetLastError();
-          return Status::OutOfMemory("cudaMalloc: " + cuda_error(e));
-        }
-        return p;
-      },
+      gpu::cuda_raw_memory().malloc,
       [](void* p) {
         // A segment goes back only when the cache is released (a request would pass the budget)
         // or at the end, and work still queued may read a block of it: blocks are freed into the
@@ -397,9 +389,14 @@ Status CudaDevice::adam(const AdamHyper& h, const AdamRange* ranges, size_t coun
   return gpu::adam_step_cuda(no_decay, plain.data(), plain.size(), s, counter);
 }
 
+// The ops' workspaces and scratch come from the budget, booked as the model's activations: the
+// scheduler leaves room for them as for the activations (its room() follows their peak), and a
+// budget too small for them is an op's error naming the budget, not the GPU's own out-of-memory.
 ModelOps& CudaDevice::ops() {
   std::call_once(ops_once_, [this] {
-    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute), allow_tf32_);
+    gpu::RawMemory memory{[this](size_t n) { return device_mem_->allocate(n, Kind::kActivation); },
+                          [this](void* p) { device_mem_->release(p); }};
+    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute), allow_tf32_, std::move(memory));
   });
   if (!ops_) fatal(fmt::format("no CUDA model ops for GPU {}: cudaSetDevice failed or make_cuda_model_ops returned none", gpu_));
   return *ops_;

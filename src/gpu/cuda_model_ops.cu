@@ -78,9 +78,8 @@ struct CudaModelOps::Gemm {
     if (p.d) cublasLtMatrixLayoutDestroy(p.d);
     p = Plan{};
   }
-  ~Gemm() {
+  ~Gemm() {  // (the workspace goes back first: CudaModelOps's memory)
     for (Plan& p : plans) destroy(p);
-    if (workspace) cudaFree(workspace);
     if (handle) cublasLtDestroy(handle);
   }
 };
@@ -117,8 +116,9 @@ void note_no_epilogue(GemmEpilogue e, const std::string& where) {
 
 }  // namespace
 
-CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
-    : stream_(compute_stream), allow_tf32_(allow_tf32), gemm_(std::make_unique<Gemm>()) {
+CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32, RawMemory memory)
+    : stream_(compute_stream), allow_tf32_(allow_tf32), memory_(memory.malloc ? std::move(memory) : cuda_raw_memory()),
+      gemm_(std::make_unique<Gemm>()) {
   if (const char* v = std::getenv("ZOE_CUDA_ATTENTION"); v && *v) {
     const std::string_view k = v;
     if (k == "auto") attention_kernels_ = AttentionKernels::kAuto;
@@ -134,20 +134,26 @@ CudaModelOps::CudaModelOps(cudaStream_t compute_stream, bool allow_tf32)
     fail(Status::Runtime(cublas_text("cublasLtCreate", s)));
     return;
   }
-  // A GPU that cannot give 32 MiB at the start is failing: the error is the ops' status, which
-  // the trainer reads before the first step.
-  if (check(cudaMalloc(&gemm_->workspace, kGemmWorkspaceBytes), "cudaMalloc of the cuBLASLt workspace"))
-    gemm_->workspace_bytes = kGemmWorkspaceBytes;
-  else
-    gemm_->workspace = nullptr;
+  // A device (or budget) that cannot give 32 MiB at the start has no room to train: the error is
+  // the ops' status, which the trainer reads before the first step.
+  gemm_->workspace = take_memory(kGemmWorkspaceBytes, "the cuBLASLt workspace");
+  if (gemm_->workspace) gemm_->workspace_bytes = kGemmWorkspaceBytes;
 }
 
 CudaModelOps::~CudaModelOps() {
-  // Kernels enqueued earlier may still use the scratch: let them finish before freeing it.
-  if (scratch_[kOps] || scratch_[kHeld]) cudaStreamSynchronize(stream_);
+  // Kernels enqueued earlier may still use the workspaces and scratch: let them finish first.
+  cudnn_.reset();  // (it synchronizes before its workspace goes)
+  if (scratch_[kOps] || scratch_[kHeld] || gemm_->workspace) cudaStreamSynchronize(stream_);
   for (void* p : scratch_)
-    if (p) cudaFree(p);
+    if (p) memory_.free(p);
+  if (gemm_->workspace) memory_.free(gemm_->workspace);
   gemm_.reset();
+}
+
+void* CudaModelOps::take_memory(size_t bytes, const char* what) {
+  void* p = nullptr;
+  if (Status s = take_raw(memory_, bytes, what, &p); !s.ok()) fail(std::move(s));
+  return p;
 }
 
 size_t CudaModelOps::workspace_bytes() const {
@@ -214,16 +220,13 @@ void* CudaModelOps::scratch(size_t bytes, ScratchSlot slot) {
   if (buf) {
     // The old buffer may be in use by kernels still queued: wait for them (once per growth).
     if (!check(cudaStreamSynchronize(stream_), "synchronize before growing the scratch")) return nullptr;
-    check(cudaFree(buf), "cudaFree of the scratch");
+    memory_.free(buf);
     buf = nullptr;
     have = 0;
   }
   const size_t want = (std::max(bytes, kMinScratchBytes) + kMinScratchBytes - 1) / kMinScratchBytes * kMinScratchBytes;
-  if (!check(cudaMalloc(&buf, want), "cudaMalloc of the ops scratch")) {
-    buf = nullptr;
-    return nullptr;
-  }
-  have = want;
+  buf = take_memory(want, "the ops scratch");
+  if (buf) have = want;
   return buf;
 }
 
@@ -857,8 +860,8 @@ void CudaModelOps::crossentropy_bf16(float* loss, uint16_t* dlogits, const uint1
   crossentropy_any(loss, dlogits, logits, targets, N, V, dscale, "crossentropy_bf16");
 }
 
-std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32) {
-  return std::make_unique<CudaModelOps>(compute_stream, allow_tf32);
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32, RawMemory memory) {
+  return std::make_unique<CudaModelOps>(compute_stream, allow_tf32, std::move(memory));
 }
 
 }  // namespace zoe::gpu

@@ -18,9 +18,10 @@
 // sizes; later calls still run. Errors that happen asynchronously inside kernels
 // surface at the next synchronization of the stream, as for any CUDA work.
 //
-// Device memory held besides the caller's buffers (workspace_bytes()): the cuBLASLt workspace and
-// a scratch buffer for reduction partials, which grows to the largest need it has met (a few MiB
-// for GPT-2 shapes; growing waits for the compute stream once).
+// Device memory held besides the caller's buffers (workspace_bytes()): the cuBLASLt workspace
+// (32 MiB), cuDNN's attention workspace and a scratch buffer for reduction partials, which grow to
+// the largest need they have met (a few MiB for GPT-2 shapes; growing waits for the compute stream
+// once). All of it comes from the RawMemory given at construction: a CudaDevice's budget.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -33,6 +34,7 @@
 #include <string>
 #include <utility>
 
+#include "gpu/raw_memory.h"
 #include "ops/model_ops.h"
 #include "zoe/status.h"
 
@@ -51,8 +53,9 @@ class CudaModelOps final : public ModelOps {
  public:
   // `compute_stream` is borrowed (the device owns it; destroy the ops first). allow_tf32: GEMMs
   // may round their inputs to TF32 on tensor cores (many times faster on A100/H100, but no longer
-  // within 1e-5 of the CPU).
-  explicit CudaModelOps(cudaStream_t compute_stream, bool allow_tf32 = false);
+  // within 1e-5 of the CPU). `memory`: where workspaces and scratch come from (none given:
+  // cudaMalloc); it must outlive the ops.
+  explicit CudaModelOps(cudaStream_t compute_stream, bool allow_tf32 = false, RawMemory memory = {});
   ~CudaModelOps() override;
   CudaModelOps(const CudaModelOps&) = delete;
   CudaModelOps& operator=(const CudaModelOps&) = delete;
@@ -65,8 +68,8 @@ class CudaModelOps final : public ModelOps {
   // Head size at most 128, B * NH at most 65535 (the grid's y limit).
   Status supports_attention(int B, int T, int C, int NH) const override;
   void clear_status() { static_cast<void>(status_ = Status::Ok()); }
-  // Device bytes this object holds: cuBLASLt workspace + scratch.
-  size_t workspace_bytes() const;
+  // Device bytes this object holds: cuBLASLt's and cuDNN's workspaces + scratch.
+  size_t workspace_bytes() const override;
   bool allow_tf32() const { return allow_tf32_; }
 
   // Which kernels run the bf16 attention. kAuto (the default): cuDNN's fused flash attention
@@ -115,6 +118,8 @@ class CudaModelOps final : public ModelOps {
   // while the kernels and sums it runs take kOps.
   enum ScratchSlot { kOps = 0, kHeld = 1 };
   void* scratch(size_t bytes, ScratchSlot slot = kOps);
+  // `bytes` from memory_, or nullptr with the error recorded, naming `what`.
+  void* take_memory(size_t bytes, const char* what);
   // D[m x n] = op(A) op(B) + beta * D in cuBLAS's column-major view (cuda_model_ops.cu).
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B,
             int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
@@ -168,6 +173,7 @@ class CudaModelOps final : public ModelOps {
 
   cudaStream_t stream_;
   bool allow_tf32_;
+  RawMemory memory_;
   AttentionKernels attention_kernels_ = AttentionKernels::kAuto;
   std::unique_ptr<CudnnAttention> cudnn_;  // created at the first bf16 attention that may use it
   Status cudnn_missing_;                    // why there is none, once tried
@@ -186,6 +192,7 @@ class CudaModelOps final : public ModelOps {
 // (zoe.allow_tf32). Check
 // static_cast<CudaModelOps&>(*ops).status() after construction: without a usable GPU or cuBLASLt
 // it holds the reason, and GEMM calls fail.
-std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32 = false);
+std::unique_ptr<ModelOps> make_cuda_model_ops(cudaStream_t compute_stream, bool allow_tf32 = false,
+                                              RawMemory memory = {});
 
 }  // namespace zoe::gpu

@@ -136,7 +136,7 @@ void CudaModelOps::attention_forward(float* out, float* lse, const float* qkv, i
 Status CudaModelOps::cudnn_attention_status(int B, int T, int C, int NH) {
   if (!cudnn_tried_) {
     cudnn_tried_ = true;
-    static_cast<void>(cudnn_missing_ = CudnnAttention::create(stream_, &cudnn_));  // ([[nodiscard]])
+    static_cast<void>(cudnn_missing_ = CudnnAttention::create(stream_, memory_, &cudnn_));  // ([[nodiscard]])
   }
   return cudnn_ ? cudnn_->prepare(B, T, C, NH) : cudnn_missing_;
 }

@@ -146,6 +146,7 @@ struct CudnnAttention::Impl {
     Status status;  // why cuDNN cannot run the shape, or ok
   };
   cudaStream_t stream = nullptr;
+  RawMemory memory;
   cudnnHandle_t handle = nullptr;
   std::map<Shape, Plans> plans;
   void* workspace = nullptr;
@@ -154,7 +155,7 @@ struct CudnnAttention::Impl {
   ~Impl() {
     if (workspace) {
       cudaStreamSynchronize(stream);  // the plans queued may still use it
-      cudaFree(workspace);
+      memory.free(workspace);
     }
     if (handle) cudnnDestroy(handle);
   }
@@ -164,16 +165,11 @@ struct CudnnAttention::Impl {
     if (workspace) {
       if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
         return Status::Runtime(std::string("synchronize before growing cuDNN's workspace: ") + cudaGetErrorName(e));
-      cudaFree(workspace);
+      memory.free(workspace);
       workspace = nullptr;
       workspace_bytes = 0;
     }
-    if (cudaError_t e = cudaMalloc(&workspace, size_t(bytes)); e != cudaSuccess) {
-      cudaGetLastError();
-      workspace = nullptr;
-      return Status::OutOfMemory(fmt::format("cudaMalloc of cuDNN's attention workspace ({} bytes): {}", bytes,
-                                             cudaGetErrorName(e)));
-    }
+    ZOE_RETURN_IF_ERROR(take_raw(memory, size_t(bytes), "cuDNN's attention workspace", &workspace));
     workspace_bytes = size_t(bytes);
     return Status::Ok();
   }
@@ -210,9 +206,10 @@ struct CudnnAttention::Impl {
 CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-Status CudnnAttention::create(cudaStream_t stream, std::unique_ptr<CudnnAttention>* out) {
+Status CudnnAttention::create(cudaStream_t stream, RawMemory memory, std::unique_ptr<CudnnAttention>* out) {
   auto impl = std::make_unique<Impl>();
   impl->stream = stream;
+  impl->memory = std::move(memory);
   if (cudnnStatus_t s = cudnnCreate(&impl->handle); s != CUDNN_STATUS_SUCCESS) {
     impl->handle = nullptr;
     return Status::Unsupported("cudnnCreate: " + cudnn_text(s));

@@ -22,15 +22,17 @@
 #include <memory>
 #include <string>
 
+#include "gpu/raw_memory.h"
 #include "zoe/status.h"
 
 namespace zoe::gpu {
 
 class CudnnAttention {
  public:
-  // *out: a cuDNN handle on `stream` (borrowed: destroy this first); else why there is none: a
-  // build without cuDNN, a library that does not load, a GPU it cannot use.
-  static Status create(cudaStream_t stream, std::unique_ptr<CudnnAttention>* out);
+  // *out: a cuDNN handle on `stream` (borrowed: destroy this first), its workspace taken from
+  // `memory` (which must outlive it); else why there is none: a build without cuDNN, a library
+  // that does not load, a GPU it cannot use.
+  static Status create(cudaStream_t stream, RawMemory memory, std::unique_ptr<CudnnAttention>* out);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

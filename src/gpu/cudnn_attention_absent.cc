@@ -15,7 +15,7 @@ struct CudnnAttention::Impl {};
 CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-Status CudnnAttention::create(cudaStream_t, std::unique_ptr<CudnnAttention>*) { return Status::Unsupported(kAbsent); }
+Status CudnnAttention::create(cudaStream_t, RawMemory, std::unique_ptr<CudnnAttention>*) { return Status::Unsupported(kAbsent); }
 Status CudnnAttention::prepare(int, int, int, int) { return Status::Unsupported(kAbsent); }
 Status CudnnAttention::forward(uint16_t*, float*, const uint16_t*, int, int, int, int) {
   return Status::Unsupported(kAbsent);

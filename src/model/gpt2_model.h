@@ -29,6 +29,7 @@ class Gpt2Model final : public Model {
   // bf16_compute: the units are bf16 (bf16 training) and the products run on them in bf16.
   Gpt2Model(const gpt2::Gpt2Shape& shape, bool activation_checkpointing, bool bf16_compute = false);
   std::string name() const override { return "gpt2"; }
+  bool uses_device_ops() const override { return true; }
   std::vector<UnitSpec> units() const override;
   void init_unit(int u, uint64_t seed, float* out) const override;
   Result<double> train_micro_step(Engine& e, const Batch& b, float loss_scale) override;

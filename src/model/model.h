@@ -33,6 +33,10 @@ class Model {
   virtual Result<double> eval_loss(Engine& e, const Batch& b) = 0;
   // Tokens (or samples) one micro-batch covers, for throughput figures.
   virtual int64_t tokens_per_batch(const Batch& b) const { return int64_t{b.B} * b.T; }
+  // Whether it computes with the device's ops (Device::ops()). Whoever makes its engine builds
+  // them first: their workspaces live as long as the job, and taken after the engine's state
+  // they would find the device budget's free room in pieces.
+  virtual bool uses_device_ops() const { return false; }
 };
 
 // Sets every unit's parameters to the model's default initialisation for `seed`.

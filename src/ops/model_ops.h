@@ -8,6 +8,7 @@
 // `overwrite`, its outputs are overwritten instead: no zeroing pass first), and the CPU reference
 // in gpt2_ops.h implements them; host_model_ops() runs exactly those functions on host memory.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -29,6 +30,9 @@ class ModelOps {
   // nothing and only enqueue, so a model reads this before it hands an op's result on (a gradient
   // to the engine, the loss to the host): a failed op never becomes a finished step.
   virtual Status status() const { return Status::Ok(); }
+  // Device memory the ops hold besides their callers' buffers (a GPU's library workspaces and
+  // reduction scratch), taken from the device's budget; it grows to the largest need met so far.
+  virtual size_t workspace_bytes() const { return 0; }
   // Whether this device's kernels run the GPT-2 attention at these sizes (B sequences of T
   // positions, C channels in NH heads); asked before any step, so that a shape they cannot run is
   // a configuration error, not a failure in the middle of training.

@@ -277,8 +277,8 @@ Status ZeroEngine::check_device_fits() {
     if (need > left)
       return Status::Invalid(fmt::format(
           "unit '{}' needs {} bytes on the device at once (its gathered weights, its fp32 gradient and its "
-          "reduction buffer), but zoe.device_memory_budget ({} bytes) leaves {} after the persistent state and "
-          "the communicator's staging ({} bytes): raise the budget or offload the state (offload_param, "
+          "reduction buffer), but zoe.device_memory_budget ({} bytes) leaves {} after the persistent state, "
+          "the communicator's staging and the compute ops' workspace ({} bytes): raise the budget or offload the state (offload_param, "
           "offload_optimizer)",
           unit(u).name, need, budget, left, budget - left));
   }

@@ -76,12 +76,11 @@ Result<std::unique_ptr<Model>> make_model(const Config& c) {
 }
 
 // The device's ops can run this job: their setup succeeded (a CUDA device's cuBLASLt handle and
-// workspace), and the model's shapes are ones its kernels run (exit 2 before any step, not an op
-// that fails mid-training).
+// workspace, taken from the device budget before the engine's state), and the model's shapes are
+// ones its kernels run (exit 2 before any step, not an op that fails mid-training).
 Status check_device_ops(const Config& c, ModelOps& ops) {
   if (Status s = ops.status(); !s.ok())
     return Status::Runtime("zoe.device \"" + c.device + "\": its compute ops failed to start: " + s.message());
-  if (c.model_type != "gpt2") return Status::Ok();
   const Status s = ops.supports_attention(c.micro_batch, c.seq_len, c.n_embd, c.n_head);
   if (s.ok()) return s;
   return Status::Invalid(
@@ -179,7 +178,7 @@ class TrainJob {
     comm_.set_ledger(&dev_->ledger());
     c_.compute_dtype = resolve_compute_dtype(c_);  // the report's done line says what ran
     ZOE_ASSIGN_OR_RETURN(model_, make_model(c_));
-    ZOE_RETURN_IF_ERROR(check_device_ops(c_, dev_->ops()));
+    if (model_->uses_device_ops()) ZOE_RETURN_IF_ERROR(check_device_ops(c_, dev_->ops()));
     ZOE_ASSIGN_OR_RETURN(engine_, ZeroEngine::create(engine_options(c_), *dev_, tensor(), model_->units(), o_.nvme_env));
     ZOE_ASSIGN_OR_RETURN(source_, make_source(c_, c_.data_train, comm_.rank(), comm_.size(), false));
     if (c_.eval_every > 0) {

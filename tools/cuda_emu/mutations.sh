@@ -215,6 +215,12 @@ mutate src/gpu/cuda_attention_mma.cuh "    const float total = quad_sum(l[half])
 check "a shuffle that the lanes of rows past T skip (attention_forward_mma_kernel)" cuda_model_ops_gpu_test_emu \
   "shuffle|warp is split|mma.sync" $(ops_test '*Bf16AttentionOnTensorCores*')
 
+# --- the device budget holds the ops' workspaces ---
+mutate src/gpu/cuda_device.cc "    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute), allow_tf32_, std::move(memory));" \
+  "    if (make_current().ok()) ops_ = gpu::make_cuda_model_ops(stream(Stream::kCompute), allow_tf32_);  // mutation: cudaMalloc"
+check "the ops' workspaces taken outside the device budget (CudaDevice::ops)" cuda_device_gpu_test_emu \
+  "Failure" tests/cuda_device_gpu_test_emu --gtest_filter='*TheOpsWorkspacesComeFromTheBudget*'
+
 # --- Adam taken back (AdamHyper::undo) ---
 mutate src/gpu/adam_cuda.cu "  master = __fdiv_rn(p, c.decay);" "  master = p;  // mutation: AdamW's decay not undone"
 check "a speculative step taken back without undoing the decoupled decay (adam_cuda.cu)" adam_cuda_gpu_test_emu \
