@@ -77,7 +77,7 @@ ratio=${BHBM_RATIO:-$(awk -v o=$opt -v h="$room" 'BEGIN { r = int(h / o * 10000)
 offloaded=$(awk -v o=$opt -v r="$ratio" 'BEGIN { printf "%.0f", o * r }')
 (( offloaded <= room )) || die "the offloaded $(gb "$offloaded") do not fit the home's $(gb "$room") ($home)"
 device_budget=$mem                          # a CPU device's arena: all of it
-[[ $device == cuda ]] && device_budget=$(( mem - (3 << 30) ))  # the CUDA context, cuBLASLt's workspaces
+[[ $device == cuda ]] && device_budget=$(( mem - (3 << 30) ))  # the CUDA context, NCCL's and cuDNN's own (the ops' workspaces are in the budget)
 host_budget=$(( (2 << 30) + (4 << 30) ))   # the NVMe tier's pinned pool, staging
 [[ $home == cpu ]] && host_budget=$(( offloaded + (4 << 30) ))  # the state, staging
 (( tokens % (micro * T) == 0 )) || die "BHBM_TOKENS ($tokens) is not a multiple of BHBM_MICRO x BHBM_SEQ ($micro x $T)"
