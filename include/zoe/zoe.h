@@ -110,6 +110,12 @@ ZOE_API zoe_status zoe_fetch(zoe_engine* e, int unit, DLManagedTensor** out);
 ZOE_API zoe_status zoe_device(zoe_engine* e, DLDevice* out);
 ZOE_API zoe_status zoe_release(zoe_engine* e, int unit);
 
+/* The framework's own memory on zoe's device right now, in bytes (on a GPU: what its allocator
+ * holds, torch.cuda.memory_reserved): booked in zoe's ledger as activations, so that stage 3 keeps
+ * and prefetches units only in what it leaves of zoe.device_memory_budget, and the peak device
+ * bytes zoe reports cover it. Call it before each zoe_fetch, as it grows. After zoe_start. */
+ZOE_API zoe_status zoe_set_activation_bytes(zoe_engine* e, uint64_t bytes);
+
 /* zoe's later device work waits for what `stream` (a cudaStream_t of zoe's GPU) has queued so far:
  * call it before zoe_release and before handing gradients over when a framework's kernels on that
  * stream may still read a unit's buffer or write a gradient (an event, not a host wait). Nothing to

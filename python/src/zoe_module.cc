@@ -102,6 +102,9 @@ class Engine {
   void wait_stream(uintptr_t stream) {
     call([&](zoe_engine* e) { return zoe_wait_stream(e, reinterpret_cast<void*>(stream)); });
   }
+  void set_activation_bytes(uint64_t bytes) {
+    call([&](zoe_engine* e) { return zoe_set_activation_bytes(e, bytes); });
+  }
   void set_stream(uintptr_t stream) {
     call([&](zoe_engine* e) { return zoe_set_stream(e, reinterpret_cast<void*>(stream)); });
   }
@@ -184,6 +187,7 @@ PYBIND11_MODULE(_zoe, m) {
       .def("release", &Engine::release)
       .def("wait_stream", &Engine::wait_stream)
       .def("set_stream", &Engine::set_stream)
+      .def("set_activation_bytes", &Engine::set_activation_bytes)
       .def("device", &Engine::device)
       .def("grad_param", &Engine::grad_param)
       .def("grads_ready", &Engine::grads_ready)

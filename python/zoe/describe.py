@@ -13,10 +13,11 @@ then `repeats` times timed, keeps the median run (torch's own micro-steps vary b
 here), and splits its wall time at each fetch: the time
 from one fetch to the next belongs to the unit fetched first, so the caller's own work between
 modules (the loss, data moved to the device) counts too, as zoe plan adds it up. On a GPU every
-fetch waits for the device first (torch.cuda.synchronize), so a segment holds its kernels, and
-the micro-step's peak of torch's allocator beyond what it held before is the activations' bytes
-(on the CPU device torch's activations live outside zoe's budgets); to them is added the engine's
-own peak beside its state (a unit's gradient staged at its hand-over).
+fetch waits for the device first (torch.cuda.synchronize), so a segment holds its kernels. The
+activations' bytes are the engine's peak beside its state: its own transient memory (a unit's
+gradient staged at its hand-over) and, on a GPU, what torch's allocator held at each fetch, which
+zoe.torch.wrap books in zoe's ledger (zoe.device_memory_budget covers both); torch's own peak
+where it is higher. On the CPU device torch's activations live outside zoe's budgets.
 
 Each call adds (or replaces) the micro-step of its micro_batch in the file: call it once per
 micro-batch size the plan may choose from. A file that describes other units (another model) is
@@ -86,11 +87,9 @@ def describe(model, micro_step, path, *, micro_batch, tokens, checkpointing=Fals
     gpu = _on_gpu(model)
     for _ in range(int(warm)):  # allocations, first-touch pages, kernels' plans, torch's caches
         micro_step()
-    base = 0
     if gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
     runs = []
     for _ in range(int(repeats)):
         wall, marks = _timed(model, micro_step, gpu)
@@ -102,11 +101,12 @@ def describe(model, micro_step, path, *, micro_batch, tokens, checkpointing=Fals
                              "zoe plan needs the micro-step's one order")
         runs.append((wall, marks))
     best = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median run: torch's own steps vary
-    # Beside zoe's state: torch's activations on a GPU, and what zoe itself held for a moment (a
-    # unit's gradient staged at its hand-over), as the engine's ledger peaked.
-    activations = torch.cuda.max_memory_allocated() - base if gpu else 0
+    # Beside zoe's state, as the engine's ledger peaked: what zoe held for a moment and, on a GPU,
+    # what torch's allocator held at the fetches (booked by the wrapper).
     device = w.engine.stats()["ledger"]["device"]
-    activations += max(0, device["peak"] - device["persistent"])
+    activations = max(0, device["peak"] - device["persistent"])
+    if gpu:
+        activations = max(activations, torch.cuda.max_memory_reserved())
     entry = {"micro_batch": int(micro_batch), "checkpointing": bool(checkpointing), "tokens": int(tokens),
              "activation_bytes": int(max(0, activations)), "seconds": best[0], "fetches": _fetches(*best)}
     units = [max(ps.offset + ps.numel for ps in u.params) for u in w.units]

@@ -232,6 +232,14 @@ def _torch_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# What torch's allocator holds on zoe's GPU (its activations, gradients before their hand-over):
+# booked in zoe's ledger before each fetch (zoe_set_activation_bytes), so that zoe keeps and
+# prefetches units only in what torch leaves of zoe.device_memory_budget. Module-level so that a
+# test can stand in for it without a GPU.
+def _torch_memory(device):
+    return torch.cuda.memory_reserved(device)
+
+
 # Where zoe's memory is, as torch names it (zoe_device: DLPack's kDLCPU 1, kDLCUDA 2).
 def _engine_device(engine):
     kind, index = engine.device()
@@ -344,6 +352,7 @@ class _Wrapper:
             if self.fetch_trace is not None:
                 self.fetch_trace(u, self.callback_queued)
             if self.gpu is not None:  # torch's kernels on its current stream read the weights
+                self.engine.set_activation_bytes(_torch_memory(self.gpu))
                 self.engine.set_stream(_torch_stream(self.gpu))
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
             if self.gpu is None and _on_gpu(unit.flat):

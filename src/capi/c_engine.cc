@@ -343,6 +343,12 @@ Result<StepResult> CEngine::step(double lr) {
   return engine_->step(checked_lr);  // stage 3's update runs on, overlapped with the next forward
 }
 
+Status CEngine::set_activation_bytes(uint64_t bytes) {
+  ZOE_RETURN_IF_ERROR(need_started("zoe_set_activation_bytes"));
+  engine_->set_activation_bytes(bytes);
+  return Status::Ok();
+}
+
 Status CEngine::update_during_backward(double lr) {
   ZOE_RETURN_IF_ERROR(need_started("zoe_update_during_backward"));
   ZOE_ASSIGN_OR_RETURN(double checked_lr, step_lr("zoe_update_during_backward", lr));  // as step() will pick it

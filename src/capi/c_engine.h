@@ -54,6 +54,7 @@ class CEngine {
   Status grad_param(const std::string& name, const DLTensor* grad);
   Status grads_ready(int u, const DLTensor* grad);
   Result<StepResult> step(double lr);
+  Status set_activation_bytes(uint64_t bytes);  // Engine::set_activation_bytes
   Status update_during_backward(double lr);  // zoe.update_in_backward (Engine::update_during_backward)
   // Waits for the last step's update (stage 3 runs it on after zoe_step returns) and returns its
   // error: zoe_engine_close reports it, zoe_engine_free logs it.

@@ -175,6 +175,10 @@ zoe_status zoe_set_stream(zoe_engine* e, void* stream) {
   return call(e, "zoe_set_stream", [&](zoe::capi::CEngine& c) { return c.set_stream(stream); });
 }
 
+zoe_status zoe_set_activation_bytes(zoe_engine* e, uint64_t bytes) {
+  return call(e, "zoe_set_activation_bytes", [&](zoe::capi::CEngine& c) { return c.set_activation_bytes(bytes); });
+}
+
 zoe_status zoe_release(zoe_engine* e, int unit) {
   return call(e, "zoe_release", [&](zoe::capi::CEngine& c) { return c.release(unit); });
 }

@@ -6,9 +6,11 @@ torch's stream (zoe.torch._torch_stream, _on_gpu) and a recorder sits between th
 engine: every release and every unit's gradient hand-over (its first zoe_grad_param; the unit's
 others follow at once) must come right after a wait on torch's stream and torch's stream set as
 the caller's, every fetch after the first (which finds the GPU) right after the stream is set,
-and the training result must be unchanged. zoe_wait_stream and
-zoe_set_stream themselves run on the CPU device (nothing to wait for there) and refuse an engine
-that is not started."""
+and the training result must be unchanged. Before each such fetch what torch's allocator holds
+(a stand-in for torch.cuda.memory_reserved, zoe.torch._torch_memory) is booked in zoe's ledger as
+activations (zoe_set_activation_bytes): the ledger ends with the last figure and its device peak
+covers the highest. zoe_wait_stream, zoe_set_stream and zoe_set_activation_bytes themselves run
+on the CPU device (nothing to wait for there) and refuse an engine that is not started."""
 import sys
 
 import torch
@@ -17,6 +19,7 @@ import zoe
 import zoe.torch
 
 STREAM = 0x5eed  # the stand-in's stream handle
+TORCH_BYTES = 3 << 20  # what the stand-in's allocator holds at its first fetch; 4 KiB more each
 
 
 class Recorder:
@@ -27,7 +30,8 @@ class Recorder:
 
     def __getattr__(self, name):
         f = getattr(self.engine, name)
-        if name not in ("wait_stream", "set_stream", "fetch", "release", "grad_param", "grads_ready"):
+        if name not in ("wait_stream", "set_stream", "set_activation_bytes", "fetch", "release", "grad_param",
+                        "grads_ready"):
             return f
 
         def logged(*args):
@@ -44,6 +48,8 @@ def model():
 def train(on_gpu):
     zoe.torch._on_gpu = lambda t: on_gpu
     zoe.torch._torch_stream = lambda device: STREAM
+    held = []
+    zoe.torch._torch_memory = lambda device: held.append(TORCH_BYTES + 4096 * len(held)) or held[-1]
     e = zoe.Engine({"zero_optimization": {"stage": 3}})
     rec = Recorder(e)
     m = model()
@@ -51,8 +57,9 @@ def train(on_gpu):
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     m(x).square().sum().backward()
     norm = e.step(1e-3)["grad_norm"]
+    ledger = e.stats()["ledger"]["device"]
     e.close()
-    return rec.log, norm
+    return rec.log, norm, ledger
 
 
 def check(log):
@@ -66,6 +73,8 @@ def check(log):
             fetches += 1
             if fetches > 1 and (i == 0 or log[i - 1][0] != "set_stream"):
                 bad.append(f"call {i}: fetch({arg}) without torch's stream set as the caller's right before it")
+            if fetches > 1 and (i < 2 or log[i - 2][0] != "set_activation_bytes"):
+                bad.append(f"call {i}: fetch({arg}) without torch's memory booked right before it")
         # grads_ready with a tensor is the zeros of an unused unit, made in host memory.
         if name not in ("release", "grad_param"):
             continue
@@ -81,7 +90,7 @@ def check(log):
 def main():
     ok = True
     e = zoe.Engine({"zero_optimization": {"stage": 3}})
-    for call in ("wait_stream", "set_stream"):
+    for call in ("wait_stream", "set_stream", "set_activation_bytes"):
         try:
             getattr(e, call)(STREAM)
             print(f"FAIL: zoe_{call} before zoe_start did not raise")
@@ -90,18 +99,27 @@ def main():
             print(f"zoe_{call} before zoe_start: {err}")
     e.close()
 
-    log, norm = train(on_gpu=True)
+    log, norm, ledger = train(on_gpu=True)
     bad, releases, grads, fetches = check(log)
     for b in bad:
         print("FAIL:", b)
     ok = ok and not bad and releases > 0 and grads > 0 and fetches > 1
     print(f"{fetches} fetches, {releases} releases and {grads} gradient hand-overs; {len(bad)} of them without "
-          "the waits and the caller's stream right before")
+          "the waits, the caller's stream and torch's memory booked right before")
+    booked = [c[1] for c in log if c[0] == "set_activation_bytes"]
+    last = TORCH_BYTES + 4096 * (len(booked) - 1)
+    if not booked or booked[-1] != last or ledger["activation"] != last or ledger["peak"] < last + ledger["persistent"]:
+        print(f"FAIL: torch's memory booked {len(booked)} times, the last {booked[-1:]}, expected {last}; the ledger "
+              f"holds {ledger['activation']} as activations, peak {ledger['peak']}, persistent {ledger['persistent']}")
+        ok = False
+    print(f"torch's memory booked before {len(booked)} fetches: ledger activations {ledger['activation']}, device "
+          f"peak {ledger['peak']} (persistent {ledger['persistent']})")
 
-    cpu_log, cpu_norm = train(on_gpu=False)
-    waits = sum(1 for c in cpu_log if c[0] in ("wait_stream", "set_stream"))
-    if waits:
-        print(f"FAIL: {waits} waits on or settings of a stream for tensors in host memory")
+    cpu_log, cpu_norm, cpu_ledger = train(on_gpu=False)
+    waits = sum(1 for c in cpu_log if c[0] in ("wait_stream", "set_stream", "set_activation_bytes"))
+    if waits or cpu_ledger["activation"]:
+        print(f"FAIL: {waits} waits on or settings of a stream or torch's memory for tensors in host memory "
+              f"({cpu_ledger['activation']} bytes of activations booked)")
         ok = False
     if norm != cpu_norm:
         print(f"FAIL: the waits changed the result: gradient norm {norm} vs {cpu_norm}")
