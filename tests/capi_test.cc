@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dl_read.h"
 #include "test_util.h"
 #include "zoe/zoe.h"
@@ -454,6 +456,38 @@ TEST(CApi, DeviceIsWhereFetchedTensorsLive) {
   t->deleter(t);
   EXPECT_EQ(zoe_release(e, 0), ZOE_OK);
   zoe_engine_free(e);
+}
+
+// zoe.device_memory_budget "auto" (the default) becomes bytes at zoe_start: the CPU device's 8 GiB,
+// or the GPU's free memory less 3 GiB (the emulated GPU: 16 GiB, little of it held); a budget in
+// bytes stays as given. zoe_stats_json says which.
+TEST(CApi, AnAutoDeviceBudgetIsResolvedAtStart) {
+  constexpr uint64_t GiB = uint64_t{1} << 30;
+  auto device_budget = [](zoe_engine* e) {
+    char* stats = nullptr;
+    EXPECT_EQ(zoe_stats_json(e, &stats), ZOE_OK) << zoe_last_error();
+    const nlohmann::json j = nlohmann::json::parse(stats ? stats : "{}");
+    zoe_free_string(stats);
+    return j.at("budgets").at("device").get<uint64_t>();
+  };
+  zoe_engine* e = two_units(0);
+  const uint64_t got = device_budget(e);
+  if (zoe::test::test_device_name() == "cuda") {
+    EXPECT_LE(got, 13 * GiB);
+    EXPECT_GT(got, 12 * GiB);
+  } else {
+    EXPECT_EQ(got, 8 * GiB);
+  }
+  zoe_engine_free(e);
+  nlohmann::json c = nlohmann::json::parse(config(0));
+  c["zoe"]["device_memory_budget"] = "2GiB";
+  zoe_engine* f = nullptr;
+  ASSERT_EQ(zoe_engine_new(c.dump().c_str(), &f), ZOE_OK) << zoe_last_error();
+  int64_t w[1] = {kD};
+  ASSERT_EQ(zoe_register_param(f, "a", "a.w", 1, w, kF32, 1), ZOE_OK) << zoe_last_error();
+  ASSERT_EQ(zoe_start(f), ZOE_OK) << zoe_last_error();
+  EXPECT_EQ(device_budget(f), 2 * GiB);
+  zoe_engine_free(f);
 }
 
 // The CPU device has no streams: zoe_set_stream is accepted (before zoe_start it is not) and

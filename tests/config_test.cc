@@ -93,6 +93,27 @@ TEST(Config, BytesAcceptUnits) {
   EXPECT_FALSE(parse_bytes(nlohmann::json(1e30), "k").ok());
 }
 
+// zoe.device_memory_budget is "auto" unless given in bytes ("auto" may be written too), and says
+// so when written back (resolve_device_budget makes it bytes: CApi.AnAutoDeviceBudgetIsResolvedAtStart).
+TEST(Config, TheDeviceBudgetIsAutoUnlessGivenInBytes) {
+  auto none = parse_config("{}", {}, "t");
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_TRUE(none->device_memory_budget_auto);
+  EXPECT_EQ(config_to_json(*none)["zoe"]["device_memory_budget"], "auto");
+  auto written = parse_config(R"({"zoe": {"device_memory_budget": "auto"}})", {}, "t");
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  EXPECT_TRUE(written->device_memory_budget_auto);
+  auto bytes = parse_config("{}", {"zoe.device_memory_budget=\"3GiB\""}, "t");
+  ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+  EXPECT_FALSE(bytes->device_memory_budget_auto);
+  EXPECT_EQ(bytes->device_memory_budget, uint64_t{3} << 30);
+  EXPECT_EQ(config_to_json(*bytes)["zoe"]["device_memory_budget"], uint64_t{3} << 30);
+  auto again = parse_config(config_to_json(*bytes).dump(), {}, "t");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_FALSE(again->device_memory_budget_auto);
+  EXPECT_FALSE(parse_config(R"({"zoe": {"device_memory_budget": "automatic"}})", {}, "t").ok());
+}
+
 TEST(Config, EmptySectionsSetNothing) {
   auto r = parse_config(R"({"zero_optimization": {}, "aio": {}, "zoe": {"model": {}}})", {}, "t");
   ASSERT_TRUE(r.ok()) << r.status().message();

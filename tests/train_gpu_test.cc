@@ -395,6 +395,28 @@ TEST(GpuFaults, ABudgetWithoutRoomForTheOpsWorkspaceEndsTheJobNamingIt) {
   EXPECT_TRUE(std::isnan(o.loss)) << "a step ran";
 }
 
+// zoe.device_memory_budget "auto" on cuda is the GPU's free memory less 3 GiB (the CUDA context's
+// and NCCL's room, outside the budget): a GPU with less than 4 GiB free is a bad config naming the
+// key and what is free, before anything is allocated; with more the job trains
+// (CApi.AnAutoDeviceBudgetIsResolvedAtStart checks the value). CUDA_EMU_MEMORY sizes the GPU.
+TEST(TrainGpu, AnAutoBudgetIsTheGpusFreeMemoryLessThreeGiB) {
+  const std::string budget = " --set zoe.device_memory_budget='\"auto\"'";
+  const Outcome small = one_step("CUDA_EMU_MEMORY=3758096384", budget);  // 3.5 GiB
+  EXPECT_EQ(small.rc, 2) << small.out;
+  EXPECT_TRUE(has(small.out, "zoe: config key 'zoe.device_memory_budget' \"auto\": rank 0's GPU has "
+                             "3758096384 bytes \\(3.5 GiB\\) free, under the 3221225472 bytes"))
+      << small.out;
+  EXPECT_TRUE(std::isnan(small.loss)) << "a step ran";
+  const Outcome fits = one_step("CUDA_EMU_MEMORY=6442450944", budget);  // 6 GiB: a budget of 3
+  EXPECT_EQ(fits.rc, 0) << fits.out;
+  EXPECT_TRUE(std::isfinite(fits.loss)) << fits.out;
+  const Outcome unread = one_step("CUDA_EMU_FAIL=cudaMemGetInfo:1", budget);
+  EXPECT_EQ(unread.rc, 2) << unread.out;
+  EXPECT_TRUE(has(unread.out, "zoe: config key 'zoe.device_memory_budget' \"auto\": rank 0 cannot read its GPU's "
+                              "free memory \\(cudaMemGetInfo of GPU 0: cudaError[A-Za-z]+\\): give a budget in bytes"))
+      << unread.out;
+}
+
 TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
   const Outcome o = one_step("", " --set zoe.model.n_embd=160 --set zoe.model.n_head=1");
   EXPECT_EQ(o.rc, 2) << o.out;

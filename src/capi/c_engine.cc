@@ -120,6 +120,7 @@ Status CEngine::register_param(const std::string& unit, const std::string& name,
 Status CEngine::start() {
   if (engine_) return Status::Runtime("zoe_start: the engine is started already");
   if (units_.empty()) return Status::Invalid("zoe_start: no parameter is registered");
+  ZOE_RETURN_IF_ERROR(resolve_device_budget(cfg_, *comm_));
   ZOE_ASSIGN_OR_RETURN(backend_, make_backend(cfg_, *comm_));
   comm_->set_ledger(&backend_.device->ledger());
   ZOE_ASSIGN_OR_RETURN(engine_, ZeroEngine::create(engine_options(cfg_), *backend_.device, tensor_comm(), units_));
@@ -445,6 +446,7 @@ std::string CEngine::stats_json() const {
   }
   const CommBytes& c = backend_.tensor_comm ? backend_.tensor_comm->bytes_sent() : comm_->bytes_sent();
   j["ledger"] = ledger;
+  j["budgets"] = {{"device", cfg_.device_memory_budget}, {"host", cfg_.host_memory_budget}};
   j["comm_bytes"] = {{"all_gather", c.all_gather}, {"reduce_scatter", c.reduce_scatter},
                      {"all_reduce", c.all_reduce}, {"broadcast", c.broadcast}};
   j["steps_applied"] = engine_->steps_applied();

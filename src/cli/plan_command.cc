@@ -156,8 +156,10 @@ struct PlanRun {
 // rank's own figures, and a caller that needs one choice takes rank 0's.
 // `model_work`: a described model's file (zoe.torch.describe), planned in place of the config's
 // GPT-2: its units and measured micro-steps; the machine's rates are measured as for GPT-2.
-Result<PlanRun> run_plan(const Config& c, const std::string& cache, bool recalibrate, std::FILE* human, Comm& comm,
-                         const std::string& model_work = {}) {
+Result<PlanRun> run_plan(const Config& job_config, const std::string& cache, bool recalibrate, std::FILE* human,
+                         Comm& comm, const std::string& model_work = {}) {
+  Config c = job_config;
+  ZOE_RETURN_IF_ERROR(resolve_device_budget(c, comm));  // the budget the job will get, planned within
   PlanRun run;
   PlanJob& job = run.job;
   std::optional<DescribedModel> described;

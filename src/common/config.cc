@@ -249,8 +249,9 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.integer("steps_per_print", c.steps_per_print, 0, 1 << 30));
   ZOE_RETURN_IF_ERROR(r.integer("seed", c.seed, 0, INT64_MAX));
   ZOE_RETURN_IF_ERROR(r.string("zoe.device", c.device, {"cpu", "cpu-strict", "cuda"}));
-  if (const json* v = r.find("zoe.device_memory_budget")) {
+  if (const json* v = r.find("zoe.device_memory_budget"); v && !(v->is_string() && v->get<std::string>() == "auto")) {
     ZOE_ASSIGN_OR_RETURN(c.device_memory_budget, parse_bytes(*v, "zoe.device_memory_budget"));
+    c.device_memory_budget_auto = false;
   }
   if (const json* v = r.find("zoe.host_memory_budget")) {
     ZOE_ASSIGN_OR_RETURN(c.host_memory_budget, parse_bytes(*v, "zoe.host_memory_budget"));
@@ -352,8 +353,8 @@ Result<Config> parse_config(const std::string& text, const std::vector<std::stri
     if (!known)
       return Status::Invalid(fmt::format("unknown config key '{}' in {} (did you mean '{}'?)", k, source, closest_key(k)));
     // DeepSpeed's "auto" (filled in by its integrations) has no meaning here, except where zoe
-    // itself chooses: zoe.compute_dtype's default.
-    if (v.is_string() && v.get<std::string>() == "auto" && k != "zoe.compute_dtype")
+    // itself chooses: zoe.compute_dtype's and zoe.device_memory_budget's defaults.
+    if (v.is_string() && v.get<std::string>() == "auto" && k != "zoe.compute_dtype" && k != "zoe.device_memory_budget")
       return Status::Invalid(fmt::format("config key '{}': \"auto\" is not supported, give a value", k));
   }
   Config c;
@@ -402,7 +403,8 @@ json config_to_json(const Config& c) {
                             {"offload_param", off(c.offload_param)}};
   j["seed"] = c.seed;
   j["steps_per_print"] = c.steps_per_print;
-  j["zoe"] = {{"device", c.device}, {"device_memory_budget", c.device_memory_budget},
+  j["zoe"] = {{"device", c.device},
+              {"device_memory_budget", c.device_memory_budget_auto ? json("auto") : json(c.device_memory_budget)},
               {"host_memory_budget", c.host_memory_budget},
               {"model", {{"type", c.model_type}, {"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
                          {"vocab_size", c.vocab_size}, {"n_positions", c.n_positions}}},

@@ -54,7 +54,11 @@ struct Config {
   uint64_t seed = 1234;
   // zoe
   std::string device = "cpu";
+  // zoe.device_memory_budget: bytes, or "auto" (the default: device_memory_budget_auto), which
+  // resolve_device_budget (train/backend.h) makes the GPU's free memory less 3 GiB on cuda and 8
+  // GiB on the CPU device.
   uint64_t device_memory_budget = uint64_t{8} << 30;
+  bool device_memory_budget_auto = true;
   uint64_t host_memory_budget = uint64_t{16} << 30;
   std::string model_type = "mlp";
   int n_layer = 4, n_head = 4, n_embd = 64, vocab_size = 256, n_positions = 256;

@@ -24,6 +24,16 @@ std::vector<GpuInfo> list_gpus(std::string* why) {
   return out;
 }
 
+bool free_bytes(int index, size_t* free, std::string* why) {
+  size_t total = 0;
+  cudaError_t e = cudaSetDevice(index);
+  if (e == cudaSuccess) e = cudaMemGetInfo(free, &total);
+  if (e == cudaSuccess) return true;
+  if (why) *why = std::string("cudaMemGetInfo of GPU ") + std::to_string(index) + ": " + cudaGetErrorName(e);
+  cudaGetLastError();
+  return false;
+}
+
 __global__ void smoke(int* v) { *v = 42; }
 
 bool smoke_kernel(std::string* why) {

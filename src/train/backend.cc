@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -12,6 +15,7 @@
 #include "nvme/io_error.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cuda_device.h"
+#include "gpu/gpu_info.h"
 #include "gpu/nccl_comm.h"
 #endif
 
@@ -44,6 +48,41 @@ Result<std::unique_ptr<Comm>> make_comm() {
   if (launched_by_mpirun()) return make_mpi_comm();
   ZOE_RETURN_IF_ERROR(check_launched_alone());
   return make_self_comm();
+}
+
+Status resolve_device_budget(Config& c, Comm& control) {
+  if (!c.device_memory_budget_auto) return Status::Ok();
+  c.device_memory_budget_auto = false;
+  if (c.device != "cuda") return Status::Ok();  // the CPU device's arena: 8 GiB
+  // Every rank's GPU's free memory (0: no GPU, which make_backend reports; kUnread: a GPU whose
+  // free memory cannot be read), and the least of them on every rank: one budget for the job, as
+  // a budget in bytes is.
+  constexpr uint64_t kUnread = UINT64_MAX;
+  uint64_t mine = 0;
+  std::string why;
+#ifdef ZOE_HAVE_CUDA
+  size_t free = 0;
+  if (!gpu::list_gpus(&why).empty()) mine = gpu::free_bytes(local_gpu_index(), &free, &why) ? free : kUnread;
+#endif
+  std::vector<uint64_t> all(control.size());
+  ZOE_RETURN_IF_ERROR(control.all_gather_control(&mine, all.data(), sizeof mine));
+  int least = -1;
+  for (int r = 0; r < control.size(); ++r) {
+    if (all[r] == kUnread)
+      return Status::Invalid(fmt::format("config key 'zoe.device_memory_budget' \"auto\": rank {} cannot read its "
+                                         "GPU's free memory{}: give a budget in bytes",
+                                         r, mine == kUnread ? " (" + why + ")" : ""));
+    if (all[r] > 0 && (least < 0 || all[r] < all[least])) least = r;
+  }
+  if (least < 0) return Status::Ok();
+  constexpr uint64_t kMargin = uint64_t{3} << 30, kLeast = uint64_t{1} << 30;
+  if (all[least] < kMargin + kLeast)
+    return Status::Invalid(fmt::format(
+        "config key 'zoe.device_memory_budget' \"auto\": rank {}'s GPU has {} free, under the {} that \"auto\" "
+        "leaves for the CUDA context and NCCL plus 1 GiB for zoe: free the GPU or give a budget in bytes",
+        least, bytes_text(all[least]), bytes_text(kMargin)));
+  c.device_memory_budget = all[least] - kMargin;
+  return Status::Ok();
 }
 
 Result<Backend> make_backend(const Config& c, Comm& control) {

@@ -17,6 +17,13 @@ struct Backend {
   std::unique_ptr<Comm> tensor_comm;
 };
 
+// zoe.device_memory_budget "auto" (the default) made bytes: on cuda the free memory of this rank's
+// GPU less 3 GiB (the CUDA context, NCCL's and the libraries' own buffers: what the budget does
+// not hold), on the CPU device 8 GiB. A GPU that cannot be read is left to make_backend to
+// report. Call it before make_backend and before the config's budget is read.
+// Collective over `control`: the least of the ranks' GPUs.
+Status resolve_device_budget(Config& c, Comm& control);
+
 // zoe.device: "cpu", "cpu-strict" (device memory untouchable outside Device calls) or "cuda"
 // (the GPU of this rank's local index, NCCL between ranks). Without a GPU, or in a build without
 // CUDA, "cuda" is an input error naming the key.

@@ -172,6 +172,7 @@ class TrainJob {
     }
     ZOE_RETURN_IF_ERROR(agree(comm_, opened, Status::Invalid("rank 0 cannot write its output files")));
     Profiler::get().enable_trace(!o_.trace_path.empty());
+    ZOE_RETURN_IF_ERROR(resolve_device_budget(c_, comm_));
     ZOE_ASSIGN_OR_RETURN(Backend backend, make_backend(c_, comm_));
     dev_ = std::move(backend.device);
     tensor_comm_ = std::move(backend.tensor_comm);

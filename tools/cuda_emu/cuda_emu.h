@@ -26,7 +26,8 @@
 // host write or an NVMe read into a buffer whose copy has not run) aborts. An async copy from
 // pageable memory takes its source at the call and lands later, as CUDA stages it; one to
 // pageable memory returns when done. CUDA_EMU_FAIL fails chosen calls
-// (cuda_emu_faults.cc). What it cannot check: races
+// (cuda_emu_faults.cc). One GPU of CUDA_EMU_MEMORY bytes (16 GiB), whose free memory
+// (cudaMemGetInfo) is that less what cudaMalloc holds; nothing enforces it. What it cannot check: races
 // between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
 // touching device memory while an operation runs, timing, registers, the real cuBLASLt (cuda_emu_cublaslt.cc reads the
 // operands as cuBLASLt would, checks the layouts and the alignments promised to the heuristic, and

@@ -15,6 +15,10 @@
 
 namespace emu {
 
+// The emulated GPU's memory (cudaGetDeviceProperties, cudaMemGetInfo): CUDA_EMU_MEMORY bytes, 16
+// GiB by default. Not enforced: cudaMalloc maps what it is asked for.
+size_t total_global_mem();
+
 [[noreturn]] void die(const std::string& m);
 // Fault injection (cuda_emu_faults.cc, CUDA_EMU_FAIL): whether this call of kind `call` is one to
 // fail; `detail` (may be null) names it further in the message (a kernel's name).

@@ -163,6 +163,18 @@ std::string describe(const void* p) {
 
 }  // namespace emu
 
+size_t emu::total_global_mem() {
+  static const size_t total = [] {
+    const char* v = std::getenv("CUDA_EMU_MEMORY");
+    if (!v || !*v) return size_t{1} << 34;
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end || n == 0) emu::die(std::string("CUDA_EMU_MEMORY must be a number of bytes, not \"") + v + "\"");
+    return static_cast<size_t>(n);
+  }();
+  return total;
+}
+
 extern "C" {
 
 void cuda_emu_note_block(const void* p, size_t bytes, int in_use) {
@@ -184,6 +196,17 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (g_open == 0 && mprotect(m, mapped, PROT_NONE) != 0) emu::die("mprotect of device memory failed");
   g_device[static_cast<char*>(m)] = Alloc{bytes, mapped};
   *p = m;
+  return cudaSuccess;
+}
+
+// Free: the emulated GPU's memory less what cudaMalloc holds (the runtime's own is not modelled).
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (emu::injected("cudaMemGetInfo")) return emu::fail(cudaErrorUnknown);
+  std::lock_guard<std::mutex> lock(g_mu);
+  size_t held = 0;
+  for (const auto& [p, a] : g_device) held += a.mapped;
+  *total = emu::total_global_mem();
+  *free = held < *total ? *total - held : 0;
   return cudaSuccess;
 }
 

@@ -650,7 +650,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (d != 0) return emu::fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "cuda_emu (CPU emulation)");
-  p->totalGlobalMem = size_t{1} << 34;
+  p->totalGlobalMem = emu::total_global_mem();
   p->major = 9;
   p->minor = 0;
   p->multiProcessorCount = 2;
