@@ -52,8 +52,10 @@ Result<std::unique_ptr<Comm>> make_comm() {
 
 Status resolve_device_budget(Config& c, Comm& control) {
   if (!c.device_memory_budget_auto) return Status::Ok();
-  c.device_memory_budget_auto = false;
-  if (c.device != "cuda") return Status::Ok();  // the CPU device's arena: 8 GiB
+  if (c.device != "cuda") {  // the CPU device's arena: 8 GiB
+    c.device_memory_budget_auto = false;
+    return Status::Ok();
+  }
   // Every rank's GPU's free memory (0: no GPU, which make_backend reports; kUnread: a GPU whose
   // free memory cannot be read), and the least of them on every rank: one budget for the job, as
   // a budget in bytes is.
@@ -71,10 +73,10 @@ Status resolve_device_budget(Config& c, Comm& control) {
     if (all[r] == kUnread)
       return Status::Invalid(fmt::format("config key 'zoe.device_memory_budget' \"auto\": rank {} cannot read its "
                                          "GPU's free memory{}: give a budget in bytes",
-                                         r, mine == kUnread ? " (" + why + ")" : ""));
+                                         r, r == control.rank() ? " (" + why + ")" : ""));
     if (all[r] > 0 && (least < 0 || all[r] < all[least])) least = r;
   }
-  if (least < 0) return Status::Ok();
+  if (least < 0) return Status::Ok();  // no GPU: make_backend says so
   constexpr uint64_t kMargin = uint64_t{3} << 30, kLeast = uint64_t{1} << 30;
   if (all[least] < kMargin + kLeast)
     return Status::Invalid(fmt::format(
@@ -82,6 +84,7 @@ Status resolve_device_budget(Config& c, Comm& control) {
         "leaves for the CUDA context and NCCL plus 1 GiB for zoe: free the GPU or give a budget in bytes",
         least, bytes_text(all[least]), bytes_text(kMargin)));
   c.device_memory_budget = all[least] - kMargin;
+  c.device_memory_budget_auto = false;
   return Status::Ok();
 }
 
