@@ -69,6 +69,10 @@ TEST(ZoeInfo, NamesTheGpuLibrariesAndTheirFiles) {
   ASSERT_EQ(run_command(kZoe + " info", &out), 0) << out;
 #ifdef ZOE_CUDA_EMU
   EXPECT_NE(out.find("gpu libraries: cuBLASLt emulated (tools/cuda_emu); NCCL emulated"), std::string::npos) << out;
+  // Each GPU's free memory and the budget "auto" would make of it (the emulated GPU: 16 GiB).
+  EXPECT_TRUE(std::regex_search(out, std::regex("gpu 0: cuda_emu .* 16.0 GiB, 1[56]\\.[0-9] GiB free: "
+                                                "zoe.device_memory_budget \"auto\" 1[23]\\.[0-9] GiB\n")))
+      << out;
 #else
   EXPECT_TRUE(std::regex_search(out, std::regex("gpu libraries: cuBLASLt [0-9]+\\.[0-9]+\\.[0-9]+ \\(/[^)]*libcublasLt[^)]*\\); "
                                                 "NCCL [0-9]+\\.[0-9]+\\.[0-9]+ \\(/[^)]*libnccl")))

@@ -7,6 +7,7 @@
 #include "common/version.h"
 #include "kernels/adam.h"
 #include "kernels/gemm.h"
+#include "train/backend.h"
 #include "train/trainer.h"
 #ifdef ZOE_HAVE_CUDA
 #include "gpu/cublaslt_library.h"
@@ -39,8 +40,15 @@ int info_command() {
   std::string why;
   auto gpus = gpu::list_gpus(&why);
   if (gpus.empty()) fmt::print("gpus: none ({})\n", why);
-  for (auto& g : gpus)
-    fmt::print("gpu {}: {} sm_{}{} {:.1f} GiB\n", g.index, g.name, g.sm_major, g.sm_minor, g.total_bytes / 1073741824.0);
+  for (auto& g : gpus) {
+    // Free now, and the budget "auto" (zoe.device_memory_budget's default) would make of it.
+    size_t free = 0;
+    std::string budget = gpu::free_bytes(g.index, &free, &why) ? fmt::format("{:.1f} GiB free", free / 1073741824.0) : why;
+    if (free >= kAutoDeviceMargin + kAutoDeviceLeast)
+      budget += fmt::format(": zoe.device_memory_budget \"auto\" {:.1f} GiB", (free - kAutoDeviceMargin) / 1073741824.0);
+    fmt::print("gpu {}: {} sm_{}{} {:.1f} GiB, {}\n", g.index, g.name, g.sm_major, g.sm_minor,
+               g.total_bytes / 1073741824.0, budget);
+  }
   // (loaded only at their first use; named here so a user sees which files a GPU job will load)
   fmt::print("gpu libraries: {}; {} (more than one GPU only)\n", gpu::cublaslt_text(), gpu::nccl_text());
   fmt::print("gpu bf16 attention: cuDNN's fused attention where it runs the shape, else zoe's tensor-core kernels "

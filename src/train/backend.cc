@@ -77,7 +77,7 @@ Status resolve_device_budget(Config& c, Comm& control) {
     if (all[r] > 0 && (least < 0 || all[r] < all[least])) least = r;
   }
   if (least < 0) return Status::Ok();  // no GPU: make_backend says so
-  constexpr uint64_t kMargin = uint64_t{3} << 30, kLeast = uint64_t{1} << 30;
+  constexpr uint64_t kMargin = kAutoDeviceMargin, kLeast = kAutoDeviceLeast;
   if (all[least] < kMargin + kLeast)
     return Status::Invalid(fmt::format(
         "config key 'zoe.device_memory_budget' \"auto\": rank {}'s GPU has {} free, under the {} that \"auto\" "

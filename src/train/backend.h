@@ -2,6 +2,7 @@
 // place that knows the concrete backends; the trainer, the engine and the models see only
 // Device and Comm.
 #pragma once
+#include <cstdint>
 #include <memory>
 
 #include "comm/comm.h"
@@ -23,6 +24,8 @@ struct Backend {
 // report. Call it before make_backend and before the config's budget is read.
 // Collective over `control`: the least of the ranks' GPUs.
 Status resolve_device_budget(Config& c, Comm& control);
+// What "auto" leaves of a GPU's free memory, and the least free memory it takes.
+inline constexpr uint64_t kAutoDeviceMargin = uint64_t{3} << 30, kAutoDeviceLeast = uint64_t{1} << 30;
 
 // zoe.device: "cpu", "cpu-strict" (device memory untouchable outside Device calls) or "cuda"
 // (the GPU of this rank's local index, NCCL between ranks). Without a GPU, or in a build without
