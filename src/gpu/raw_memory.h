@@ -11,8 +11,8 @@
 namespace zoe::gpu {
 
 // malloc returns memory or a Status saying why not (out of memory, a budget, a broken driver);
-// free takes back what malloc returned. Neither waits for work in flight: a caller frees only
-// what no queued work uses.
+// free takes back what malloc returned, and need not wait for work in flight (a caching
+// allocator hands the block on at once): a caller frees only what no queued work uses.
 struct RawMemory {
   std::function<Result<void*>(size_t bytes)> malloc;
   std::function<void(void* p)> free;
