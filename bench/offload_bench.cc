@@ -156,8 +156,10 @@ Status bench_offload(const OffloadBenchOptions& o, nlohmann::json* out, std::FIL
   // the others: a quarter of it, plus what the device's compute ops hold of any budget (a GPU's
   // library workspaces and scratch, as one step grows them; none on the CPU).
   ZOE_ASSIGN_OR_RETURN(auto compute, make_case(o, bench_config(o, "", uint64_t{8} << 30), train_step));
-  ZOE_RETURN_IF_ERROR(compute->one_step(*compute));
-  ZOE_RETURN_IF_ERROR(compute->engine->flush().status());
+  if (o.warmup == 0) {  // (else make_case's warm-up steps grew them)
+    ZOE_RETURN_IF_ERROR(compute->one_step(*compute));
+    ZOE_RETURN_IF_ERROR(compute->engine->flush().status());
+  }
   const uint64_t budget = compute->persistent() / 4 + compute->backend.device->ops().workspace_bytes();
   ZOE_ASSIGN_OR_RETURN(auto on, make_case(o, bench_config(o, o.nvme_dir + "/on", budget), train_step));
   Config off_config = bench_config(o, o.nvme_dir + "/off", budget);

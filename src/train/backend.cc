@@ -77,13 +77,12 @@ Status resolve_device_budget(Config& c, Comm& control) {
     if (all[r] > 0 && (least < 0 || all[r] < all[least])) least = r;
   }
   if (least < 0) return Status::Ok();  // no GPU: make_backend says so
-  constexpr uint64_t kMargin = kAutoDeviceMargin, kLeast = kAutoDeviceLeast;
-  if (all[least] < kMargin + kLeast)
+  if (all[least] < kAutoDeviceMargin + kAutoDeviceLeast)
     return Status::Invalid(fmt::format(
         "config key 'zoe.device_memory_budget' \"auto\": rank {}'s GPU has {} free, under the {} that \"auto\" "
         "leaves for the CUDA context and NCCL plus 1 GiB for zoe: free the GPU or give a budget in bytes",
-        least, bytes_text(all[least]), bytes_text(kMargin)));
-  c.device_memory_budget = all[least] - kMargin;
+        least, bytes_text(all[least]), bytes_text(kAutoDeviceMargin)));
+  c.device_memory_budget = all[least] - kAutoDeviceMargin;
   c.device_memory_budget_auto = false;
   return Status::Ok();
 }
