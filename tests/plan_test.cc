@@ -97,6 +97,36 @@ TEST(StepModel, TheReductionsStagingIsCountedWhereTheCommunicatorHoldsIt) {
   EXPECT_EQ(one.bytes, predict_step(job, k, work(2, 0.1), rates()).bytes);
 }
 
+// At stages 2-3 with overlap_comm the engine reduces on a communication thread whose second
+// reduction buffer (the largest unit's gradient) joins the reserve (ZeroEngine::start_comm_worker);
+// where the device cannot hold it beside the rest, the engine reduces without the thread, and the
+// job still fits.
+TEST(StepModel, TheCommunicationThreadsBufferIsCountedWhereItFits) {
+  PlanJob job = roomy({1000, 3001});  // the largest unit: 3002 elements padded at 2 ranks
+  job.ranks = 2;
+  job.staging = std::nullopt;
+  PlanKnobs k;
+  k.stage = 3;
+  job.overlap_comm = false;
+  const StepPrediction without = predict_step(job, k, work(2, 0.1, 1000), rates());
+  ASSERT_TRUE(without.fits) << without.why;
+  job.overlap_comm = true;
+  const StepPrediction with = predict_step(job, k, work(2, 0.1, 1000), rates());
+  EXPECT_EQ(with.bytes[0], without.bytes[0] + 3002 * 2);
+  EXPECT_EQ(with.bytes[1], without.bytes[1]);
+  job.device_budget = with.bytes[0] - 1;  // no room for the thread's buffer: it fits without
+  const StepPrediction tight = predict_step(job, k, work(2, 0.1, 1000), rates());
+  EXPECT_TRUE(tight.fits) << tight.why;
+  EXPECT_EQ(tight.bytes[0], without.bytes[0]);
+  job.device_budget = with.bytes[0];
+  EXPECT_EQ(predict_step(job, k, work(2, 0.1, 1000), rates()).bytes[0], with.bytes[0]);
+  k.stage = 1;  // replicated gradients reduce at the step, on the caller's thread
+  job.device_budget = 8 * kGiB;
+  const StepPrediction s1 = predict_step(job, k, work(2, 0.1, 1000), rates());
+  job.overlap_comm = false;
+  EXPECT_EQ(s1.bytes, predict_step(job, k, work(2, 0.1, 1000), rates()).bytes);
+}
+
 TEST(StepModel, AResidentStepIsItsMicroStepsAndAdam) {
   PlanJob job;
   job.unit_elems = {1'000'000, 1'000'000};

@@ -178,6 +178,7 @@ Result<PlanRun> run_plan(const Config& job_config, const std::string& cache, boo
   }
   job.ranks = comm.size();
   job.dtype = c.dtype;
+  job.overlap_comm = c.overlap_comm;
   if (c.device == "cuda") job.staging = c.nccl_reduce_scatter ? std::nullopt : std::optional<Tier>(Tier::kDevice);
   job.device_budget = c.device_memory_budget;
   job.host_budget = c.host_memory_budget;

@@ -137,15 +137,23 @@ StepPrediction predict_step(const PlanJob& job, const PlanKnobs& k, const MicroS
   // Memory: the ledger's state, the engine's in-flight reserve, the model's activations.
   std::array<uint64_t, kNumTiers> st = state_bytes_of(l, job, k);
   uint64_t in_flight = 0;
-  int64_t chunk = 0;
+  int64_t chunk = 0, largest = 0;
   for (int u = 0; u < l.num_units(); ++u) {
     in_flight = std::max(in_flight, unit_in_flight_bytes(l.slot(u).full_size, k.stage, w, g));
     chunk = std::max(chunk, l.slot(u).chunk);
+    largest = std::max(largest, l.slot(u).full_size);
   }
   // The reduction's staging is held from start-up, as the state is (MPI rounds it to 64 bytes).
   if (job.ranks > 1 && job.staging) {
     const uint64_t staging = static_cast<uint64_t>(chunk) * job.ranks * g;
     st[static_cast<int>(*job.staging)] += *job.staging == Tier::kHost ? (staging + 63) / 64 * 64 : staging;
+  }
+  // The communication thread's buffer joins the reserve (ZeroEngine::start_comm_worker) where the
+  // device holds it beside everything else; else the engine reduces without the thread. (Its own
+  // check runs before the activations exist, so within them of the line it may still start.)
+  if (job.overlap_comm && plan.shard_grads) {
+    const uint64_t thread = comm_thread_bytes(largest, g);
+    if (st[0] + in_flight + thread + work.activation_bytes <= job.device_budget) in_flight += thread;
   }
   out.bytes = st;
   out.bytes[0] += in_flight + work.activation_bytes;

@@ -91,6 +91,9 @@ struct PlanJob {
   // engine books it at start-up): host memory over MPI, device memory for NCCL's rank-order sum,
   // nowhere for NCCL's own reduce-scatter (zoe.nccl_reduce_scatter).
   std::optional<Tier> staging = Tier::kHost;
+  // zero_optimization.overlap_comm: at stages 2-3 the engine reduces on a communication thread
+  // where the device holds one more reduction buffer (comm_thread_bytes) beside its reserve.
+  bool overlap_comm = true;
 };
 
 struct StepPrediction {

@@ -58,6 +58,8 @@ uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsiz
   return static_cast<uint64_t>(full) * ((stage >= 3 ? wsize : 0) + 4 + (stage >= 2 ? gsize : 0));
 }
 
+uint64_t comm_thread_bytes(int64_t largest_full, size_t gsize) { return static_cast<uint64_t>(largest_full) * gsize; }
+
 uint64_t pinned_pool_per_group(uint64_t window_per_elem, uint64_t param_per_elem) {
   return 3 * window_per_elem + 2 * param_per_elem;
 }

@@ -34,6 +34,10 @@ StageMemory exact_stage(int64_t padded_params, int64_t shard, int stage, DType d
 // gathered weights (stage 3), the fp32 gradient the model hands over, its reduction buffer
 // (stages 2-3). The engine reserves the largest; a plan counts it the same way.
 uint64_t unit_in_flight_bytes(int64_t full, int stage, size_t wsize, size_t gsize);
+// What the communication thread (overlap_comm, stages 2-3) adds to that reserve: one more reduction
+// buffer of the largest unit, for the hand-over that comes while the last one still reduces. It
+// starts only where the device holds it beside the state and the reserve (a plan counts it so).
+uint64_t comm_thread_bytes(int64_t largest_full, size_t gsize);
 
 // The NVMe tier's pinned pool, as RankState opens it (a plan counts it the same way).
 struct PinnedPoolSize {

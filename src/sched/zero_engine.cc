@@ -124,8 +124,9 @@ Status ZeroEngine::reserve_staging(Comm& c) {
 // has room for one more reduction buffer beside a unit in flight.
 Status ZeroEngine::start_comm_worker() {
   if (!cfg_.overlap_comm || !plan_.shard_grads) return Status::Ok();
-  uint64_t extra = 0;
-  for (int u = 0; u < num_units(); ++u) extra = std::max<uint64_t>(extra, layout_.slot(u).full_size * gsize_);
+  int64_t largest = 0;
+  for (int u = 0; u < num_units(); ++u) largest = std::max(largest, layout_.slot(u).full_size);
+  const uint64_t extra = comm_thread_bytes(largest, gsize_);
   // Duplicating is collective: all ranks do, or none.
   uint8_t fits = units_.reserve() + extra <= units_.device_free();
   std::vector<uint8_t> all(comm_.size());
