@@ -1093,8 +1093,11 @@ void check_bf16_attention(CudaModelOpsTest& t, int B, int T, int C, int NH, uint
   const Status dnn_status =
       cudnn ? ops.cudnn_attention_status(B, T, C, NH) : Status::Unsupported("not asked for at this shape");
   if (cudnn) {
-    if (!built_with_cudnn()) EXPECT_FALSE(dnn_status.ok());
-    else if ((C / NH) % 8 == 0) EXPECT_TRUE(dnn_status.ok()) << dnn_status.message();
+    if (!built_with_cudnn()) {
+      EXPECT_FALSE(dnn_status.ok());
+    } else if ((C / NH) % 8 == 0) {
+      EXPECT_TRUE(dnn_status.ok()) << dnn_status.message();
+    }
   }
   std::vector<std::pair<const char*, Run>> paths = {{"tensor cores", tc}};
   if (dnn_status.ok()) {
@@ -1160,7 +1163,9 @@ TEST_F(CudaModelOpsTest, Bf16AttentionOnTensorCores) {
 TEST(CudnnAttentionTest, NamesItsVersionAndWithoutAGpuSaysWhy) {
   const std::string v = gpu::CudnnAttention::version_text();
   std::printf("  %s\n", v.c_str());
-  if (!built_with_cudnn()) EXPECT_NE(v.find("no cuDNN"), std::string::npos) << v;
+  if (!built_with_cudnn()) {
+    EXPECT_NE(v.find("no cuDNN"), std::string::npos) << v;
+  }
   // The frontend's host-side checks of the graphs this layout makes, for a Hopper GPU (no GPU needed): GPT-2's heads
   // and a short odd sequence pass; a head size that is not a multiple of 8 is refused, named.
   if (built_with_cudnn()) {

@@ -157,19 +157,24 @@ struct CudnnAttention::Impl {
       cudaStreamSynchronize(stream);  // the plans queued may still use it
       memory.free(workspace);
     }
+    plans.clear();  // built with the handle: gone before it
     if (handle) cudnnDestroy(handle);
   }
 
+  // The larger buffer is taken before the old one goes: a shape whose workspace does not fit is
+  // refused alone, and the shapes built before keep theirs.
   Status grow_workspace(int64_t bytes) {
     if (bytes <= 0 || size_t(bytes) <= workspace_bytes) return Status::Ok();
+    void* grown = nullptr;
+    ZOE_RETURN_IF_ERROR(take_raw(memory, size_t(bytes), "cuDNN's attention workspace", &grown));
     if (workspace) {
-      if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+      if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+        memory.free(grown);
         return Status::Runtime(std::string("synchronize before growing cuDNN's workspace: ") + cudaGetErrorName(e));
+      }
       memory.free(workspace);
-      workspace = nullptr;
-      workspace_bytes = 0;
     }
-    ZOE_RETURN_IF_ERROR(take_raw(memory, size_t(bytes), "cuDNN's attention workspace", &workspace));
+    workspace = grown;
     workspace_bytes = size_t(bytes);
     return Status::Ok();
   }
