@@ -49,7 +49,8 @@ step_cmd() {
                  "grep -q '^ZOE_PYTHON_FOUND:INTERNAL=ON' build-gpu/CMakeCache.txt ||" \
                  "{ echo 'SKIP: build-gpu has no Python package (no pybind11 carried, or no Python headers here)'; exit 77; };" \
                  "cmake --build build-gpu -j \${ZOE_JOBS:-16} --target zoe_python || exit 1; fi;" \
-                 "$parity --stage 0 && $parity --stage 3 && $parity --stage 3 --nvme $out/python-nvme" ;;
+                 "$parity --stage 0 && $parity --stage 3 && $parity --stage 3 --nvme $out/python-nvme &&" \
+                 "PYTHONPATH=build-gpu/python python3 tests/python/gpu_placement.py" ;;
     wrap) echo "compgen -G 'build-gpu/python/zoe/_zoe*.so' >/dev/null || { echo 'SKIP: no Python package'; exit 77; };" \
                "PYTHONPATH=build-gpu/python python3 bench/torch_wrap_step.py --device cuda --json $out/torch_wrap.json" ;;
     offload) echo "$zoe bench offload --device cuda --json --dir $out/offload-swap > $out/offload.json &&" \

@@ -246,13 +246,23 @@ def _engine_device(engine):
     return torch.device("cuda", index) if kind == 2 else torch.device("cpu")
 
 
-def _place_buffers(module, where):
+def _place_unowned(module, where):
     """What zoe does not hold goes where its memory is, as DeepSpeed's engine moves the module: the
-    buffers (a causal mask, rotary frequencies), which a forward reads beside the weights."""
+    buffers (a causal mask, rotary frequencies) and the frozen parameters (a LoRA's base weights, a
+    frozen embedding), which a forward reads beside the weights. A frozen parameter keeps its
+    object where torch can swap its data (CPU to a GPU: what refers to it still does), as
+    Module.to does; else it is replaced by a frozen Parameter there."""
     for mod in module.modules():
         for key, b in mod._buffers.items():
             if b is not None and b.device != where:
                 mod._buffers[key] = b.to(where)
+        for key, p in mod._parameters.items():
+            if p is not None and not p.requires_grad and p.device != where:
+                moved = p.data.to(where)
+                if torch._has_compatible_shallow_copy_type(p.data, moved):
+                    p.data = moved
+                else:
+                    mod._parameters[key] = torch.nn.Parameter(moved, requires_grad=False)
 
 
 def _when_to_fetch(func):
@@ -304,7 +314,7 @@ class _Wrapper:
                 raise ValueError(f"zoe.torch.wrap: parameter {ps.name} is on {ps.param.device} but zoe's memory is on "
                                  f"{where} (zoe.device): the forward would meet zoe's weights on another device; "
                                  f"{fix}, or leave the model on the CPU for zoe to place")
-        _place_buffers(module, where)
+        _place_unowned(module, where)
         if where.type == "cuda":
             self.gpu = where  # every fetch, the first too, ordered for torch's stream by an event
         for ps in owned.values():
