@@ -15,9 +15,9 @@ from one fetch to the next belongs to the unit fetched first, so the caller's ow
 modules (the loss, data moved to the device) counts too, as zoe plan adds it up. On a GPU every
 fetch waits for the device first (torch.cuda.synchronize), so a segment holds its kernels. The
 activations' bytes are the engine's peak beside its state: its own transient memory (a unit's
-gradient staged at its hand-over) and, on a GPU, what torch's allocator held at each fetch, which
-zoe.torch.wrap books in zoe's ledger (zoe.device_memory_budget covers both); torch's own peak
-where it is higher. On the CPU device torch's activations live outside zoe's budgets.
+gradient staged at its hand-over) and, on a GPU, what torch's allocator took since wrap found the
+GPU, at each fetch, which zoe.torch.wrap books in zoe's ledger (zoe.device_memory_budget covers
+both); torch's own peak less what it held before, where that is higher. On the CPU device torch's activations live outside zoe's budgets.
 
 Each call adds (or replaces) the micro-step of its micro_batch in the file: call it once per
 micro-batch size the plan may choose from. A file that describes other units (another model) is
@@ -106,7 +106,7 @@ def describe(model, micro_step, path, *, micro_batch, tokens, checkpointing=Fals
     device = w.engine.stats()["ledger"]["device"]
     activations = max(0, device["peak"] - device["persistent"])
     if gpu:
-        activations = max(activations, torch.cuda.max_memory_reserved())
+        activations = max(activations, torch.cuda.max_memory_reserved(w.gpu) - w.torch_base)
     entry = {"micro_batch": int(micro_batch), "checkpointing": bool(checkpointing), "tokens": int(tokens),
              "activation_bytes": int(max(0, activations)), "seconds": best[0], "fetches": _fetches(*best)}
     units = [max(ps.offset + ps.numel for ps in u.params) for u in w.units]

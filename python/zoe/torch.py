@@ -233,9 +233,11 @@ def _torch_stream(device):
 
 
 # What torch's allocator holds on zoe's GPU (its activations, gradients before their hand-over):
-# booked in zoe's ledger before each fetch (zoe_set_activation_bytes), so that zoe keeps and
-# prefetches units only in what torch leaves of zoe.device_memory_budget. Module-level so that a
-# test can stand in for it without a GPU.
+# what it took since zoe found the GPU is booked in zoe's ledger before each fetch
+# (zoe_set_activation_bytes), so that zoe keeps and prefetches units only in what torch leaves of
+# zoe.device_memory_budget. What torch held before is outside the budget ("auto" measured the
+# GPU's free memory without it), so never counted twice. Module-level so that a test can stand in
+# for it without a GPU.
 def _torch_memory(device):
     return torch.cuda.memory_reserved(device)
 
@@ -288,6 +290,7 @@ class _Wrapper:
         self.on_demand_fetches = 0
         self.fetch_trace = None  # zoe.torch.describe's callback(unit, in backward) at each fetch
         self.gpu = None  # zoe's GPU as a torch device (from zoe_device, or the first fetch's memory)
+        self.torch_base = 0  # what torch's allocator held there when zoe found the GPU
         _refuse_wrapped_parameters(module)
         # Parameters left out (frozen), by id, held so that no later tensor takes their id.
         self.frozen = {id(p): p for p in module.parameters() if not p.requires_grad}
@@ -316,7 +319,7 @@ class _Wrapper:
                                  f"{fix}, or leave the model on the CPU for zoe to place")
         _place_unowned(module, where)
         if where.type == "cuda":
-            self.gpu = where  # every fetch, the first too, ordered for torch's stream by an event
+            self.found_gpu(where)  # every fetch, the first too, ordered for torch's stream by an event
         for ps in owned.values():
             u, ps.offset, ps.numel = engine.param_info(ps.name)
             while len(self.units) <= u:
@@ -355,6 +358,10 @@ class _Wrapper:
             return out if attached is None else attached
         module.forward = forward_saving_descriptors
 
+    def found_gpu(self, device):
+        self.gpu = device
+        self.torch_base = _torch_memory(device)
+
     # --- fetch and release: parameters become views of the unit's buffer, and empty again ---
     def acquire(self, u):
         unit = self.units[u]
@@ -362,11 +369,11 @@ class _Wrapper:
             if self.fetch_trace is not None:
                 self.fetch_trace(u, self.callback_queued)
             if self.gpu is not None:  # torch's kernels on its current stream read the weights
-                self.engine.set_activation_bytes(_torch_memory(self.gpu))
+                self.engine.set_activation_bytes(max(0, _torch_memory(self.gpu) - self.torch_base))
                 self.engine.set_stream(_torch_stream(self.gpu))
             unit.flat = _dlpack.from_dlpack(self.engine.fetch(u))
             if self.gpu is None and _on_gpu(unit.flat):
-                self.gpu = unit.flat.device
+                self.found_gpu(unit.flat.device)
             _live[_storage_ptr(unit.flat)] = unit
             for ps in unit.params:
                 ps.param.data = unit.flat[ps.offset:ps.offset + ps.numel].view(ps.shape)
