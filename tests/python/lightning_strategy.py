@@ -9,7 +9,8 @@ configure_optimizers; the Trainer clips at gradient_clip_val 1.0. Rank 0 first r
 with Lightning's default strategy in a child process (one process, the global batch), then
 compares: each step's loss within 1e-5 relative (2e-2 with --bf16, the reference under
 "bf16-mixed" autocast), zoe's grad norm within 1e-5 of the norm torch clipped, the final weights
-within 1e-5 (strategy.export), and validate() after fit within 1e-6.
+within 1e-5 (strategy.export), and validate() after fit within 1e-6, the module never moved to
+the CPU by fit()'s teardown (zoe's parameters: a .cpu() would fetch them all).
 
 --resume: the checkpoint at step 5 resumes here with the uninterrupted run's losses bit for bit,
 and in a child process on 1 rank (batches of 2B: the same global batch) within 1e-6; an "nvme" run
@@ -162,6 +163,8 @@ def zoe_fit(a, work, devices, accum, ckpt_every=None, ckpt_path=None, batch=B):
         callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=os.path.join(work, "ckpt"), every_n_train_steps=ckpt_every,
                                                       save_top_k=-1, filename="{step}"))
     t = trainer(a.strategy, devices, accum, a.bf16, work, callbacks)
+    m.moved_to_cpu = 0  # Lightning's own teardown moves the module to the CPU; zoe's must not
+    m.cpu = lambda *args, **kwargs: setattr(m, "moved_to_cpu", m.moved_to_cpu + 1) or type(m).cpu(m, *args, **kwargs)
     rank = int(os.environ.get("RANK", "0"))
     t.fit(m, Batches(loader(batch * devices * accum * STEPS, batch, rank=rank, world=devices)), ckpt_path=ckpt_path)
     return t, m
@@ -201,6 +204,8 @@ def main():
     worst = max(rel(g, w) for g, w in zip(means, ref["losses"]))
     if len(means) != STEPS or worst > tol:
         failures.append(f"per-step losses within {worst:.1e} of Lightning's own, not {tol} ({len(means)} steps)")
+    if m.moved_to_cpu:
+        failures.append(f"fit() moved the module to the CPU {m.moved_to_cpu} time(s) (its teardown)")
     norm_gap = max(rel(g, w) for g, w in zip(m.norms, ref["norms"]))
     if len(m.norms) != STEPS or norm_gap > (5e-2 if a.bf16 else 1e-5):
         failures.append(f"zoe's grad norms {m.norms[:3]}... within {norm_gap:.1e} of torch's {ref['norms'][:3]}...")

@@ -149,6 +149,14 @@ class ZoeStrategy(DDPStrategy):
     def model_to_device(self):
         """zoe places the parameters."""
 
+    def teardown(self):
+        """Lightning's, less moving the module to the CPU: its parameters are zoe's (a .cpu() would
+        fetch every unit, and on a GPU leave host copies of them in the module), and validate(),
+        test() or predict() after fit() run where zoe placed it."""
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
+
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         # The precision plugin runs the closure (forward, backward: zoe takes the gradients) and
         # the module's optimizer, which finds no gradients; then zoe steps at the optimizer's lr.
