@@ -9,13 +9,15 @@ process, batches of 2B, torch AdamW with decay on 2-D weights, accelerator.clip_
 transformers' linear warmup and decay); zoe's run counts its scheduler as Accelerate does
 (num_processes steps per optimizer step). Checked: each step's loss within 1e-5 relative, zoe's
 grad norm within 1e-5 of the clipped norm, the final weights within 1e-5, and
-accelerator.save_state at step 5 then load_state in a fresh run giving steps 6-10 bit for bit."""
+accelerator.save_state at step 5 then load_state in a fresh run giving steps 6-10 bit for bit;
+an fp16 Accelerator refused by prepare(), named."""
 import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
+import types
 
 import torch
 
@@ -86,6 +88,14 @@ def zoe_run(a, world, save_dir, resume=False):
     opt = zoe.integrations.ZoeOptimizer(engine, lr=LR, weight_decay=WD)
     # A prepared scheduler steps num_processes times per optimizer step: size it in those units.
     sched = get_linear_schedule_with_warmup(opt, WARMUP * world, STEPS * world)
+    if not resume:  # fp16's GradScaler would step the facade optimizer and scale the loss twice
+        fp16 = types.SimpleNamespace(mixed_precision="fp16", scaler=None, num_processes=world)
+        try:
+            za.prepare(fp16, model, opt)
+            failures.append("prepare() took an fp16 Accelerator")
+        except zoe.Error as e:
+            if "mixed_precision=\"fp16\"" not in str(e):
+                failures.append(f"prepare()'s fp16 refusal does not name it: {e}")
     model, opt, data, sched = za.prepare(accelerator, model, opt, loader(B * world * a.accum * STEPS, B), sched)
     if resume:
         accelerator.load_state(save_dir)

@@ -17,6 +17,7 @@ not prepared; the rest goes through Accelerate as usual:
             optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
 Launch with `mpirun -np N python3 train.py` (not `accelerate launch`: zoe's ranks are MPI's).
+mixed_precision "fp16" is refused (its GradScaler and zoe's loss scale would both act): use "bf16".
 Clipping is zoe's (`max_grad_norm` above): skip accelerator.clip_grad_norm_, which sees the empty
 parameters. accelerator.save_state(dir) / load_state(dir) also save and load the engine's
 checkpoint in dir/zoe (weights, Adam moments, step), on every rank, any rank count.
@@ -49,6 +50,10 @@ def prepare(accelerator, model, optimizer, *others):
                     "zoe.torch.wrap'ped and optimizer a zoe.integrations.ZoeOptimizer over the same engine")
     if optimizer.engine is not wrapper.engine:
         raise Error("zoe.integrations.accelerate.prepare: the optimizer's engine is not the model's")
+    if getattr(accelerator, "mixed_precision", "no") == "fp16" or getattr(accelerator, "scaler", None) is not None:
+        raise Error("zoe.integrations.accelerate.prepare: Accelerator(mixed_precision=\"fp16\") is not supported (its "
+                    "GradScaler would step a ZoeOptimizer that holds no gradients, and scale the loss zoe scales "
+                    "itself); use \"bf16\" (zoe's config: bf16=True in config_from)")
     engine = wrapper.engine
     if engine.world_size != accelerator.num_processes:
         raise Error(f"zoe.integrations.accelerate.prepare: zoe runs {engine.world_size} ranks but Accelerate "
