@@ -114,6 +114,23 @@ TEST(Config, TheDeviceBudgetIsAutoUnlessGivenInBytes) {
   EXPECT_FALSE(parse_config(R"({"zoe": {"device_memory_budget": "automatic"}})", {}, "t").ok());
 }
 
+TEST(Config, TheGpuIsTheLocalRanksUnlessGiven) {
+  auto none = parse_config("{}", {}, "t");
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->gpu, -1);
+  auto one = parse_config("{}", {"zoe.gpu=1"}, "t");
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->gpu, 1);
+  auto again = parse_config(config_to_json(*one).dump(), {}, "t");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->gpu, 1);
+  for (const char* bad : {"zoe.gpu=-2", "zoe.gpu=1.5", "zoe.gpu=\"0\""}) {
+    auto r = parse_config("{}", {bad}, "t");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("zoe.gpu"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(Config, EmptySectionsSetNothing) {
   auto r = parse_config(R"({"zero_optimization": {}, "aio": {}, "zoe": {"model": {}}})", {}, "t");
   ASSERT_TRUE(r.ok()) << r.status().message();

@@ -421,6 +421,20 @@ TEST(TrainGpu, AnAutoBudgetIsTheGpusFreeMemoryLessThreeGiB) {
       << unread.out;
 }
 
+// zoe.gpu picks one of the visible GPUs (the emulation has one): GPU 0 trains, GPU 1 is a bad
+// config naming the key and how many are visible, before anything is allocated.
+TEST(TrainGpu, ZoeGpuPicksAVisibleGpuOrNamesTheKey) {
+  const Outcome zero = one_step("", " --set zoe.gpu=0");
+  EXPECT_EQ(zero.rc, 0) << zero.out;
+  EXPECT_TRUE(std::isfinite(zero.loss)) << zero.out;
+  for (const char* budget : {"", " --set zoe.device_memory_budget='\"auto\"'"}) {
+    const Outcome one = one_step("", std::string(" --set zoe.gpu=1") + budget);
+    EXPECT_EQ(one.rc, 2) << one.out;
+    EXPECT_TRUE(has(one.out, "zoe: config key 'zoe.gpu': GPU 1, but 1 GPU is visible")) << one.out;
+    EXPECT_TRUE(std::isnan(one.loss)) << "a step ran";
+  }
+}
+
 TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
   const Outcome o = one_step("", " --set zoe.model.n_embd=160 --set zoe.model.n_head=1");
   EXPECT_EQ(o.rc, 2) << o.out;

@@ -50,7 +50,7 @@ const std::vector<std::string> kKeys = {
     "zoe.model.n_positions", "zoe.data.train", "zoe.data.val", "zoe.data.format", "zoe.data.seq_len", "zoe.steps",
     "zoe.eval_every", "zoe.init", "zoe.checkpoint.dir", "zoe.checkpoint.every", "zoe.checkpoint.keep",
     "zoe.checkpoint.verify", "zoe.activation_checkpointing", "zoe.checksums", "zoe.compute_dtype", "zoe.update_in_backward",
-    "zoe.allow_tf32", "zoe.nccl_reduce_scatter",
+    "zoe.allow_tf32", "zoe.nccl_reduce_scatter", "zoe.gpu",
     "data_types.grad_accum_dtype"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -284,6 +284,7 @@ Status read_all(const Reader& r, Config& c) {
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.update_in_backward", c.update_in_backward));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.allow_tf32", c.allow_tf32));
   ZOE_RETURN_IF_ERROR(r.boolean("zoe.nccl_reduce_scatter", c.nccl_reduce_scatter));
+  ZOE_RETURN_IF_ERROR(r.integer("zoe.gpu", c.gpu, -1, 1 << 16));
   ZOE_RETURN_IF_ERROR(r.string("zoe.compute_dtype", c.compute_dtype, {"auto", "fp32", "bf16"}));
   if (c.compute_dtype == "bf16" && c.dtype != DType::kBF16)
     return Status::Invalid(fmt::format("config key 'zoe.compute_dtype': \"bf16\" computes on bf16 weights, but the "
@@ -414,7 +415,7 @@ json config_to_json(const Config& c) {
                               {"verify", c.checkpoint_verify}}},
               {"activation_checkpointing", c.activation_checkpointing}, {"checksums", c.checksums},
               {"compute_dtype", c.compute_dtype}, {"update_in_backward", c.update_in_backward},
-              {"allow_tf32", c.allow_tf32}, {"nccl_reduce_scatter", c.nccl_reduce_scatter}};
+              {"allow_tf32", c.allow_tf32}, {"nccl_reduce_scatter", c.nccl_reduce_scatter}, {"gpu", c.gpu}};
   return j;
 }
 

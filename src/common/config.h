@@ -82,6 +82,9 @@ struct Config {
   // allow_tf32): faster, no longer fp32-exact. Off, as PyTorch's matmul default; no effect on the
   // CPU device or on bf16 compute.
   bool allow_tf32 = false;
+  // Which of the visible GPUs this process uses on the cuda device: -1 (the default) takes its
+  // local rank (mpirun's) modulo the GPUs visible; a framework on cuda:N passes N (config_from).
+  int gpu = -1;
   // Between GPUs, ZeRO's gradient reduce-scatter as NCCL's own ncclReduceScatter (its ring: fewer
   // passes over memory, no staging buffer; sums in its order, bf16 partial sums rounded at each
   // hop) instead of zoe's rank-order sum (bitwise MpiComm's, the same at every stage). No effect

@@ -28,6 +28,21 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+#ifdef ZOE_HAVE_CUDA
+// This process's GPU: zoe.gpu, or its local rank modulo the GPUs visible. A zoe.gpu that is not
+// visible is an error naming the key (with no GPU at all, make_cuda_device says so).
+Result<int> gpu_index(const Config& c) {
+  if (c.gpu < 0) return local_gpu_index();
+  std::string why;
+  const size_t visible = gpu::list_gpus(&why).size();
+  if (visible > 0 && static_cast<size_t>(c.gpu) >= visible)
+    return Status::Invalid(fmt::format("config key 'zoe.gpu': GPU {}, but {} GPU{} visible (CUDA_VISIBLE_DEVICES "
+                                       "picks which; they are numbered from 0)",
+                                       c.gpu, visible, visible == 1 ? " is" : "s are"));
+  return c.gpu;
+}
+#endif
+
 }  // namespace
 
 // A launcher that starts several processes without MPI (torchrun, accelerate launch) says so in
@@ -59,17 +74,23 @@ Status resolve_device_budget(Config& c, Comm& control) {
   // Every rank's GPU's free memory (0: no GPU, which make_backend reports; kUnread: a GPU whose
   // free memory cannot be read), and the least of them on every rank: one budget for the job, as
   // a budget in bytes is.
-  constexpr uint64_t kUnread = UINT64_MAX;
+  constexpr uint64_t kUnread = UINT64_MAX, kNoSuchGpu = UINT64_MAX - 1;
   uint64_t mine = 0;
   std::string why;
+  Status index_status;
 #ifdef ZOE_HAVE_CUDA
   size_t free = 0;
-  if (!gpu::list_gpus(&why).empty()) mine = gpu::free_bytes(local_gpu_index(), &free, &why) ? free : kUnread;
+  Result<int> index = gpu_index(c);
+  if (!index.ok()) index_status = index.status(), mine = kNoSuchGpu;
+  else if (!gpu::list_gpus(&why).empty()) mine = gpu::free_bytes(*index, &free, &why) ? free : kUnread;
 #endif
   std::vector<uint64_t> all(control.size());
   ZOE_RETURN_IF_ERROR(control.all_gather_control(&mine, all.data(), sizeof mine));
   int least = -1;
   for (int r = 0; r < control.size(); ++r) {
+    if (all[r] == kNoSuchGpu)  // every rank fails, its own reason or the first such rank's
+      return mine == kNoSuchGpu ? index_status
+                                : Status::Invalid(fmt::format("config key 'zoe.gpu': {}, not a GPU rank {} sees", c.gpu, r));
     if (all[r] == kUnread)
       return Status::Invalid(fmt::format("config key 'zoe.device_memory_budget' \"auto\": rank {} cannot read its "
                                          "GPU's free memory{}: give a budget in bytes",
@@ -102,8 +123,8 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
     return b;
   }
 #ifdef ZOE_HAVE_CUDA
-  ZOE_ASSIGN_OR_RETURN(b.device,
-                       make_cuda_device(local_gpu_index(), c.device_memory_budget, c.host_memory_budget, c.allow_tf32));
+  ZOE_ASSIGN_OR_RETURN(const int index, gpu_index(c));
+  ZOE_ASSIGN_OR_RETURN(b.device, make_cuda_device(index, c.device_memory_budget, c.host_memory_budget, c.allow_tf32));
   if (control.size() > 1) {
     ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device),
                                                        c.nccl_reduce_scatter ? NcclComm::Sum::kNccl

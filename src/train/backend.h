@@ -28,7 +28,7 @@ Status resolve_device_budget(Config& c, Comm& control);
 inline constexpr uint64_t kAutoDeviceMargin = uint64_t{3} << 30, kAutoDeviceLeast = uint64_t{1} << 30;
 
 // zoe.device: "cpu", "cpu-strict" (device memory untouchable outside Device calls) or "cuda"
-// (the GPU of this rank's local index, NCCL between ranks). Without a GPU, or in a build without
+// (zoe.gpu, by default the GPU of this rank's local index; NCCL between ranks). Without a GPU, or in a build without
 // CUDA, "cuda" is an input error naming the key.
 Result<Backend> make_backend(const Config& c, Comm& control);
 

@@ -57,18 +57,23 @@ def config_checks():
         except zoe.Error as e:
             if needle not in str(e) or "from the framework's arguments" not in str(e):
                 failures.append(f"config_from's message '{e}' lacks '{needle}'")
-    # The framework's device: a GPU makes zoe.device cuda (zoe hands out GPU memory there); on the CPU
-    # zoe_config's stays; weights on the GPU for a framework on the CPU are refused, as is another
-    # device for a framework on the GPU.
+    # The framework's device: a GPU makes zoe.device cuda (zoe hands out GPU memory there) and its
+    # index zoe.gpu (without one, zoe takes the local rank's); on the CPU zoe_config's stays;
+    # weights on the GPU for a framework on the CPU are refused, as is another device or GPU for a
+    # framework on the GPU.
     on_gpu = zoe.integrations.config_from(lr=1e-3, zoe_config={"zoe": {"nvme_path": "/x"}}, device=torch.device("cuda", 1))
-    if on_gpu["zoe"] != {"nvme_path": "/x", "device": "cuda"}:
+    if on_gpu["zoe"] != {"nvme_path": "/x", "device": "cuda", "gpu": 1}:
         failures.append(f"config_from on a GPU: {on_gpu['zoe']}")
+    any_gpu = zoe.integrations.config_from(lr=1e-3, device="cuda")
+    if any_gpu["zoe"] != {"device": "cuda"}:
+        failures.append(f"config_from on 'cuda' (no index): {any_gpu['zoe']}")
     for device, zoe_config in ((None, {}), ("cpu", {}), ("cpu", {"zoe": {"device": "cpu-strict"}})):
         cfg = zoe.integrations.config_from(lr=1e-3, zoe_config=zoe_config, device=device)
         if cfg.get("zoe") != zoe_config.get("zoe"):
             failures.append(f"config_from on the CPU ({device}) changed zoe's device: {cfg.get('zoe')}")
     for device, zoe_config, needle in (("cpu", {"zoe": {"device": "cuda"}}, "the framework computes on the CPU"),
-                                       ("cuda:0", {"zoe": {"device": "cpu"}}, "'zoe.device' is 'cpu' in zoe_config")):
+                                       ("cuda:0", {"zoe": {"device": "cpu"}}, "'zoe.device' is 'cpu' in zoe_config"),
+                                       ("cuda:1", {"zoe": {"gpu": 0}}, "'zoe.gpu' is 0 in zoe_config but 1")):
         try:
             zoe.integrations.config_from(lr=1e-3, zoe_config=zoe_config, device=device)
             failures.append(f"config_from accepted {zoe_config} for a framework on {device}")

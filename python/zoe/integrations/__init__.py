@@ -59,7 +59,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
 # What the framework's arguments set, as zoe config paths.
 def _framework_values(lr, betas, eps, weight_decay, max_grad_norm, bf16, fp16, device):
-    gpu = {("zoe", "device"): "cuda"} if device is not None and torch.device(device).type == "cuda" else {}
+    where = torch.device(device) if device is not None else None
+    gpu = {("zoe", "device"): "cuda"} if where is not None and where.type == "cuda" else {}
+    if gpu and where.index is not None:  # the framework's GPU is zoe's (else the local rank's)
+        gpu[("zoe", "gpu")] = where.index
     return {**gpu,
         ("optimizer", "type"): "AdamW",
         ("optimizer", "params", "lr"): lr,
@@ -105,7 +108,8 @@ def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_
     zoe.*, ...). A key given in both must agree, or zoe.Error names it and both values; "auto" in
     zoe_config takes the framework's value, as DeepSpeed's config does. A framework on a GPU
     (`device` cuda) makes zoe.device "cuda": the weights zoe hands out are then GPU memory, where
-    the framework's kernels run (on the CPU zoe.device stays zoe_config's, "cpu" by default). The
+    the framework's kernels run, on its GPU (cuda:N sets zoe.gpu N; on the CPU zoe.device stays
+    zoe_config's, "cpu" by default). The
     framework does gradient accumulation, so gradient_accumulation_steps is 1 (another value in
     zoe_config is an error)."""
     if bf16 and fp16:
