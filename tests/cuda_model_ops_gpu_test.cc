@@ -1005,11 +1005,11 @@ void check_gelu_fusion(CudaModelOpsTest& t, int N, int C, int OC, bool fused, ui
   std::vector<uint16_t> out(int64_t{N} * OC), pre(out.size());
   t.cpu().matmul_gelu_forward_bf16(out.data(), pre.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
   DevH d_inp(inp16), d_W(W), d_out(out.size()), d_pre(pre.size()), d_out0(out.size()), d_pre0(pre.size());
-  DevF d_bias(bias);
+  DevF d_bias(bias), d_bias0(rnd(OC, seed + 5));
   auto launches = [] { return kEmulated ? emu_calls("launch") : 0; };
-  // A first call into other buffers: each call's own aux matrix is the one written (a plan made
-  // at the first call keeps its pointers unless each call sets them).
-  t.gpu().matmul_gelu_forward_bf16(d_out0.get(), d_pre0.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
+  // A first call with other buffers and another bias: each call's own aux matrix and bias are
+  // the ones used (a plan made at the first call keeps its pointers unless each call sets them).
+  t.gpu().matmul_gelu_forward_bf16(d_out0.get(), d_pre0.get(), d_inp.get(), d_W.get(), d_bias0.get(), N, C, OC);
   const auto before = launches();
   t.gpu().matmul_gelu_forward_bf16(d_out.get(), d_pre.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
   t.sync();
@@ -1047,6 +1047,48 @@ TEST_F(CudaModelOpsTest, GeluInTheProductsEpilogue) {
   check_gelu_fusion(*this, 7, 24, 36, /*fused=*/false, 121);  // 36 rows: not a multiple of 8
   if (!kFull) return;
   check_gelu_fusion(*this, 1024, 768, 3072, /*fused=*/true, 122);
+}
+
+// Where cuBLASLt takes an epilogue's vector only in D's type (its documented default: the fp32
+// vector zoe passes beside a bf16 D may then be refused by the heuristic, or offered by it and
+// refused at the call), the bf16 products' epilogues run as zoe's own passes, to the same bounds
+// and with no error. The emulation plays both such libraries (CUDA_EMU_LT_BIAS_IN_D_TYPE).
+TEST_F(CudaModelOpsTest, AnEpilogueTheLibraryRefusesRunsAsSeparatePasses) {
+  if (!kEmulated) GTEST_SKIP() << "the emulation plays a library that refuses; a GPU's is what it is";
+  struct Unset {
+    ~Unset() { unsetenv("CUDA_EMU_LT_BIAS_IN_D_TYPE"); }
+  } unset;
+  const int N = 33, C = 16, OC = 64;
+  const auto W = bf16_weights(int64_t{C} * OC, 130), inp16 = bf16_weights(int64_t{N} * C, 131);
+  const Vf bias = rnd(OC, 132);
+  std::vector<uint16_t> want(int64_t{N} * OC);
+  cpu().matmul_forward_bf16(want.data(), inp16.data(), W.data(), bias.data(), N, C, OC);
+  for (const char* where : {"heuristic", "call"}) {
+    SCOPED_TRACE(std::string("refused at the ") + where);
+    setenv("CUDA_EMU_LT_BIAS_IN_D_TYPE", where, 1);
+    ops_ = gpu::make_cuda_model_ops(stream_);  // no plan cached from before
+    DevH d_W(W), d_inp(inp16), d_out(want.size());
+    DevF d_bias(bias);
+    const size_t held = static_cast<gpu::CudaModelOps&>(gpu()).workspace_bytes();
+    gpu().matmul_forward_bf16(d_out.get(), d_inp.get(), d_W.get(), d_bias.get(), N, C, OC);
+    sync();
+    EXPECT_GT(static_cast<gpu::CudaModelOps&>(gpu()).workspace_bytes(), held) << "the epilogue path ran";
+    EXPECT_LT(rel_err(widened(d_out.download()), widened(want)), 1.0 / 256 + kFwdTol);
+    check_gelu_fusion(*this, 33, 16, 64, /*fused=*/false, 133);
+  }
+}
+
+// An empty batch still writes the bias gradient (zeros), as the CPU reference does, on the
+// epilogue's path and on the passes' alike.
+TEST_F(CudaModelOpsTest, AnEmptyBatchWritesZerosForTheGeluBiasGradient) {
+  const int C = 16, OC = 64;
+  const auto W2 = bf16_weights(int64_t{OC} * C, 140);
+  DevH d_W2(W2), d_none(1);
+  DevF d_dbias(Vf(OC, NAN)), d_dW(Vf(W2.size(), NAN)), d_scratch(1);
+  gpu().matmul_gelu_backward_bf16(d_none.get(), d_dbias.get(), d_dW.get(), d_none.get(), d_none.get(), d_W2.get(),
+                                  d_none.get(), 0, OC, C, d_scratch.get());
+  sync();
+  EXPECT_EQ(d_dbias.download(), Vf(OC, 0.f));
 }
 
 // Whether this binary's CUDA backend has cuDNN (CMake's ZOE_CUDNN; never the emulation's).

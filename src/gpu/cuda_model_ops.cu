@@ -53,6 +53,7 @@ struct GemmKey {
   GemmEpilogue epilogue = GemmEpilogue::kNone;  // with an fp32 vector
   bool d_bf16 = false;     // D rounded to bf16 by the epilogue (beta 0)
   uint32_t align_aux = 0;  // the aux matrix's alignment (GELU epilogues), or 0
+  uint32_t align_bias = 0; // the vector's alignment (epilogues), or 0
   bool operator==(const GemmKey&) const = default;
 };
 
@@ -61,7 +62,7 @@ struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool supported = true;  // false: cuBLASLt has no algorithm for it (kept, not asked again)
+  bool supported = true;  // false: cuBLASLt has no algorithm for it, or refused it (kept, not asked again)
 };
 
 struct CudaModelOps::Gemm {
@@ -102,14 +103,15 @@ bool has_aux(GemmEpilogue e) {
   return e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad;
 }
 
-// Said once per epilogue: where cuBLASLt has no algorithm for one (an older library or GPU), its
-// op runs as separate passes, slower but the same results to a rounding.
-void note_no_epilogue(GemmEpilogue e, const std::string& where) {
+// Said once per epilogue: where cuBLASLt has no algorithm for one (an older library or GPU), or
+// refuses the call its heuristic offered one for, its op runs as separate passes, slower but the
+// same results to a rounding.
+void note_no_epilogue(GemmEpilogue e, const std::string& where, const char* how = "has no") {
   static constexpr const char* kNames[] = {"no", "BIAS", "GELU_AUX_BIAS", "DGELU_BGRAD"};  // GemmEpilogue's order
   static std::once_flag told[std::size(kNames)];
   const int i = static_cast<int>(e);
   std::call_once(told[i], [&] {
-    std::fprintf(stderr, "zoe: note: cuBLASLt has no %s epilogue for %s here; that op runs as separate passes\n",
+    std::fprintf(stderr, "zoe: note: cuBLASLt %s %s epilogue for %s here; that op runs as separate passes\n", how,
                  kNames[i], where.c_str());
   });
 }
@@ -257,7 +259,7 @@ void CudaModelOps::gemm_any(bool bf16, bool ta, bool tb, int64_t m, int64_t n, i
     fail(Status::Unsupported(shape_text(what, {m, n, kk, lda, ldb, ldd}) + ": cuBLASLt has no algorithm for this GEMM"));
     return;
   }
-  run(*plan, A, B, beta, D, nullptr, nullptr, what);
+  static_cast<void>(run(*plan, A, B, beta, D, nullptr, nullptr, what));  // (a plain product never falls back)
 }
 
 bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda,
@@ -265,26 +267,25 @@ bool CudaModelOps::gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t 
                               const void* aux, const char* what) {
   if (m <= 0 || n <= 0) return e != Epilogue::kDGeluBGrad;  // (a bias gradient is still to write)
   // An empty sum, or a vector or aux matrix cuBLASLt may not take (its epilogue reads and writes
-  // them 16 bytes at a time; aux's leading dimension is m): the caller's own passes.
+  // them 16 bytes at a time; aux's leading dimension is m), or DGELU over one-term sums (which
+  // cuBLASLt does not run): the caller's own passes.
   const bool vector_ok = e == Epilogue::kNone || (bias && alignment_of(bias) >= 16);
   const bool aux_ok = !has_aux(e) || (aux && alignment_of(aux) >= 16 && m % 8 == 0);
-  if (kk <= 0 || !vector_ok || !aux_ok) return false;
+  if (kk <= 0 || (e == Epilogue::kDGeluBGrad && kk < 2) || !vector_ok || !aux_ok) return false;
   GemmKey key{ta, false, bf16, m, n, kk, lda, ldb, m, alignment_of(A), alignment_of(B), alignment_of(D)};
   key.epilogue = e;
   key.d_bf16 = d_bf16;
   key.align_aux = aux ? alignment_of(aux) : 0;
-  Gemm::Plan* plan = plan_for(key, what, aux);
+  key.align_bias = bias ? alignment_of(bias) : 0;
+  Gemm::Plan* plan = plan_for(key, what, bias, aux);
   if (!plan) return true;  // the error is recorded
   if (!plan->supported) return false;
-  // A call the heuristic offered an algorithm for and cuBLASLt then refuses is an error (named,
-  // as any): a bad pointer of ours, not a missing feature.
-  run(*plan, A, B, 0.f, D, bias, aux, what);
-  return true;
+  return run(*plan, A, B, 0.f, D, bias, aux, what);
 }
 
 // The cached plan for key, made on first use: nullptr on an error (recorded); a plan with
 // supported false where cuBLASLt's heuristic offers no algorithm.
-GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const void* aux) {
+GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const void* bias, const void* aux) {
   if (!gemm_->handle) {
     fail(Status::Runtime(std::string(what) + ": no cuBLASLt handle"));
     return nullptr;
@@ -313,6 +314,10 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const voi
       s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+    // Before the heuristic, which may read it (as PyTorch's and TransformerEngine's set it); each
+    // call sets its own again.
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
   }
   // GELU's input: D's shape, contiguous, and D's type (cuBLASLt's default for it: the type is
   // left unset, as a type set for a combination it lacks fails only at the call).
@@ -362,7 +367,7 @@ GemmPlan* CudaModelOps::plan_for(const GemmKey& key, const char* what, const voi
   return &gemm_->plans.back();
 }
 
-void CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias,
+bool CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias,
                        const void* aux, const char* what) {
   // The plan's descriptor carries the vector and the aux matrix: set per call, before the call.
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
@@ -374,7 +379,18 @@ void CudaModelOps::run(GemmPlan& plan, const void* A, const void* B, float beta,
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmul(gemm_->handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d, &plan.algo,
                        gemm_->workspace, gemm_->workspace_bytes, stream_);
+  // An epilogue or bf16 D the heuristic offered and the call refuses (NOT_SUPPORTED: returned at
+  // once, nothing queued), as a library that takes the fp32 vector only in D's type may: the
+  // plan is marked and the caller runs its own passes. Anything else is an error, named.
+  const bool fused = plan.key.epilogue != Epilogue::kNone || plan.key.d_bf16;
+  if (fused && s == CUBLAS_STATUS_NOT_SUPPORTED) {
+    plan.supported = false;
+    if (plan.key.epilogue != Epilogue::kNone)
+      note_no_epilogue(plan.key.epilogue, shape_text(what, {plan.key.m, plan.key.n, plan.key.k}), "refused the");
+    return false;
+  }
   if (s != CUBLAS_STATUS_SUCCESS) fail(Status::Runtime(cublas_text(what, s)));
+  return true;
 }
 
 // ---- GEMM ops -------------------------------------------------------------------------------------
@@ -806,7 +822,10 @@ void CudaModelOps::gelu_backward_bf16(uint16_t* dinp, float* dbias, const uint16
     return;
   }
   const int64_t n = int64_t{N} * OC;
-  if (n == 0) return;
+  if (n == 0) {
+    if (dbias && overwrite) zero(dbias, OC);  // an empty sum: the bias gradient is still written
+    return;
+  }
   ZOE_LAUNCH(grid_for(n, k::kThreads), k::kThreads, 0, stream_, k::gelu_backward_bf16_kernel)(dinp, inp, dout, n);
   if (!check_launch("gelu_backward_bf16")) return;
   if (dbias && overwrite) zero(dbias, OC);

@@ -130,15 +130,18 @@ class CudaModelOps final : public ModelOps {
                 const void* B, int64_t ldb, float* D, int64_t ldd, float beta, const char* what);
   using Epilogue = GemmEpilogue;
   // D[m x n] = op(A) B through `e`, D contiguous, fp32 or rounded to bf16 by the epilogue; beta
-  // 0. False, with nothing queued, where cuBLASLt has no algorithm for it here (said once on
-  // stderr), or the bias or aux is missing or not 16-byte aligned, or aux's rows are not a
-  // multiple of 8: the caller then runs passes of its own, as before.
+  // 0. False, with nothing queued, where cuBLASLt has no algorithm for it here or refuses the
+  // call (said once on stderr), or the bias or aux is missing or not 16-byte aligned, or aux's
+  // rows are not a multiple of 8, or DGELU's sums have one term: the caller then runs passes of
+  // its own, as before.
   bool gemm_fused(bool bf16, bool ta, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
                   int64_t ldb, void* D, bool d_bf16, Epilogue e, const void* bias, const void* aux, const char* what);
-  // `aux`: the epilogue's aux matrix, whose address the heuristic weighs (null: none).
-  GemmPlan* plan_for(const GemmKey& key, const char* what, const void* aux = nullptr);
-  // Queues the product (a failure is recorded, naming `what`).
-  void run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias, const void* aux,
+  // `bias`, `aux`: the epilogue's vector and aux matrix, whose addresses the heuristic weighs
+  // (null: none).
+  GemmPlan* plan_for(const GemmKey& key, const char* what, const void* bias = nullptr, const void* aux = nullptr);
+  // Queues the product: true, or a failure recorded naming `what`; false, with nothing queued,
+  // where cuBLASLt refuses a fused plan at the call (the plan is marked: the caller's passes).
+  bool run(GemmPlan& plan, const void* A, const void* B, float beta, void* D, const void* bias, const void* aux,
            const char* what);
   void round_to_bf16(uint16_t* dst, const float* src, int64_t n, const char* what);
   // dst[c] += sum over rows r < N of val(r, c), c < ncols, in a fixed order (defined and used in

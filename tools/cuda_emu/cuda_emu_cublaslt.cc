@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -246,6 +247,17 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
   }
 }
 
+// CUDA_EMU_LT_BIAS_IN_D_TYPE=heuristic|call: a cuBLASLt that takes an epilogue's vector only in
+// D's type (its documented default) where D is bf16: its heuristic refuses an fp32 vector, or
+// offers an algorithm and the call then refuses it (NOT_SUPPORTED). Unset: an fp32 vector with a
+// bf16 D is taken, as the emulation's products compute it.
+bool lt_refuses_bias_type(const DescData& o, cudaDataType_t d_type, const char* where) {
+  const char* mode = std::getenv("CUDA_EMU_LT_BIAS_IN_D_TYPE");
+  if (!mode || std::strcmp(mode, where) != 0 || !has_bias(o.epilogue)) return false;
+  const int32_t bias_type = o.bias_type == -1 ? static_cast<int32_t>(d_type) : o.bias_type;
+  return bias_type != static_cast<int32_t>(d_type);
+}
+
 // Checks that the layouts make a product: op(A) m x k, op(B) k x n, C = D m x n.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
@@ -276,9 +288,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
                        o->aux_ld >= static_cast<int64_t>(Dl->rows));
   const bool epilogue_ok = o->epilogue == CUBLASLT_EPILOGUE_DEFAULT ||
                            (has_bias(o->epilogue) && bias_type == CUDA_R_32F && aux_ok);
-  if (!types_ok || !epilogue_ok) {
+  if (!types_ok || !epilogue_ok || lt_refuses_bias_type(*o, Dl->type, "heuristic")) {
     *found = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  // The heuristic weighs the vector's address, as it does the aux matrix's: both set before it.
+  if ((has_bias(o->epilogue) && o->bias == nullptr) || (has_aux(o->epilogue) && o->aux == nullptr)) {
+    std::fprintf(stderr, "cuda_emu: cublasLtMatmulAlgoGetHeuristic: the epilogue's %s pointer is unset\n",
+                 o->bias == nullptr ? "bias" : "aux");
+    *found = 0;
+    return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (am != m || bn != n || ak != bk || Cl->rows != m || Cl->cols != n || requested < 1) {
     *found = 0;
@@ -299,6 +318,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   const DescData o = *data<DescData>(op);
   const LayoutData A = *data<LayoutData>(a), B = *data<LayoutData>(b), Cl = *data<LayoutData>(c),
                    Dl = *data<LayoutData>(d);
+  if (lt_refuses_bias_type(o, Dl.type, "call")) return CUBLAS_STATUS_NOT_SUPPORTED;
   const auto* al = data<AlgoData>(const_cast<cublasLtMatmulAlgo_t*>(algo))->align;
   const void* ptrs[4] = {Ap, Bp, Cp, Dp};
   for (int i = 0; i < 4; i++)

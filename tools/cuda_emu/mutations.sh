@@ -184,10 +184,20 @@ mutate src/gpu/cuda_attention.cuh "    Dg[i] = acc;" "    Dg[i] = 0.f;"
 check "the attention backward's row term D left out (attention_rowdot_kernel)" cuda_model_ops_gpu_test_emu \
   "Failure" $(ops_test '*.Attention')
 
+mutate src/gpu/cuda_model_ops.cu "      s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);" \
+  "      s = CUBLAS_STATUS_SUCCESS;  // mutation: the bias pointer not given to the heuristic"
+check "the bias epilogue's heuristic asked without its vector (CudaModelOps::plan_for)" cuda_model_ops_gpu_test_emu \
+  "the epilogue's bias pointer is unset" $(ops_test '*.Matmul')
+
 mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);" \
-  "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the bias pointer never given"
-check "the bias epilogue run without its vector (CudaModelOps::run)" cuda_model_ops_gpu_test_emu \
-  "the epilogue has no bias vector" $(ops_test '*.Matmul')
+  "    s = CUBLAS_STATUS_SUCCESS;  // mutation: the bias of the plan's first call kept"
+check "a bias epilogue reading or writing the vector of the plan's first call (CudaModelOps::run)" \
+  cuda_model_ops_gpu_test_emu "Failure" $(ops_test '*GeluInTheProductsEpilogue*')
+
+mutate src/gpu/cuda_model_ops.cu "  if (fused && s == CUBLAS_STATUS_NOT_SUPPORTED) {" \
+  "  if (false) {  // mutation: a refused epilogue is an error"
+check "an epilogue the library refuses at the call ending the op, not run as passes (CudaModelOps::run)" \
+  cuda_model_ops_gpu_test_emu "NOT_SUPPORTED" $(ops_test '*AnEpilogueTheLibraryRefuses*')
 
 # --- GELU in the products' epilogues (GELU_AUX_BIAS, DGELU_BGRAD) ---
 mutate src/gpu/cuda_model_ops.cu "    s = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);" \
