@@ -205,6 +205,43 @@ Status bench_bf16_gemm(CudaDevice& dev, const GpuBenchOptions& o, nlohmann::json
   return st;
 }
 
+// GPT-2's LM head as the bf16 step runs it (B8 T1024: N 8192, C 768), forward and backward, at
+// its vocabulary (50257: the logits' rows start 2 bytes apart, which keeps cuBLASLt off its
+// aligned kernels) against the same at 50304 (llm.c's padded vocabulary, a multiple of 64): what
+// padding the vocabulary would buy. TFLOP/s of the three products.
+Status bench_lm_head(CudaDevice& dev, const GpuBenchOptions& o, nlohmann::json& results) {
+  const int N = o.smoke ? 64 : 8192, C = o.smoke ? 64 : 768;
+  const int vocab = o.smoke ? 257 : 50257, padded = o.smoke ? 320 : 50304;
+  const size_t most = static_cast<size_t>(N) * padded;
+  // bf16 logits and inp, wte; fp32 dinp and dwte
+  const size_t bytes = 2 * (most + size_t(N) * C + size_t(padded) * C) + 4 * (size_t(N) * C + size_t(padded) * C);
+  ZOE_ASSIGN_OR_RETURN(Buffer buf, dev.alloc(bytes, Tier::kDevice, Kind::kStaging));
+  auto* logits = buf.as<uint16_t>();
+  auto* inp = logits + most;
+  auto* wte = inp + size_t(N) * C;
+  auto* dinp = reinterpret_cast<float*>(wte + size_t(padded) * C);
+  auto* dwte = dinp + size_t(N) * C;
+  Status st = dev.zero(buf.data, bytes);
+  double rate[2] = {0, 0};
+  for (int i = 0; i < 2 && st.ok(); ++i) {
+    const int V = i == 0 ? vocab : padded;
+    auto head = [&]() -> Status {
+      dev.ops().lm_head_forward_bf16(logits, inp, wte, N, C, V);
+      dev.ops().lm_head_backward_bf16(dinp, dwte, logits, inp, wte, N, C, V);
+      ZOE_RETURN_IF_ERROR(dev.ops().status());
+      return dev.synchronize();
+    };
+    Result<double> s = best_seconds(o.iters, head);
+    if (!s.ok()) st = s.status();
+    else rate[i] = 3 * 2.0 * N * double(C) * V / *s / 1e12;
+  }
+  if (st.ok())
+    results.push_back(row(fmt::format("bf16 LM head fwd+bwd, V {} TFLOP/s", vocab), rate[0], rate[1], "TFLOP/s",
+                          fmt::format("the same products at V {} (a padded vocabulary)", padded)));
+  dev.free(buf);
+  return st;
+}
+
 // GPT-2's training FLOPs a token: 6 per parameter a token meets in a product (the blocks and the
 // tied LM head; not the position table, a lookup) and the causal attention's two T x T products,
 // 6 T C a layer (PaLM's count, halved for the causal mask).
@@ -425,6 +462,7 @@ Status bench_gpu(const GpuBenchOptions& options, nlohmann::json* out, std::FILE*
   ZOE_RETURN_IF_ERROR(bench_adam_gpu(dev, o, results));
   double gemm_tflops = 0, rated_tflops = 0;
   ZOE_RETURN_IF_ERROR(bench_bf16_gemm(dev, o, results, &gemm_tflops, &rated_tflops));
+  ZOE_RETURN_IF_ERROR(bench_lm_head(dev, o, results));
   device.reset();  // the GPT-2 runs bring their own device
   nlohmann::json split = nlohmann::json::object();
   ZOE_RETURN_IF_ERROR(bench_gpt2_gpu(o, rated_tflops > 0 ? rated_tflops : gemm_tflops, results, split, human));
