@@ -17,7 +17,8 @@ fetch waits for the device first (torch.cuda.synchronize), so a segment holds it
 activations' bytes are the engine's peak beside its state: its own transient memory (a unit's
 gradient staged at its hand-over) and, on a GPU, what torch's allocator took since wrap found the
 GPU, at each fetch, which zoe.torch.wrap books in zoe's ledger (zoe.device_memory_budget covers
-both); torch's own peak less what it held before, where that is higher. On the CPU device torch's activations live outside zoe's budgets.
+both); torch's own peak less what it held before, where that is higher. On the CPU device torch's
+activations live outside zoe's budgets.
 
 Each call adds (or replaces) the micro-step of its micro_batch in the file: call it once per
 micro-batch size the plan may choose from. A file that describes other units (another model) is

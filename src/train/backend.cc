@@ -89,8 +89,9 @@ Status resolve_device_budget(Config& c, Comm& control) {
   int least = -1;
   for (int r = 0; r < control.size(); ++r) {
     if (all[r] == kNoSuchGpu)  // every rank fails, its own reason or the first such rank's
-      return mine == kNoSuchGpu ? index_status
-                                : Status::Invalid(fmt::format("config key 'zoe.gpu': {}, not a GPU rank {} sees", c.gpu, r));
+      return mine == kNoSuchGpu
+                 ? index_status
+                 : Status::Invalid(fmt::format("config key 'zoe.gpu': {}, not a GPU rank {} sees", c.gpu, r));
     if (all[r] == kUnread)
       return Status::Invalid(fmt::format("config key 'zoe.device_memory_budget' \"auto\": rank {} cannot read its "
                                          "GPU's free memory{}: give a budget in bytes",

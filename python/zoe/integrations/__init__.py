@@ -109,9 +109,8 @@ def config_from(*, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_grad_
     zoe_config takes the framework's value, as DeepSpeed's config does. A framework on a GPU
     (`device` cuda) makes zoe.device "cuda": the weights zoe hands out are then GPU memory, where
     the framework's kernels run, on its GPU (cuda:N sets zoe.gpu N; on the CPU zoe.device stays
-    zoe_config's, "cpu" by default). The
-    framework does gradient accumulation, so gradient_accumulation_steps is 1 (another value in
-    zoe_config is an error)."""
+    zoe_config's, "cpu" by default). The framework does gradient accumulation, so
+    gradient_accumulation_steps is 1 (another value in zoe_config is an error)."""
     if bf16 and fp16:
         raise Error("config_from: bf16 and fp16 are both set")
     cfg = copy.deepcopy(zoe_config or {})
