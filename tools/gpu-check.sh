@@ -682,7 +682,23 @@ write_summary() {
       echo
       bench_table "$bench"
     fi
+    said_on_the_way "$(dirname "$out")/gpu_check.log"
   } >"$out"
+}
+
+# What the build and the runs said that a next session wants without reading the log: fallbacks
+# (an epilogue cuBLASLt has not or refused, an attention shape cuDNN refused), kernels that spill
+# registers, the GPU memory outside zoe's budget. Each line once.
+said_on_the_way() {
+  [[ -f $1 ]] || return 0
+  local lines
+  lines=$(grep -hE "zoe: note:|runs on zoe's tensor-core kernels|ptxas (warning|info).*(spill|lmem)|GPU memory outside zoe's budget" \
+    "$1" | sort -u | head -n 40)
+  [[ -n $lines ]] || return 0
+  echo
+  echo "## Said on the way (gpu_check.log, each line once)"
+  echo
+  sed 's/^/    /' <<<"$lines"
 }
 
 # Any bench's JSON as Markdown: top-level scalars as a list, each array of objects as a table.
