@@ -442,6 +442,30 @@ TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
   EXPECT_TRUE(has(o.out, "zoe: config keys 'zoe.model.n_embd', 'zoe.model.n_head'.*head size 160 > 128")) << o.out;
 }
 
+// One rank under mpirun on cuda: its tensors move by the device's own copies and sums, as without
+// mpirun (MPI's collectives would read GPU memory from the host: a crash). Stages 0 and 3 with
+// two micro-steps (replicated gradients reduced at the step; sharded ones accumulated), the
+// losses bitwise those of the same job without mpirun.
+TEST(TrainGpu, OneRankUnderMpirunTrainsAsWithout) {
+  auto run = [&](int stage, bool mpirun) {
+    const std::string dir = make_temp_dir("gpu-np1");
+    Outcome o;
+    o.rc = run_command("cd " + dir + " && timeout -s KILL 120 env " + (mpirun ? kMpirun + "-q -np 1 " : "") + kZoe +
+                           kOneBlockJob + " --set zoe.steps=2 --set gradient_accumulation_steps=2"
+                           " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
+                           " --report r.jsonl",
+                       &o.out);
+    o.loss = last_loss(dir + "/r.jsonl");
+    return o;
+  };
+  for (int stage : {0, 3}) {
+    const Outcome alone = run(stage, false), under = run(stage, true);
+    ASSERT_EQ(alone.rc, 0) << alone.out;
+    ASSERT_EQ(under.rc, 0) << "stage " << stage << ": " << under.out;
+    EXPECT_EQ(under.loss, alone.loss) << "stage " << stage;
+  }
+}
+
 // zoe.nccl_reduce_scatter on 3 emulated GPUs: the gradients' reduce-scatter goes through
 // ncclReduceScatter (counted by the emulation), and 3 steps give the rank-order sum's losses
 // within its rounding (NCCL's ring adds in another order), at stages 2 and 3.

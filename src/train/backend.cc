@@ -130,6 +130,10 @@ Result<Backend> make_backend(const Config& c, Comm& control) {
     ZOE_ASSIGN_OR_RETURN(b.tensor_comm, make_nccl_comm(control, static_cast<CudaDevice&>(*b.device),
                                                        c.nccl_reduce_scatter ? NcclComm::Sum::kNccl
                                                                              : NcclComm::Sum::kRankOrder));
+  } else {
+    // One rank (mpirun -np 1 too): the device's own copies and sums. MPI's would read and write
+    // GPU memory from the host, unordered with the kernels that make it.
+    b.tensor_comm = make_self_comm();
   }
   return b;
 #else

@@ -13,8 +13,9 @@ namespace zoe {
 
 struct Backend {
   std::unique_ptr<Device> device;
-  // The tensor-traffic communicator paired with the device; null when the control communicator
-  // (MPI, or the one-rank SelfComm) carries the tensors too, as on the CPU device.
+  // The tensor-traffic communicator paired with the device (cuda: NCCL, or the one-rank SelfComm
+  // under mpirun -np 1 too); null when the control communicator (MPI, or the one-rank SelfComm)
+  // carries the tensors too, as on the CPU device.
   std::unique_ptr<Comm> tensor_comm;
 };
 
