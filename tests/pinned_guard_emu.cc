@@ -7,6 +7,9 @@
 //   --destination-early  write the pinned destination of a device-to-host copy before it ran (aborts)
 //   --memset-early       write pinned memory that a queued cudaMemsetAsync zeroes before it ran (aborts)
 //   --after-wait         the same writes after cudaStreamSynchronize (runs through)
+//   --read-early         read the pinned destination of a device-to-host copy before it ran: the
+//                        emulation poisoned it at the call (0xff), as a GPU guarantees nothing there
+//                        until the copy is waited for (prints the bytes read before and after)
 // Run by ctest (tests/CMakeLists.txt), which checks what each prints.
 #include <cuda_runtime.h>
 
@@ -39,6 +42,16 @@ int run(const std::string& mode) {
       !ok(cudaStreamCreate(&s), "cudaStreamCreate"))
     return 1;
   std::memset(pinned, 1, kBytes);
+  if (mode == "--read-early") {  // the device holds 2s; the host reads the download's bytes too soon
+    if (!ok(cudaMemset(dev, 2, kBytes), "cudaMemset") || !keep_busy(s, scratch, kBytes) ||
+        !ok(cudaMemcpyAsync(pinned, dev, kBytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync"))
+      return 1;
+    const unsigned early = static_cast<unsigned char>(pinned[100]);
+    if (!ok(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return 1;
+    std::printf("pinned_guard_emu --read-early: read %u before the copy ran, %u after\n", early,
+                static_cast<unsigned char>(pinned[100]));
+    return 0;
+  }
   const bool upload = mode != "--destination-early";
   for (int round = 0; round < 2; round++) {  // --after-wait: an upload and a download
     const bool up = mode == "--after-wait" ? round == 0 : upload;
@@ -60,7 +73,9 @@ int run(const std::string& mode) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "--source-early" && mode != "--destination-early" && mode != "--memset-early" && mode != "--after-wait")
-    return std::fprintf(stderr, "usage: pinned_guard_emu --source-early|--destination-early|--memset-early|--after-wait\n"), 2;
+  if (mode != "--source-early" && mode != "--destination-early" && mode != "--memset-early" && mode != "--after-wait" &&
+      mode != "--read-early")
+    return std::fprintf(stderr, "usage: pinned_guard_emu --source-early|--destination-early|--memset-early|--after-wait|"
+                                "--read-early\n"), 2;
   return run(mode);
 }

@@ -23,10 +23,11 @@
 // same memory (one of them writing), has not run is a race (a missing event wait, or memory handed
 // on before its last user finished) and aborts naming both; freeing memory queued work still uses
 // aborts; pinned host memory a queued copy reads or writes that changes before the copy runs (a
-// host write or an NVMe read into a buffer whose copy has not run) aborts. An async copy from
-// pageable memory takes its source at the call and lands later, as CUDA stages it; one to
-// pageable memory returns when done. CUDA_EMU_FAIL fails chosen calls
-// (cuda_emu_faults.cc). One GPU of CUDA_EMU_MEMORY bytes (16 GiB), whose free memory
+// host write or an NVMe read into a buffer whose copy has not run) aborts; a copy's pinned
+// destination is poisoned at the call (0xff bytes), so host code that reads it before waiting
+// sees NaN, not old values. An async copy from pageable memory takes its source at the call and
+// lands later, as CUDA stages it; one to pageable memory returns when done. CUDA_EMU_FAIL fails
+// chosen calls (cuda_emu_faults.cc). One GPU of CUDA_EMU_MEMORY bytes (16 GiB), whose free memory
 // (cudaMemGetInfo) is that less what cudaMalloc holds; nothing enforces it. What it cannot check: races
 // between operations that happen to run in a safe order (CUDA_EMU_DELAY varies it), host code
 // touching device memory while an operation runs, timing, registers, the real cuBLASLt (cuda_emu_cublaslt.cc reads the

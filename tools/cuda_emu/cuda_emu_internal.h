@@ -94,8 +94,9 @@ void enqueue(cudaStream_t s, std::string what, std::vector<Range> uses, std::fun
 void exclusive(const std::function<void()>& fn, const std::vector<Range>* uses = nullptr);
 // Blocks until everything queued on s so far has run.
 void drain(cudaStream_t s);
-// Whether queued work the host has not synchronized with writes some of [p, p + bytes).
-bool queued_writer(const void* p, size_t bytes);
+// Whether queued work the host has not synchronized with writes some of [p, p + bytes); with
+// `or_reads`, reads or writes it.
+bool queued_writer(const void* p, size_t bytes, bool or_reads = false);
 // Reports (and aborts) when an operation queued and not yet run uses [p, p + bytes): `what`
 // names the call that wants the memory gone.
 void check_unused(const char* what, const void* p, size_t bytes);

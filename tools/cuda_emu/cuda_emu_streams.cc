@@ -289,11 +289,11 @@ void drain(cudaStream_t stream) {
   wait_for(s, count, vc);
 }
 
-bool queued_writer(const void* p, size_t bytes) {
+bool queued_writer(const void* p, size_t bytes, bool or_reads) {
   std::lock_guard<std::mutex> lock(g_mu);
-  const Range r{static_cast<const char*>(p), bytes, false};
+  const Range r{static_cast<const char*>(p), bytes, or_reads};  // (overlap() pairs a write with any use)
   for (const Access& h : g_history)
-    if (h.r.write && overlap(r, h.r)) return true;
+    if ((h.r.write || or_reads) && overlap(r, h.r)) return true;
   for (const CUstream_st* st : g_streams)  // a queued kernel open to all memory (kAllMemory) may write it
     for (const auto& op : st->queue)
       for (const Range& u : op->uses)
@@ -399,6 +399,18 @@ void check_pinned(const std::vector<PinnedGuard>& guards, const std::string& wha
   }
 }
 
+// A copy into pinned host memory writes it when the copy runs, which may be at once or much later:
+// until the host has waited for it, the destination holds nothing the host may read. The bytes
+// are poisoned at the call (0xff: NaN as fp32 and bf16, -1 as an int), so that host code reading
+// them too early (a missing wait for a device-to-host copy) computes with NaN instead of last
+// time's values, which a GPU may or may not still hold. Not where queued work the host has not
+// synchronized with uses them (an earlier copy may still read them).
+void poison_pinned_destination(void* dst, size_t bytes) {
+  if (bytes == 0 || !dst || emu::where(dst) != emu::Where::kPinned) return;
+  if (emu::queued_writer(dst, bytes, /*or_reads=*/true)) return;
+  std::memset(dst, 0xff, bytes);
+}
+
 // Queues a copy after checking that its kind says where its pointers are (cudaMemcpyDefault:
 // anywhere).
 void queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, const char* call,
@@ -421,6 +433,7 @@ void queue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
                  });
     return;
   }
+  if (src != dst) poison_pinned_destination(dst, bytes);
   auto guards = std::make_shared<const std::vector<PinnedGuard>>(guard_pinned(dst, src, bytes));
   emu::enqueue(s, what, {{static_cast<const char*>(dst), bytes, true}, {static_cast<const char*>(src), bytes, false}},
                [=] {
