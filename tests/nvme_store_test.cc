@@ -1090,6 +1090,34 @@ TEST(PinnedPoolTest, ExhaustionBacksPressureNeverAllocates) {
   EXPECT_EQ(ledger.snapshot().bytes[1][static_cast<int>(Kind::kStaging)], 0u);
 }
 
+// A lease given up (a window a failed device copy may still read) is never handed out again; a
+// request the rest can no longer hold is an error at once, and one waiting for it is woken with
+// that error, never left waiting: after a device failure the pipeline ends, it does not hang.
+TEST(PinnedPoolTest, LeasesGivenUpMakeWhatCanNeverFitAnErrorNotAWait) {
+  PinnedPoolOptions o;
+  o.bytes = 1 << 20;
+  o.pin = false;
+  auto pool = PinnedPool::create(o);
+  ASSERT_TRUE(pool.ok()) << pool.status().message();
+  PinnedPool& p = *pool.value();
+  auto a = p.acquire(512 << 10), b = p.acquire(512 << 10);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Result<PinnedPool::Lease> waited = Status::Ok();
+  std::thread t([&] { waited = p.acquire(1 << 20); });  // waits for a and b
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  a.value().leak();
+  t.join();
+  ASSERT_FALSE(waited.ok());
+  EXPECT_NE(waited.status().message().find("can no longer be served: 524288 bytes (512.0 KiB) of its 1048576 bytes (1.0 MiB) were given up"),
+            std::string::npos)
+      << waited.status().message();
+  b.value().reset();
+  auto c = p.acquire(512 << 10);  // what was not given up still serves
+  ASSERT_TRUE(c.ok() && c.value()) << c.status().message();
+  EXPECT_NE(c.value().data(), nullptr);
+  EXPECT_FALSE(p.acquire(600 << 10).ok()) << "more than the pool less what was given up";
+}
+
 // Offsets past 4 GiB (2^32 bytes: an fp32 region of more than 2^30 elements) and past 2^31 reach
 // their own bytes: each of four places gets its own pattern, written and read back, with the
 // block sums on. The file is preallocated, not written, so it costs no disk time.

@@ -40,6 +40,13 @@ void PinnedPool::Lease::reset() {
 }
 
 void PinnedPool::Lease::leak() {
+  if (pool_) {
+    {
+      std::lock_guard l(pool_->mu_);
+      pool_->leaked_bytes_ += taken_;
+    }
+    pool_->returned_.notify_all();  // a waiter that can no longer be served says so
+  }
   pool_ = nullptr;
   reset();
 }
@@ -143,6 +150,10 @@ Result<PinnedPool::Lease> PinnedPool::take(size_t bytes, bool wait) {
   std::unique_lock l(mu_);
   // Not free: what the reclaimer hands back may make it so (it runs without the lock).
   while (!take_locked(want, &off)) {
+    if (want > bytes_ - leaked_bytes_)
+      return Status::Runtime("pinned pool: a lease of " + bytes_text(bytes) + " can no longer be served: " +
+                             bytes_text(leaked_bytes_) + " of its " + bytes_text(bytes_) +
+                             " were given up after a failed I/O request or device copy still held them");
     if (reclaimer_) {
       Reclaimer r = reclaimer_;
       l.unlock();

@@ -49,7 +49,9 @@ class PinnedPool {
     explicit operator bool() const { return data_ != nullptr; }
     void reset();
     // Gives up the range without giving it back: the pool never hands it out again. For memory
-    // the kernel may still write into (an I/O request abandoned after its queue failed).
+    // the kernel or the device may still write into or read (an I/O request abandoned after its
+    // queue failed, a window a failed device copy read). The pool counts it: a lease that the
+    // rest can no longer hold is an error, not a wait that never ends.
     void leak();
 
    private:
@@ -67,7 +69,8 @@ class PinnedPool {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
-  // Waits until `bytes` contiguous bytes are free. Invalid when bytes is 0 or more than the pool.
+  // Waits until `bytes` contiguous bytes are free. Invalid when bytes is 0 or more than the pool;
+  // a Runtime error when more than the pool less its leaked leases.
   Result<Lease> acquire(size_t bytes);
   // Never waits: an empty lease when the bytes are not free now (the caller retries later).
   Result<Lease> try_acquire(size_t bytes);
@@ -106,6 +109,7 @@ class PinnedPool {
   std::condition_variable returned_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
   uint64_t free_bytes_ = 0;
+  uint64_t leaked_bytes_ = 0;  // given up by Lease::leak: never free again
   Reclaimer reclaimer_;
 };
 
