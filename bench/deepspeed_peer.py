@@ -11,7 +11,9 @@ first use), gradient clipping 1.0 as zoe's job. The model is GPT-2's (pre-norm b
 attention through torch's scaled_dot_product_attention, GELU tanh, the head tied to the token
 embedding); tokens are data/corpus.txt's bytes, windows at fixed offsets as zoe's byte loader
 takes them. Prints and writes: tokens/s (median of the steps after the first two), the losses,
-peak GPU memory (torch.cuda.max_memory_allocated) and peak RSS.
+peak GPU memory (torch.cuda.max_memory_allocated, what zoe's budget is then set to, and
+max_memory_reserved, what the caching allocator held) and peak RSS. On NVMe every parameter
+partition is there (offload_param.max_in_cpu 0).
 """
 import argparse
 import json
@@ -76,6 +78,23 @@ def ds_config(a):
     off = {"device": a.offload, "pin_memory": True}
     if a.offload == "nvme":
         off["nvme_path"] = a.nvme_path
+    param = dict(off)
+    if a.offload == "nvme":
+        # DeepSpeed keeps up to max_in_cpu (default 1e9) parameter elements in pinned host memory
+        # and swaps only the rest to NVMe: GPT-2 124M would never reach the disk. 0: every
+        # parameter partition lives on NVMe, as ZeRO-Infinity's parameter offload means. Each
+        # parameter swapped in takes one of buffer_count pinned buffers of buffer_size elements:
+        # its default 5 fails ("Not enough buffers 0 for swapping 1") once a block and what is
+        # prefetched hold more, so every swappable tensor gets one (four a block, the two
+        # embeddings and two spare), each the size of the largest (the token embedding).
+        param["max_in_cpu"] = 0
+        param["buffer_count"] = 4 * a.layers + 4
+        largest = max(a.vocab * a.embd, 4 * a.embd * a.embd)
+        param["buffer_size"] = -(-largest // (1 << 20)) * (1 << 20)
+    # With parameters on NVMe, DeepSpeed's NVMe prefetch swaps the tied embedding in twice and
+    # fails ("param N already assigned swap buffer id", after the first step: DeepSpeed issues
+    # 3062, Megatron-DeepSpeed 196); its users' way round it is no prefetch (bucket 0).
+    nvme_prefetch = {"stage3_prefetch_bucket_size": 0} if a.offload == "nvme" else {}
     return {
         "train_micro_batch_size_per_gpu": a.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -83,8 +102,8 @@ def ds_config(a):
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
                                                    "weight_decay": 0.1}},
-        "zero_optimization": {"stage": 3, "offload_param": dict(off), "offload_optimizer": dict(off),
-                              "overlap_comm": True, "contiguous_gradients": True},
+        "zero_optimization": {"stage": 3, "offload_param": param, "offload_optimizer": dict(off),
+                              "overlap_comm": True, "contiguous_gradients": True, **nvme_prefetch},
         "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
@@ -110,6 +129,7 @@ def main():
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517"), ("RANK", "0"), ("LOCAL_RANK", "0"),
                  ("WORLD_SIZE", "1")):
         os.environ.setdefault(k, v)
+    import setuptools  # noqa: F401  (first: its distutils shim, which DeepSpeed's op builder imports)
     import deepspeed  # after the environment: it reads the rendezvous at import and init
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
@@ -148,6 +168,7 @@ def main():
            "params": params, "micro_batch": a.micro_batch, "seq": a.seq, "median_step_s": med,
            "tokens_per_s": tokens_per_step / med, "losses": losses, "step_s": times,
            "peak_gpu_bytes": torch.cuda.max_memory_allocated() if gpu else 0,
+           "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved() if gpu else 0,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     print(json.dumps({k: v for k, v in out.items() if k not in ("losses", "step_s")}))
     if a.json:

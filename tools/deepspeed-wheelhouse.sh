@@ -20,14 +20,34 @@ set -euo pipefail
 REPO=$(dirname "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")")
 DIR=$REPO/.gpudeps/deepspeed
 DEEPSPEED=${ZOE_DEEPSPEED_VERSION:-0.19.8}
-PYTHONS=(3.10 3.11 3.12 3.13)
-# requirements/requirements.txt of that sdist, less torch and numpy (the machine's PyTorch brings
-# numpy), with nvidia-ml-py (added on CUDA machines) and what pydantic needs.
+PYTHONS=(3.10 3.11 3.12 3.13 3.14)
+# requirements/requirements.txt of that sdist, less torch and numpy (the machine's, which
+# bench/deepspeed_peer.sh checks: PyTorch's wheels do not require numpy, its images bring it),
+# with nvidia-ml-py (added on CUDA machines) and what pydantic needs; pydantic-core pinned to the
+# one release the downloaded pydantic accepts (any other fails its import).
 PURE=(einops hjson packaging py-cpuinfo "pydantic>=2" annotated-types typing-extensions typing-inspection
       tqdm nvidia-ml-py ninja wheel)
-BINARY=(msgpack psutil pydantic-core)
+BINARY=(msgpack psutil)
 
 die() { echo "deepspeed-wheelhouse: $*" >&2; exit 1; }
+
+# "pydantic-core==X" as the pydantic wheel in $DIR requires it (its METADATA's Requires-Dist).
+pydantic_core_pin() {
+  local whl
+  whl=$(ls "$DIR"/pydantic-[0-9]*.whl 2>/dev/null | sort -V | tail -n1)
+  [[ -n $whl ]] || return 1
+  python3 - "$whl" <<'PY'
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+for line in z.read(meta).decode().splitlines():
+    m = re.match(r"Requires-Dist: pydantic[-_]core\s*\(?==\s*([0-9][^;,) ]*)", line)
+    if m:
+        print(f"pydantic-core=={m.group(1)}")
+        sys.exit(0)
+sys.exit(1)
+PY
+}
 
 prepare() {
   local py=${ZOE_PREPARE_PYTHON:-python3} v
@@ -36,10 +56,12 @@ prepare() {
   "$py" -m pip download -q --no-deps --no-binary :all: -d "$DIR" "deepspeed==$DEEPSPEED"
   "$py" -m pip download -q --only-binary :all: --python-version 3.10 --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR" "${PURE[@]}" setuptools
+  local core
+  core=$(pydantic_core_pin) || die "cannot read which pydantic-core the downloaded pydantic requires"
   for v in "${PYTHONS[@]}"; do
     "$py" -m pip download -q --only-binary :all: --no-deps --python-version "$v" \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-      -d "$DIR" "${BINARY[@]}"
+      -d "$DIR" "${BINARY[@]}" "$core"
   done
   (cd "$DIR" && apt-get download -q -o APT::Sandbox::User=root libaio-dev libaio1 >/dev/null)
   ls "$DIR" >"$DIR/MANIFEST.tmp" && mv "$DIR/MANIFEST.tmp" "$DIR/MANIFEST"
@@ -59,26 +81,31 @@ install() {
   local so=("$lib"/libaio.so.1*)
   [[ -e $lib/libaio.so ]] || ln -sf "$(basename "${so[0]}")" "$lib/libaio.so"
   # A folder on PYTHONPATH, not a venv: a venv over a python that is itself a venv would not see
-  # that venv's torch. PyTorch (and numpy) stay the machine's.
-  cat >"$prefix/ds_env.sh" <<EOF
+  # that venv's torch. PyTorch (and numpy) stay the machine's. The async I/O op links -lcuda: the
+  # toolkit's stub is enough to link (its soname loads the driver's libcuda.so.1 at run time), so
+  # it is on LIBRARY_PATH only, never LD_LIBRARY_PATH. Put in its place once everything is
+  # installed: a cut-short install is retried, not taken for done.
+  cat >"$prefix/ds_env.sh.tmp" <<EOF
 export ZOE_DS_PYTHON="$py"
 export PYTHONPATH="$site\${PYTHONPATH:+:\$PYTHONPATH}"
 export PATH="$site/bin:\$PATH"
 export CPATH="$prefix/aio/usr/include\${CPATH:+:\$CPATH}"
-export LIBRARY_PATH="$lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
+export LIBRARY_PATH="$lib:/usr/local/cuda/lib64/stubs\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export CFLAGS="-I$prefix/aio/usr/include" LDFLAGS="-L$lib"
 export DS_BUILD_OPS=0
+export CC="\${CC:-gcc}" CXX="\${CXX:-g++}"
 EOF
   # shellcheck disable=SC1091
-  source "$prefix/ds_env.sh"
+  source "$prefix/ds_env.sh.tmp"
   local pip=("$py" -m pip install -q --no-index --find-links "$DIR" --target "$site" --no-deps)
   # Each dependency by name (--no-deps: torch and numpy are the machine's, never resolved here),
   # then DeepSpeed itself, built without isolation (its setup imports that torch) by wheel.
-  "${pip[@]}" "${PURE[@]}" "${BINARY[@]}"
+  "${pip[@]}" "${PURE[@]}" "${BINARY[@]}" pydantic-core
   "$py" -c 'import setuptools' 2>/dev/null || "${pip[@]}" setuptools
   "${pip[@]}" --no-build-isolation "deepspeed==$DEEPSPEED"
   "$py" -c 'import deepspeed; print("deepspeed", deepspeed.__version__)'
+  mv "$prefix/ds_env.sh.tmp" "$prefix/ds_env.sh"
   echo "deepspeed-wheelhouse: installed in $site; source $prefix/ds_env.sh, then \$ZOE_DS_PYTHON runs it"
 }
 

@@ -16,7 +16,9 @@
 #   beyond_hbm  bench/beyond_hbm.sh: a model 1.15x the GPU's memory at a fraction of its peak (48)
 #   plan        bench/plan_check.py --no-grid: `zoe plan`'s choice on the GPU, predicted against
 #               measured (issue 50; GPT-2 124M, a 1 GiB device budget)
-#   deepspeed   bench/deepspeed_peer.sh: DeepSpeed ZeRO-Infinity beside zoe (48; .gpudeps/deepspeed
+#   deepspeed   bench/deepspeed_peer.sh: DeepSpeed ZeRO-Infinity beside zoe (48; its install, op
+#               builds and four runs want a device call of their own, after gpu-check --build-only:
+#               ZOE_FOLLOWUP_TOTAL_S=560 tools/gpu-followup.sh OUT deepspeed; .gpudeps/deepspeed
 #               carried)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +64,7 @@ step_cmd() {
     *) return 1 ;;
   esac
 }
-step_limit() { case $1 in python) echo 90 ;; wrap) echo 120 ;; offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; *) echo 300 ;; esac; }
+step_limit() { case $1 in python) echo 90 ;; wrap) echo 120 ;; offload) echo 120 ;; beyond_hbm) echo 240 ;; plan) echo 150 ;; deepspeed) echo 540 ;; *) echo 300 ;; esac; }
 
 failed=0
 for s in "${steps[@]}"; do
