@@ -83,6 +83,7 @@ void OptimizerPass::begin(const AdamHyper& h, bool in_backward) {
   cancelled_ = false;
   opened_this_pass_ = 0;
   gates_.reset(s_.layout().num_units());
+  ready_.assign(static_cast<size_t>(s_.layout().num_units()), dev_.record(Stream::kCompute));
   progress_.start();
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -271,7 +272,8 @@ Status OptimizerPass::run(const AdamHyper& h, const Plan& p, bool gated) {
       ZOE_SPAN("wait gradient " + s_.layout().unit(u).name, "adam", Bucket::kOptimizer);
       ZOE_RETURN_IF_ERROR(gates_.wait(u));
     }
-    return host_stepped(a) ? run_host_group(ts, a, b, w, h, staging, hashed) : run_device_group(ts, a, b, w, h);
+    return host_stepped(a) ? run_host_group(ts, a, b, w, h, staging, hashed, ready_[u])
+                           : run_device_group(ts, a, b, w, h);
   };
   int64_t done = 0;
   if (!p.wl.arrays.empty()) {
@@ -337,7 +339,7 @@ Status OptimizerPass::run_device_group(const std::vector<Task>& tasks, int64_t a
 // result: all Adam paths agree bit for bit.
 Status OptimizerPass::run_host_group(const std::vector<Task>& tasks, int64_t a, int64_t b,
                                      const std::array<char*, 4>& win, const AdamHyper& h, const HostStaging& staging,
-                                     const std::vector<HashedArray>* hashed) {
+                                     const std::vector<HashedArray>* hashed, Event ready) {
   char* grads = staging.grads();
   char* masters = staging.masters(b - a);  // fp32 weights staged from device memory
   char* weights = staging.weights(b - a);  // low-precision copies staged for device memory
@@ -348,7 +350,7 @@ Status OptimizerPass::run_host_group(const std::vector<Task>& tasks, int64_t a, 
   };
   std::vector<GroupRange> ranges = group_ranges(tasks, a, b, win);
   std::vector<Up> ups;
-  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kD2H, dev_.record(Stream::kCompute)));  // gradients are done
+  ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kD2H, ready));  // gradients are done
   int64_t k = 0;  // staging offset of the range, in elements
   for (GroupRange& g : ranges) {
     AdamRange& r = g.r;
@@ -378,9 +380,10 @@ Status OptimizerPass::run_host_group(const std::vector<Task>& tasks, int64_t a, 
   } else {
     for (const GroupRange& g : ranges) host_nonfinite_ += adam_step(h, g.r, best_isa());
   }
-  // The weights go back up after every kernel queued so far: in a pass begun in the backward the
-  // compute stream may still be reading this unit's old weights (queued before its hand-over).
-  if (!ups.empty()) ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, dev_.record(Stream::kCompute)));
+  // The weights go back up after the kernels that read the old ones: in a pass begun in the
+  // backward the compute stream may still be reading them (queued before the unit's hand-over,
+  // so before `ready`); what is queued after reads this unit only once its update is done.
+  if (!ups.empty()) ZOE_RETURN_IF_ERROR(dev_.wait_on(Stream::kH2D, ready));
   for (const Up& u : ups) ZOE_RETURN_IF_ERROR(dev_.copy(u.dst, u.src, u.bytes, Stream::kH2D));
   // The staging is reused by the next sub-group, and the compute stream reads the weights next.
   Event up = dev_.record(Stream::kH2D);

@@ -52,6 +52,7 @@ class OptimizerPass {
   void start_in_backward(const AdamHyper& h);
   void open(int u) {
     if (!awaiting_step_ || gates_.is_open(u)) return;
+    ready_[u] = dev_.record(Stream::kCompute);  // (before the gate: the worker reads it after)
     gates_.open(u);
     ++opened_in_backward_;
     ++opened_this_pass_;
@@ -62,6 +63,9 @@ class OptimizerPass {
   int64_t opened_this_pass() const { return opened_this_pass_; }
   void open_all() {
     awaiting_step_ = false;
+    const Event now = dev_.record(Stream::kCompute);
+    for (size_t u = 0; u < ready_.size(); ++u)
+      if (!gates_.is_open(static_cast<int>(u))) ready_[u] = now;
     gates_.open_all();
   }
   void cancel();  // waits for the pass to end
@@ -117,8 +121,11 @@ class OptimizerPass {
   Status run_device_group(const std::vector<Task>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
                           const AdamHyper& h);
   // hashed: the windowed arrays whose block sums this step makes (see window_sums.h); may be null.
+  // ready: the compute stream's event after which the group's gradients are final and its old
+  // weights read for the last time (ready_ of its unit).
   Status run_host_group(const std::vector<Task>& tasks, int64_t a, int64_t b, const std::array<char*, 4>& win,
-                        const AdamHyper& h, const HostStaging& staging, const std::vector<HashedArray>* hashed);
+                        const AdamHyper& h, const HostStaging& staging, const std::vector<HashedArray>* hashed,
+                        Event ready);
   // Whether sub-group [a, b) is stepped by the CPU Adam on the host (its state is not device memory).
   bool host_stepped(int64_t a) const { return !s_.exp_avg().in_device_memory(a); }
   // A pass begun in the backward has not begun on unit u (its gate is closed).
@@ -139,6 +146,11 @@ class OptimizerPass {
   int64_t opened_in_backward_ = 0;
   int64_t opened_this_pass_ = 0;
   UnitGates gates_;
+  // Per unit, the compute stream's event after which its gradient is final and its old weights
+  // were last read: recorded at start() for a pass after the backward, at open(u) (or
+  // open_all()) for one begun in it. The CPU Adam's copies wait for it, not for every kernel
+  // queued since (the next forward's, which would make Adam and the forward take turns).
+  std::vector<Event> ready_;
   // The worker: waits for a pass to start, runs it, reports through progress_.
   std::mutex mu_;
   std::condition_variable cv_;

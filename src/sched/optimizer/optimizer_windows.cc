@@ -61,8 +61,10 @@ Status OptimizerWindows::step_window(const WindowLayout& wl, Window& w,
     hashed.push_back({x.a, at[x.slot], x.read ? w.read_sums[x.slot] : nullptr, w.write_sums[x.slot]});
   }
   ZOE_RETURN_IF_ERROR(step(a, b, at, &hashed));
-  // The write-backs read the window: the kernel must be done with it (a GPU runs it async).
-  ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kCompute)));
+  // The write-backs read the window: the device Adam must be done with it (a GPU runs it async).
+  // The CPU Adam is (it returns once its uploads landed), and waiting for the compute stream
+  // then would wait for the next forward's kernels too.
+  if (!host_stepped_(a)) ZOE_RETURN_IF_ERROR(dev_.wait(dev_.record(Stream::kCompute)));
   // Every write-back goes in the foreground: the window it empties is the one the pass reads
   // into two sub-groups on, so it sets the pass's pace as much as the reads (the store runs the
   // reads first and the writes in the slots they leave); the weights are what the next forward reads.
