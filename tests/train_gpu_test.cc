@@ -286,17 +286,22 @@ const std::string kOneBlockJob =
     " --set zoe.model.n_embd=32 --set zoe.model.n_head=2 --set zoe.data.seq_len=16"
     " --set train_micro_batch_size_per_gpu=2 --set bf16.enabled=false";
 
-// One step of a one-block GPT-2 on the emulated GPU (the default job's NVMe state too), in a
-// directory of its own, with `env` set; killed after 120 s (exit 137: a hang).
-Outcome one_step(const std::string& env, const std::string& extra = "") {
-  const std::string dir = make_temp_dir("gpu-fault");
+// The one-block GPT-2 job with `args`, in a directory of its own, started as `launch` says
+// (environment settings, then a launcher such as mpirun, or nothing); killed after timeout_s
+// (exit 137: a hang).
+Outcome one_block_job(const std::string& launch, const std::string& args, int timeout_s = 120) {
+  const std::string dir = make_temp_dir("gpu-job");
   Outcome o;
-  o.rc = run_command("cd " + dir + " && " + env + " timeout -s KILL 120 " + kZoe + kOneBlockJob +
-                         " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir='\"\"'"
-                         " --report r.jsonl" + extra,
+  o.rc = run_command("cd " + dir + " && timeout -s KILL " + std::to_string(timeout_s) + " env " + launch + " " + kZoe +
+                         kOneBlockJob + args + " --report r.jsonl",
                      &o.out);
   o.loss = last_loss(dir + "/r.jsonl");
   return o;
+}
+
+// One step of it at stage 3 on the emulated GPU (the default job's NVMe state too), with `env` set.
+Outcome one_step(const std::string& env, const std::string& extra = "") {
+  return one_block_job(env, " --set zero_optimization.stage=3 --set zoe.steps=1 --set zoe.checkpoint.dir='\"\"'" + extra);
 }
 
 bool has(const std::string& out, const std::string& regex) { return std::regex_search(out, std::regex(regex)); }
@@ -448,15 +453,9 @@ TEST(GpuFaults, AHeadSizeTheKernelsCannotRunIsABadConfig) {
 // losses bitwise those of the same job without mpirun.
 TEST(TrainGpu, OneRankUnderMpirunTrainsAsWithout) {
   auto run = [&](int stage, bool mpirun) {
-    const std::string dir = make_temp_dir("gpu-np1");
-    Outcome o;
-    o.rc = run_command("cd " + dir + " && timeout -s KILL 120 env " + (mpirun ? kMpirun + "-q -np 1 " : "") + kZoe +
-                           kOneBlockJob + " --set zoe.steps=2 --set gradient_accumulation_steps=2"
-                           " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
-                           " --report r.jsonl",
-                       &o.out);
-    o.loss = last_loss(dir + "/r.jsonl");
-    return o;
+    return one_block_job(mpirun ? kMpirun + "-q -np 1" : "",
+                         " --set zoe.steps=2 --set gradient_accumulation_steps=2 --set zoe.checkpoint.dir='\"\"'"
+                         " --set zero_optimization.stage=" + std::to_string(stage));
   };
   for (int stage : {0, 3}) {
     const Outcome alone = run(stage, false), under = run(stage, true);
@@ -471,15 +470,10 @@ TEST(TrainGpu, OneRankUnderMpirunTrainsAsWithout) {
 // within its rounding (NCCL's ring adds in another order), at stages 2 and 3.
 TEST(TrainGpu, NcclsOwnReduceScatterTrainsAsTheRankOrderSum) {
   auto run = [&](int stage, bool nccl) {
-    const std::string dir = make_temp_dir("gpu-nccl-rs");
-    Outcome o;
-    o.rc = run_command("cd " + dir + " && CUDA_EMU_COUNT=1 timeout -s KILL 300 env " + kMpirun + "-q -np 3 " + kZoe +
-                           kOneBlockJob + " --set zoe.steps=3"
-                           " --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" + std::to_string(stage) +
-                           " --set zoe.nccl_reduce_scatter=" + (nccl ? "true" : "false") + " --report r.jsonl",
-                       &o.out);
-    o.loss = last_loss(dir + "/r.jsonl");
-    return o;
+    return one_block_job("CUDA_EMU_COUNT=1 " + kMpirun + "-q -np 3",
+                         " --set zoe.steps=3 --set zoe.checkpoint.dir='\"\"' --set zero_optimization.stage=" +
+                             std::to_string(stage) + " --set zoe.nccl_reduce_scatter=" + (nccl ? "true" : "false"),
+                         300);
   };
   for (int stage : {2, 3}) {
     const Outcome ranked = run(stage, false), ring = run(stage, true);
